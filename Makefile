@@ -1,0 +1,29 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS := xla,notebooks,dev,gemma-offline
+
+.PHONY: demo test setup lint clean
+
+$(STAMP): pyproject.toml requirements/lock.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e ".[$(EXTRAS)]"
+	touch $@
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/grpo-kit demo
+
+test: $(STAMP)
+	$(BIN)/python -m ruff check grpo_kit tests scripts
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check grpo_kit tests scripts
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

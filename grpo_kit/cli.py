@@ -1,0 +1,140 @@
+"""`grpo-kit` command line: demo, sft, train (GRPO), eval.
+
+Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
+e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import PRESETS, DemoConfig, load_demo_config
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="cpu-tiny", choices=sorted(PRESETS), help="named settings (default cpu-tiny)")
+    p.add_argument("--config", default=None, help="YAML file of overrides, e.g. 'grpo: {steps: 100}'")
+    p.add_argument("--model", default=None, help="model name/path (overrides the preset): tiny-gemma, a directory or a hub id")
+    p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
+    p.add_argument("--output-dir", default=None, help="where outputs go")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _config(args: argparse.Namespace, default_out: str) -> DemoConfig:
+    cfg = load_demo_config(args.preset, args.config)
+    if args.model:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=args.model))
+    out = args.output_dir or (cfg.output_dir if default_out == "runs/demo" else default_out)
+    return dataclasses.replace(cfg, output_dir=out)
+
+
+def _print(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    summary = run_demo(_config(args, "runs/demo"), args.device, progress=not args.quiet)
+    _print({k: v for k, v in summary.items() if k != "samples_after_grpo"})
+    print(f"\nWrote {Path(_config(args, 'runs/demo').output_dir).resolve()}/ (summary.json, metrics.jsonl, *.png)", file=sys.stderr)
+    return 0
+
+
+def _setup(args: argparse.Namespace, default_out: str) -> tuple[DemoConfig, Any, Any, Any, Any]:
+    import torch
+
+    from .device import get_device
+    from .models import load_model
+    from .tasks import ArithmeticTask
+
+    cfg = _config(args, default_out)
+    torch.set_num_threads(os.cpu_count() or 1)
+    dev = get_device(args.device)
+    model, tokenizer = load_model(cfg.model, dev)
+    if getattr(args, "init_from", None):
+        from .checkpoint import load_checkpoint
+
+        load_checkpoint(args.init_from, model)
+    task = ArithmeticTask(**dataclasses.asdict(cfg.task))
+    return cfg, dev, model, tokenizer, task
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate
+    from .sft import SFTTrainer
+
+    cfg, _, model, tokenizer, task = _setup(args, "runs/sft")
+    trainer = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=cfg.output_dir))
+    trainer.train(progress=not args.quiet)
+    ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
+    result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
+    _print({"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate
+    from .grpo import GRPOTrainer
+    from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+
+    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo")
+    grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
+    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=bool(args.resume))
+    if args.resume:
+        trainer.load(args.resume)
+    trainer.train(progress=not args.quiet)
+    ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
+    result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
+    _print({"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate
+
+    cfg, _, model, tokenizer, task = _setup(args, "runs/eval")
+    result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
+    _print(result)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="SFT, then GRPO, then evaluation on the CPU with the tiny Gemma")
+    _common(p)
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint")
+    _common(p)
+    p.add_argument("--init-from", default=None, help="checkpoint directory to start from")
+    p.set_defaults(func=cmd_sft)
+    p = sub.add_parser("train", help="GRPO training (start from an SFT checkpoint with --init-from)")
+    _common(p)
+    p.add_argument("--init-from", default=None, help="checkpoint to start from (weights only)")
+    p.add_argument("--resume", default=None, help="GRPO checkpoint to resume (weights, optimizer, RNG, step)")
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("eval", help="greedy accuracy on the held-out set")
+    _common(p)
+    p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to evaluate")
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"grpo-kit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

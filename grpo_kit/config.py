@@ -1,0 +1,339 @@
+"""Configuration: one documented dataclass per trainer, named presets, and the live `Controls`.
+
+Every field says its default and why. Presets are plain dicts of overrides, so a preset is
+readable in one glance and a YAML file can hold the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train and how to adapt it."""
+
+    name: str = "tiny-gemma"
+    """`tiny-gemma` (embedded, ~1M params, character vocabulary), a local Hugging Face directory, or a
+    hub id such as `google/gemma-3-1b-it`. Default tiny-gemma: it trains in minutes on a laptop CPU."""
+    seed: int = 0
+    """Seed for the tiny model's random initialisation (real checkpoints ignore it)."""
+    lora: bool | None = None
+    """Train a LoRA adapter instead of all weights. None = automatic: LoRA for real Gemma (memory),
+    full fine-tuning for tiny-gemma (it is small and LoRA would slow its learning)."""
+    lora_r: int = 8
+    """LoRA rank. 8 is the common default: enough for format and arithmetic skills."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (alpha / r scales the update). 2 × r is the usual choice."""
+    lora_dropout: float = 0.0
+    """0 by default: dropout makes the policy and reference disagree and inflates KL (trl#3500)."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Attention and MLP projections, as Unsloth and TRL examples use for Gemma."""
+    dtype: str = "auto"
+    """`auto` = bfloat16 on TPU/GPU, float32 on CPU (this CPU has no fast bf16). Gemma must not train in
+    float16 (it overflows, unsloth-zoo#600)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30 % more time. Off for tiny models."""
+    hf_token: str | None = None
+    """Hugging Face token for gated Gemma checkpoints; None reads HF_TOKEN or the Colab secret."""
+
+
+@dataclass
+class TaskConfig:
+    """The built-in arithmetic task."""
+
+    seed: int = 1234
+    """Seed for problems; demonstrations, the prompt stream and the held-out set are disjoint."""
+    num_demonstrations: int = 200
+    """Size of the fixed SFT demonstration pool. Small on purpose: RL pays where demonstrations are scarce."""
+    num_test: int = 200
+    """Held-out problems for greedy evaluation."""
+    min_value: int = 10
+    """Smallest operand."""
+    max_value: int = 99
+    """Largest operand (two-digit addition by default)."""
+    system_prompt: str | None = None
+    """Optional instruction folded into the first user turn (Gemma has no system role). The tiny model
+    learns the format from SFT; real Gemma benefits from an instruction."""
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
+
+    steps: int = 300
+    """Optimizer steps. 300 × batch 32 ≈ 48 passes over 200 demonstrations: format learned, arithmetic partly."""
+    batch_size: int = 32
+    """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
+    learning_rate: float = 3e-3
+    """Peak AdamW learning rate. High because the tiny model is small; use ~2e-4 with LoRA on real Gemma."""
+    weight_decay: float = 0.0
+    """AdamW weight decay; 0 keeps the warm-up simple."""
+    warmup_steps: int = 20
+    """Linear warm-up steps before cosine decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    max_length: int = 128
+    """Sequences are padded to a multiple of `pad_to_multiple_of` up to this length; longer ones are an error."""
+    pad_to_multiple_of: int = 32
+    """Length bucket size for static shapes: a few buckets, each compiled once on XLA."""
+    log_every: int = 10
+    """Write a metrics row every N steps."""
+    seed: int = 0
+    """Seed for batch order."""
+    output_dir: str = "runs/sft"
+    """Where metrics and the checkpoint go."""
+    max_seconds: float | None = None
+    """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
+
+
+@dataclass
+class GRPOConfig:
+    """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same."""
+
+    steps: int = 60
+    """Optimizer steps (one rollout batch each when num_iterations = 1)."""
+    prompts_per_step: int = 16
+    """Distinct prompts per step. With group_size 8 this is 128 completions, all one shape."""
+    group_size: int = 8
+    """Completions per prompt (G). Advantages compare completions within a group; 8 is TRL's default."""
+    max_new_tokens: int = 32
+    """Completion buffer length. Fixed, so sampling compiles the same graphs every step."""
+    prompt_bucket: int = 16
+    """Prompts are left-padded to a multiple of this (a few buckets, each compiled once on XLA). Smaller wastes
+    less compute on padding; larger means fewer distinct shapes."""
+    temperature: float = 1.0
+    """Sampling temperature. 1.0 keeps the sampled log-probs equal to the policy's (honest importance ratios)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate (constant; the dashboard may change it live). Use ~1e-5 for LoRA on real Gemma."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up. Adam's first steps move every weight by about ±lr whatever the gradient's
+    size; with noisy policy gradients that is a random kick, so ramp up instead."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; clipping keeps a bad batch from wrecking the policy."""
+    beta: float = 0.0
+    """KL coefficient toward the reference policy. 0 (TRL's default) skips the reference forward entirely;
+    then KL is still measured when `log_kl` is on, but does not enter the loss."""
+    log_kl: bool = True
+    """Measure KL to the reference even when beta = 0 (one extra no-grad forward). Turn off for speed."""
+    kl_estimator: str = "k3"
+    """`k1` (log-ratio, unbiased, can be negative) or `k3` (Schulman's low-variance, non-negative)."""
+    target_kl: float | None = None
+    """Adaptive β: when set, β moves toward keeping KL near this value each step (None = fixed β)."""
+    epsilon: float = 0.2
+    """Lower clip range of the PPO ratio: ratio ≥ 1 − ε."""
+    epsilon_high: float | None = None
+    """Upper clip range: ratio ≤ 1 + ε_high. None = ε. DAPO's clip-higher uses 0.28."""
+    loss_type: str = "grpo"
+    """Aggregation / objective: `grpo` (mean per sequence, then over sequences), `bnpo` / `dapo` (mean over
+    all tokens), `dr_grpo` (sum over tokens / (batch × max_new_tokens)), `cispo` (clipped IS weight × log-prob)."""
+    importance_sampling_level: str = "token"
+    """`token` (PPO/GRPO) or `sequence` (GSPO: one length-normalised ratio per sequence)."""
+    num_iterations: int = 1
+    """μ: optimizer passes over each rollout batch. >1 reuses the rollout's old log-probs (PPO-style)."""
+    micro_batch_size: int = 64
+    """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
+    advantage: str = "zscore"
+    """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
+    `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""
+    advantage_tau: float = 1.0
+    """Divide advantages by τ after normalisation (τ > 1 softens updates)."""
+    advantage_clip: str = "none"
+    """`none`, `symmetric` (clip to ±clip_value), `asymmetric` (clip to [-clip_low, clip_value]), `tanh` (soft)."""
+    advantage_clip_value: float = 5.0
+    """Upper bound for advantage clipping."""
+    advantage_clip_low: float = 5.0
+    """Lower magnitude for asymmetric clipping."""
+    winsorize_quantile: float = 0.0
+    """Winsorise rewards per batch at this quantile (0 = off): tames outlier rewards before normalisation."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off); positive values keep exploration up."""
+    reward_weights: dict[str, float] | None = None
+    """Weight per reward function name; missing names get 1.0."""
+    reward_on_error: str = "raise"
+    """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_new_tokens without stopping from the loss (DAPO)."""
+    ema_reference: float = 0.0
+    """If > 0, after each step the reference moves toward the policy: ref ← (1 − α) ref + α policy
+    (full fine-tuning only). 0 keeps the reference frozen."""
+    eval_every: int = 0
+    """Run greedy evaluation on the held-out set every N steps (0 = only at the end, by the caller)."""
+    save_every: int = 0
+    """Save a checkpoint every N steps (0 = only when asked)."""
+    log_completions: int = 4
+    """How many completions (with rewards and advantages) to keep in each metrics row for the browser."""
+    seed: int = 0
+    """Seed for prompt order and sampling noise."""
+    output_dir: str = "runs/grpo"
+    """Where metrics.jsonl and checkpoints go."""
+    max_seconds: float | None = None
+    """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "loss_type": ("grpo", "bnpo", "dapo", "dr_grpo", "cispo"),
+            "importance_sampling_level": ("token", "sequence"),
+            "kl_estimator": ("k1", "k3"),
+            "advantage": ("zscore", "centered", "mad", "batch"),
+            "advantage_clip": ("none", "symmetric", "asymmetric", "tanh"),
+            "reward_on_error": ("raise", "zero"),
+        }
+        for name, allowed in checks.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GRPOConfig.{name}={getattr(self, name)!r}; choose one of {allowed}")
+        n = self.prompts_per_step * self.group_size
+        if self.group_size < 2:
+            raise ValueError(f"GRPOConfig.group_size={self.group_size}: GRPO needs at least 2 completions per prompt")
+        if n % self.micro_batch_size:
+            raise ValueError(
+                f"GRPOConfig.micro_batch_size={self.micro_batch_size} must divide prompts_per_step × group_size = {n}"
+            )
+
+
+@dataclass
+class DemoConfig:
+    """What `make demo` runs: SFT warm-up, then GRPO with verifier rewards only, then evaluation."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    output_dir: str = "runs/demo"
+    """Where summary.json, metrics.jsonl and the plots go."""
+
+
+# Named presets: overrides per config section, picked by name (CLI `--preset`).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "cpu-tiny": {},
+    "cpu-tiny-quick": {
+        "sft": {"steps": 40},
+        "grpo": {"steps": 6, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
+        "task": {"num_test": 32},
+    },
+    "gpu-gemma-3-1b": {
+        "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": True},
+        "task": {"system_prompt": "Think step by step inside <reasoning></reasoning>, then give the final number inside <answer></answer>."},
+        "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256},
+        "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4, "micro_batch_size": 8},
+    },
+}
+
+C = TypeVar("C")
+
+
+def apply_overrides(cfg: C, overrides: dict[str, Any], where: str = "config") -> C:
+    """Return a copy of dataclass `cfg` with `overrides` applied (nested dicts reach nested dataclasses).
+
+    Unknown keys raise a ValueError naming the key, so a typo in YAML never silently does nothing.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ValueError(f"{where}: unknown setting {key!r}; known: {sorted(fields)}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            changes[key] = apply_overrides(current, value, f"{where}.{key}")
+        elif isinstance(current, tuple) and isinstance(value, list):
+            changes[key] = tuple(value)
+        else:
+            changes[key] = value
+    return dataclasses.replace(cfg, **changes)
+
+
+def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> DemoConfig:
+    """Build a DemoConfig from a named preset, then a YAML file of overrides (same keys as the dataclasses)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    cfg = apply_overrides(DemoConfig(), PRESETS[preset], f"preset {preset}")
+    if yaml_path is not None:
+        data = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{yaml_path}: expected a mapping of settings at the top level")
+        cfg = apply_overrides(cfg, data, str(yaml_path))
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Dataclass → plain dict (for YAML/JSON dumps)."""
+    return dataclasses.asdict(cfg)
+
+
+@dataclass
+class Controls:
+    """Values that may change while training runs (the dashboard writes them, the trainer reads them).
+
+    The trainer calls `snapshot()` once per step boundary, so a change applies at the next step and is
+    recorded with that step. Thread-safe: writers use `update()`.
+    """
+
+    learning_rate: float = 1e-3
+    beta: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    epsilon: float = 0.2
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    paused: bool = False
+    stop_requested: bool = False
+    save_requested: bool = False
+    version: int = 0
+    """Incremented on every update: the trainer records which version each step used."""
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    @classmethod
+    def from_config(cls, cfg: GRPOConfig) -> Controls:
+        return cls(
+            learning_rate=cfg.learning_rate,
+            beta=cfg.beta,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            epsilon=cfg.epsilon,
+            reward_weights=dict(cfg.reward_weights or {}),
+        )
+
+    def update(self, **values: Any) -> None:
+        """Set control values (unknown names raise). Wakes a paused trainer."""
+        allowed = {f.name for f in dataclasses.fields(self)} - {"version"}
+        with self._changed:
+            for key, value in values.items():
+                if key not in allowed:
+                    raise ValueError(f"Controls has no setting {key!r}; known: {sorted(allowed)}")
+                if key == "reward_weights":
+                    value = {**self.reward_weights, **value}
+                setattr(self, key, value)
+            self.version += 1
+            self._changed.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        """A consistent copy of all values."""
+        with self._lock:
+            out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            out["reward_weights"] = dict(self.reward_weights)
+            return out
+
+    def consume_save_request(self) -> bool:
+        with self._lock:
+            asked, self.save_requested = self.save_requested, False
+            return asked
+
+    def wait_while_paused(self, poll_s: float = 0.2) -> None:
+        """Block while paused (returns at once when not paused or when stop is requested)."""
+        with self._changed:
+            while self.paused and not self.stop_requested:
+                self._changed.wait(poll_s)

@@ -1,0 +1,289 @@
+"""The GRPO trainer: orchestration only. One step is six readable stages:
+
+    1. rollout    sample G completions for each of P prompts (fixed shapes, static KV cache)
+    2. reward     score them with every reward function, weighted
+    3. advantage  compare each completion with its group
+    4. update     μ passes of micro-batched forward/backward, clip, guard, optimizer step
+    5. log        one device→host transfer of all metrics, appended to metrics.jsonl
+    6. save       checkpoint when asked
+
+Live `Controls` (learning rate, β, temperature, top-p, ε, reward weights, pause/stop/save) are read once
+at the start of each step and the values used are recorded in that step's metrics row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .advantages import compute_advantages, zero_std_fraction
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import Controls, GRPOConfig
+from .device import compile_stats, is_xla, manual_seed, mark_step, memory_stats
+from .losses import adaptive_beta, policy_loss
+from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
+from .models import ReferencePolicy, is_lora, stop_token_ids
+from .rewards import RewardFunc, compute_rewards, reward_name
+from .sampling import Rollout, completion_logprobs, encode_prompts, sample
+
+
+def _cycle(dataset: Any, seed: int) -> Iterator[dict[str, Any]]:
+    """Endless shuffled pass over a Dataset or list of rows."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        for i in torch.randperm(len(dataset), generator=gen).tolist():
+            yield dataset[i]
+
+
+class GRPOTrainer:
+    """GRPO on any causal LM the kit loads (tiny Gemma, Gemma with LoRA), on cpu / cuda / xla."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        reward_funcs: Sequence[RewardFunc],
+        prompts: Iterable[dict[str, Any]] | Any,
+        config: GRPOConfig | None = None,
+        controls: Controls | None = None,
+        resume_metrics: bool = False,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.config = cfg = config or GRPOConfig()
+        self.reward_funcs = list(reward_funcs)
+        if not self.reward_funcs:
+            raise ValueError("GRPOTrainer needs at least one reward function")
+        self.reward_names = [reward_name(f) for f in self.reward_funcs]
+        unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
+        if unknown:
+            raise ValueError(f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
+        self.prompts = _cycle(prompts, cfg.seed) if hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__") else iter(prompts)
+        self.controls = controls or Controls.from_config(cfg)
+        self.device = next(model.parameters()).device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        needs_reference = cfg.beta > 0 or cfg.log_kl or cfg.target_kl is not None or cfg.ema_reference > 0
+        self.reference = ReferencePolicy(model) if needs_reference else None
+        if cfg.ema_reference > 0 and is_lora(model):
+            raise ValueError("GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        manual_seed(cfg.seed, self.device)
+        self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
+        self.step = 0
+        self.adaptive_beta: float | None = None
+        self._compiles_before = compile_stats()
+
+    # ---- 1. rollout ---------------------------------------------------------------------------------
+    def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
+        cfg = self.config
+        ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket)
+        ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
+        return sample(
+            self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
+            temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
+        )
+
+    # ---- 2. reward ----------------------------------------------------------------------------------
+    def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> tuple[Any, list[str], list, torch.Tensor]:
+        g = self.config.group_size
+        comp = roll.completion_ids.cpu()
+        lengths = roll.completion_mask.cpu().sum(1)
+        ids_list = [comp[i, : lengths[i]].tolist() for i in range(comp.shape[0])]
+        texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
+        prompts = [r["prompt"] for r in rows for _ in range(g)]
+        columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
+        columns["completion_ids"] = ids_list
+        weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
+        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, self.config.reward_on_error)
+        return result, texts, prompts, lengths
+
+    # ---- 3. advantage -------------------------------------------------------------------------------
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        return compute_advantages(
+            rewards, cfg.group_size, cfg.advantage, cfg.advantage_tau, cfg.advantage_clip,
+            cfg.advantage_clip_value, cfg.advantage_clip_low, cfg.winsorize_quantile,
+        )
+
+    # ---- 4. update ----------------------------------------------------------------------------------
+    def update(self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        ids, attn = roll.input_ids, roll.attention_mask
+        plen = roll.prompt_ids.shape[1]
+        loss_mask = roll.completion_mask.float()
+        if cfg.mask_truncated_completions:
+            loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
+        adv = adv.to(self.device)
+        n = ids.shape[0]
+        micro = [slice(s, s + cfg.micro_batch_size) for s in range(0, n, cfg.micro_batch_size)]
+        total_tokens = loss_mask.sum()
+        temperature = controls["temperature"]
+
+        with torch.no_grad():
+            old_logp = None
+            if cfg.num_iterations > 1:
+                self.model.eval()
+                old_logp = torch.cat([completion_logprobs(self.model, ids[m], attn[m], plen, temperature)[0] for m in micro])
+            ref_logp = None
+            if self.reference is not None and (beta > 0 or cfg.log_kl):
+                with self.reference.model() as ref:
+                    ref.eval()
+                    ref_logp = torch.cat([completion_logprobs(ref, ids[m], attn[m], plen, temperature)[0] for m in micro])
+
+        self.model.train()
+        sums: dict[str, torch.Tensor] = {}
+        grad_norms, skipped = [], torch.zeros((), device=self.device)
+        for _ in range(cfg.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_total = torch.zeros((), device=self.device)
+            for m in micro:
+                logp, entropy = completion_logprobs(self.model, ids[m], attn[m], plen, temperature)
+                old = old_logp[m] if old_logp is not None else logp.detach()
+                loss, stats = policy_loss(
+                    logp, old, adv[m], loss_mask[m],
+                    ref_logp=ref_logp[m] if ref_logp is not None else None, beta=beta, kl_estimator=cfg.kl_estimator,
+                    epsilon=controls["epsilon"], epsilon_high=cfg.epsilon_high, loss_type=cfg.loss_type,
+                    importance_sampling_level=cfg.importance_sampling_level, entropy=entropy,
+                    entropy_coef=cfg.entropy_coef, max_completion_length=cfg.max_new_tokens,
+                    total_sequences=n, total_tokens=total_tokens,
+                )
+                loss.backward()
+                loss_total = loss_total + loss.detach()
+                share = (m.stop - m.start) / n / cfg.num_iterations
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+            # One host check per optimizer step: a non-finite gradient skips the update instead of
+            # poisoning the weights and Adam's moments.
+            if bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss_total)):
+                self.optimizer.step()
+            else:
+                skipped = skipped + 1
+            self.optimizer.zero_grad(set_to_none=True)
+            mark_step(self.device)
+            grad_norms.append(grad_norm)
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
+        sums["grad_norm"] = torch.stack(grad_norms).mean()
+        sums["skipped_updates"] = skipped
+        return sums
+
+    # ---- one step: the six stages ---------------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.config
+        start = time.perf_counter()
+        controls = self.controls.snapshot()
+        warmup = min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = controls["learning_rate"] * warmup
+        beta = self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"]
+
+        rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
+        roll = self.rollout(rows, controls)  # 1
+        t_rollout = time.perf_counter()
+        result, texts, prompts, lengths = self.score(rows, roll, controls)  # 2
+        adv = self.advantages(result.total)  # 3
+        device_stats = self.update(roll, adv, controls, beta)  # 4
+        self.step += 1
+
+        # 5. log: one transfer for all device values, then host-side extras
+        row = to_host(device_stats)
+        row.update(self._reward_metrics(result, adv, lengths, roll))
+        kl = row.get("kl")
+        if cfg.target_kl is not None and kl is not None:
+            self.adaptive_beta = adaptive_beta(beta, kl, cfg.target_kl)
+        if cfg.ema_reference > 0 and self.reference is not None:
+            self.reference.ema_update(cfg.ema_reference)
+        elapsed = time.perf_counter() - start
+        row.update(
+            step=self.step, lr=controls["learning_rate"] * warmup, beta=beta, temperature=controls["temperature"],
+            top_p=controls["top_p"], epsilon=controls["epsilon"], controls_version=controls["version"],
+            reward_weights=dict(zip(result.names, result.weights, strict=True)),
+            step_seconds=elapsed, rollout_seconds=t_rollout - start,
+            tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),
+            completions=[
+                {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": t,
+                 "rewards": {nm: _num(result.per_function[j, i]) for j, nm in enumerate(result.names)},
+                 "reward": float(result.total[i]), "advantage": float(adv[i])}
+                for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if i < cfg.log_completions
+            ],
+        )
+        if is_xla(self.device):
+            stats = compile_stats()
+            row.update(xla_compiles=stats["compiles"], xla_compile_seconds=stats["compile_seconds"], **{
+                f"memory_{k}": v for k, v in memory_stats(self.device).items()})
+        self.logger.log(row)
+
+        # 6. save
+        if (cfg.save_every and self.step % cfg.save_every == 0) or self.controls.consume_save_request():
+            self.save(Path(cfg.output_dir) / "checkpoint")
+        return row
+
+    def _reward_metrics(self, result: Any, adv: torch.Tensor, lengths: torch.Tensor, roll: Rollout) -> dict[str, Any]:
+        g = self.config.group_size
+        total = result.total
+        out: dict[str, Any] = {
+            "reward_mean": float(total.mean()), "reward_std": float(total.std()),
+            "zero_std_fraction": float(zero_std_fraction(total, g)),
+            "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()),
+            "advantage_min": float(adv.min()), "advantage_max": float(adv.max()),
+            "advantage_hist": histogram(adv), "advantage_hist_edges": HIST_EDGES.tolist(),
+            "completion_length_mean": float(lengths.float().mean()), "completion_length_max": int(lengths.max()),
+            "truncated_fraction": float(roll.truncated.float().mean().cpu()),
+            "reward_failures": sum(result.failures.values()),
+        }
+        for j, name in enumerate(result.names):
+            col = result.per_function[j]
+            valid = col[~torch.isnan(col)]
+            out[f"rewards/{name}/mean"] = float(valid.mean()) if len(valid) else None
+            out[f"rewards/{name}/std"] = float(valid.std()) if len(valid) > 1 else 0.0
+        if "correctness_reward" in result.names:
+            col = result.per_function[result.names.index("correctness_reward")]
+            out["accuracy"] = float((col == 1.0).float().mean())
+        return out
+
+    def train(self, steps: int | None = None, progress: bool = True, callback: Any = None) -> list[dict[str, Any]]:
+        """Run until `steps` (default config.steps) total steps, a stop request, or max_seconds."""
+        cfg = self.config
+        target = steps if steps is not None else cfg.steps
+        t0 = time.perf_counter()
+        bar = tqdm(total=target, initial=self.step, desc="GRPO", disable=not progress)
+        while self.step < target:
+            self.controls.wait_while_paused()
+            if self.controls.snapshot()["stop_requested"]:
+                break
+            row = self.train_step()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row.get('accuracy', float('nan')):.2f}")
+            if callback is not None:
+                callback(self, row)
+            if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
+                break
+        bar.close()
+        return self.logger.rows
+
+    def save(self, path: str | Path) -> Path:
+        extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta}
+        return save_checkpoint(path, self.model, self.optimizer, self.step, extra, self.generator)
+
+    def load(self, path: str | Path) -> None:
+        """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped."""
+        state = load_checkpoint(path, self.model, self.optimizer, self.generator)
+        self.step = state["step"]
+        self.adaptive_beta = state.get("adaptive_beta")
+        self.logger.truncate(self.step)
+        # prompt order continues from the same seed: skip the prompts already used
+        for _ in itertools.repeat(None, self.step * self.config.prompts_per_step):
+            next(self.prompts)
+
+
+def _num(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return None if math.isnan(v) else v

@@ -1,0 +1,79 @@
+"""Metrics: device values gathered into one transfer per step, rows appended to a JSONL history.
+
+The dashboard and plots read rows from here; nothing here knows about models or trainers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HIST_EDGES = torch.linspace(-3.0, 3.0, 25)
+"""Fixed advantage-histogram bins (24 bins on [−3, 3], outliers clamped into the end bins), so histograms
+from different steps line up as one image."""
+
+
+def to_host(values: dict[str, torch.Tensor | float | int]) -> dict[str, float]:
+    """Move many scalar device tensors to Python floats with a single device→host transfer."""
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    out: dict[str, float] = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys]).cpu().tolist()
+        out.update(zip(keys, stacked, strict=True))
+    return out
+
+
+def histogram(values: torch.Tensor, edges: torch.Tensor = HIST_EDGES) -> list[int]:
+    """Counts of `values` in the bins between `edges` (values beyond the ends fall in the end bins)."""
+    v = values.detach().float().cpu().clamp(edges[0].item(), edges[-1].item() - 1e-6)
+    return torch.histc(v, bins=len(edges) - 1, min=edges[0].item(), max=edges[-1].item()).long().tolist()
+
+
+class MetricsLogger:
+    """Keeps every row in memory, appends it to `path` (JSONL) and notifies listeners (e.g. a dashboard)."""
+
+    def __init__(self, path: str | Path | None = None, resume: bool = False) -> None:
+        self.path = Path(path) if path else None
+        self.rows: list[dict[str, Any]] = []
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._lock = threading.Lock()
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if resume and self.path.exists():
+                self.rows = read_jsonl(self.path)
+            else:
+                self.path.write_text("")
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        self._listeners.append(listener)
+
+    def log(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self.rows.append(row)
+            if self.path:
+                with self.path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+        for listener in list(self._listeners):
+            listener(row)
+
+    def truncate(self, step: int) -> None:
+        """Drop rows after `step` (used when resuming from an earlier checkpoint)."""
+        with self._lock:
+            self.rows = [r for r in self.rows if r.get("step", 0) <= step]
+            if self.path:
+                self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) for rows that have `key`."""
+        with self._lock:
+            pairs = [(r["step"], r[key]) for r in self.rows if key in r and r[key] is not None]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

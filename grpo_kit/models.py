@@ -1,0 +1,263 @@
+"""Models: the embedded tiny Gemma, real Gemma checkpoints, LoRA, and the reference policy.
+
+The tiny Gemma is transformers' own `Gemma3ForCausalLM` built from a small config, with a character-level
+tokenizer that carries Gemma's special tokens and Gemma's chat template. Its config and tokenizer files
+live in `data/tiny_gemma/` (written by `scripts/make_tiny_gemma.py`); weights start from a seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from .config import ModelConfig
+from .device import is_xla, move_model, resolve_dtype
+
+TINY_GEMMA = "tiny-gemma"
+
+# Gemma's turn format. Gemma has no system role: a system message is folded into the first user turn.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set ns = namespace(system='') -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set ns.system = (messages[0]['content'] | trim) + '\\n\\n' -%}"
+    "{%- set messages = messages[1:] -%}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (ns.system if loop.first else '') + (message['content'] | trim) + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+# Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
+TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+# The answer-format tags are single tokens in the tiny vocabulary: shorter sequences, faster CPU demos.
+TINY_TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+TINY_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+
+TINY_CONFIG: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "vocab_size": 106,
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "sliding_window": 256,
+    "layer_types": ["full_attention"] * 4,
+    "rope_theta": 10000.0,
+    "rope_local_base_freq": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "initializer_range": 0.02,
+    "query_pre_attn_scalar": 32,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+    "eos_token_id": [1, 5],
+    "bos_token_id": 2,
+    "use_cache": True,
+}
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per printable ASCII character and newline, Gemma's special
+    tokens at Gemma's ids, the answer-format tags as single tokens, and Gemma's chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL + TINY_TAGS)}
+    for ch in TINY_CHARS:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in TINY_SPECIAL])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TINY_TAGS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
+        chat_template=GEMMA_CHAT_TEMPLATE,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=TINY_CONFIG["max_position_embeddings"],
+    )
+
+
+def write_tiny_gemma_files(out_dir: str | Path) -> Path:
+    """Write the tiny Gemma's config.json and tokenizer files (no weights: they come from a seed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    if len(tokenizer) > TINY_CONFIG["vocab_size"]:
+        raise AssertionError(f"tiny vocabulary {len(tokenizer)} exceeds vocab_size {TINY_CONFIG['vocab_size']}")
+    tokenizer.save_pretrained(out)
+    (out / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def tiny_gemma_dir() -> Path:
+    """`data/tiny_gemma` of the checkout, or (installed from a wheel) a copy written to the user cache."""
+    in_repo = repo_root() / "data" / "tiny_gemma"
+    if (in_repo / "config.json").exists():
+        return in_repo
+    cache = Path(os.environ.get("GRPO_KIT_CACHE", Path.home() / ".cache" / "grpo_kit")) / "tiny_gemma"
+    if not (cache / "config.json").exists():
+        write_tiny_gemma_files(cache)
+    return cache
+
+
+def ensure_chat_template(tokenizer: Any) -> Any:
+    """Give a tokenizer Gemma's chat template when its checkpoint has none (e.g. GGUF files)."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end a completion: `<eos>` and `<end_of_turn>` (when the vocabulary has it)."""
+    ids = [tokenizer.eos_token_id]
+    eot = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    if eot is not None and eot != tokenizer.unk_token_id:
+        ids.append(eot)
+    return sorted(set(ids))
+
+
+def hf_token(explicit: str | None = None) -> str | None:
+    """Token for gated checkpoints: the argument, HF_TOKEN, or the Colab secret named HF_TOKEN."""
+    if explicit:
+        return explicit
+    if os.environ.get("HF_TOKEN"):
+        return os.environ["HF_TOKEN"]
+    with contextlib.suppress(Exception):
+        from google.colab import userdata  # type: ignore[import-not-found]
+
+        return userdata.get("HF_TOKEN")
+    return None
+
+
+def _attn_impl(device: torch.device, tiny: bool) -> str:
+    # sdpa adds host syncs inside every step on XLA; tiny models gain nothing from it either.
+    return "eager" if tiny or is_xla(device) else "sdpa"
+
+
+def load_tokenizer(name: str, token: str | None = None) -> Any:
+    if name == TINY_GEMMA:
+        return AutoTokenizer.from_pretrained(tiny_gemma_dir())
+    return ensure_chat_template(AutoTokenizer.from_pretrained(name, token=hf_token(token)))
+
+
+def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    """Load (model, tokenizer) for `cfg.name`, move it to `device` with embeddings re-tied, and wrap it in
+    a LoRA adapter when asked. Initialisation happens on the CPU (XLA's random init differs)."""
+    tiny = cfg.name == TINY_GEMMA
+    dtype = resolve_dtype(cfg.dtype, device)
+    tokenizer = load_tokenizer(cfg.name, cfg.hf_token)
+    if tiny:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(tiny_gemma_dir())
+        config._attn_implementation = "eager"
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            model = AutoModelForCausalLM.from_config(config)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                cfg.name, token=hf_token(cfg.hf_token), dtype=torch.float32, attn_implementation=_attn_impl(device, tiny)
+            )
+        except OSError as e:
+            raise RuntimeError(
+                f"could not load model {cfg.name!r}: {e}\n"
+                "For a gated Gemma checkpoint: accept the license on its Hugging Face page and set HF_TOKEN "
+                "(or the Colab secret HF_TOKEN). Offline, pass a local directory or use 'tiny-gemma'."
+            ) from e
+    use_lora = (not tiny) if cfg.lora is None else cfg.lora
+    if use_lora:
+        model = add_lora(model, cfg)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if use_lora:
+            model.enable_input_require_grads()
+    model = move_model(model, device, dtype)
+    return model, tokenizer
+
+
+def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Wrap `model` in a peft LoRA adapter (created on the CPU, before any move)."""
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [m for m in cfg.lora_target_modules if m in present]
+    if not targets:
+        raise ValueError(f"none of lora_target_modules {cfg.lora_target_modules} exist in {type(model).__name__}")
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+class ReferencePolicy:
+    """π_ref for the KL term: the same model with the LoRA adapter disabled (no second copy), or a frozen
+    copy of the initial weights under full fine-tuning. Optional EMA: ref ← (1 − α)·ref + α·policy."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.policy = model
+        self.frozen: torch.nn.Module | None = None
+        if not is_lora(model):
+            self.frozen = copy.deepcopy(model).eval()
+            self.frozen.requires_grad_(False)
+            move_model(self.frozen, next(model.parameters()).device)
+
+    @contextlib.contextmanager
+    def model(self) -> Iterator[torch.nn.Module]:
+        """Yields the module whose forward is π_ref."""
+        if self.frozen is not None:
+            yield self.frozen
+        else:
+            with self.policy.disable_adapter():
+                yield self.policy
+
+    @torch.no_grad()
+    def ema_update(self, alpha: float) -> None:
+        if self.frozen is None:
+            raise ValueError("EMA reference updates need full fine-tuning (under LoRA the reference is the base model)")
+        for ref_p, p in zip(self.frozen.parameters(), self.policy.parameters(), strict=True):
+            ref_p.lerp_(p.detach(), alpha)
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    unique = {id(p): p for p in model.parameters()}.values()
+    return {"total": sum(p.numel() for p in unique), "trainable": sum(p.numel() for p in unique if p.requires_grad)}
+

@@ -1,0 +1,285 @@
+"""Reward functions with TRL's signature, and their weighted combination.
+
+A reward function is `f(prompts, completions, **columns) -> list[float | None]`: one score per completion,
+None meaning "does not apply to this row" (it is then left out of that row's weighted sum, as in TRL).
+`columns` holds the dataset columns (e.g. `answer`) repeated per completion, plus `completion_ids`.
+Completions arrive as plain strings; the built-ins also accept TRL's chat-message form.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .tasks import completion_text
+
+RewardFunc = Callable[..., list]
+
+_STRICT = re.compile(r"^\s*<reasoning>[\s\S]+?</reasoning>\s*<answer>[\s\S]+?</answer>\s*$")
+_ANSWER = re.compile(r"<answer>([\s\S]*?)</answer>")
+_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+
+
+def strict_format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
+    """1.0 when the whole completion is `<reasoning>…</reasoning><answer>…</answer>` (whitespace allowed
+    around the blocks), else 0.0."""
+    return [1.0 if _STRICT.match(completion_text(c)) else 0.0 for c in completions]
+
+
+def soft_format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
+    """Partial credit: 0.25 for each of the four tags that appears exactly once (max 1.0).
+
+    Gives a gradient toward the format before the strict reward ever fires.
+    """
+    return [sum(0.25 for tag in _TAGS if completion_text(c).count(tag) == 1) for c in completions]
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last `<answer>…</answer>` block, stripped; None when there is none."""
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "").replace("$", "").strip())
+    except ValueError:
+        return None
+
+
+def make_correctness_reward(
+    abs_tol: float = 1e-6, rel_tol: float = 0.0, numeric_credit: float = 1.0, name: str = "correctness_reward"
+) -> RewardFunc:
+    """Build a correctness reward: 1.0 for an exact string match of the extracted answer, `numeric_credit`
+    when both parse as numbers and |x − y| ≤ max(abs_tol, rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0.
+
+    Needs the dataset column `answer`.
+    """
+
+    def reward(prompts: list, completions: list, answer: list[str] | None = None, **_: Any) -> list[float]:
+        if answer is None:
+            raise ValueError(f"{name} needs the dataset column 'answer'")
+        scores = []
+        for c, truth in zip(completions, answer, strict=True):
+            got = extract_answer(completion_text(c))
+            if got is None:
+                scores.append(0.0)
+            elif got == str(truth).strip():
+                scores.append(1.0)
+            else:
+                x, y = _as_number(got), _as_number(str(truth))
+                close = x is not None and y is not None and abs(x - y) <= max(abs_tol, rel_tol * abs(y))
+                scores.append(numeric_credit if close else 0.0)
+        return scores
+
+    reward.__name__ = name
+    return reward
+
+
+correctness_reward = make_correctness_reward()
+
+
+_STEP = re.compile(r"(\d+(?:\s*[-+*]\s*\d+)+)\s*=\s*(-?\d+)")
+_REASONING = re.compile(r"<reasoning>([\s\S]*?)</reasoning>")
+
+
+def _arithmetic(expr: str) -> int:
+    """Evaluate digits joined by + − × (standard precedence) without eval()."""
+    total, term, sign = 0, None, 1
+    for tok in re.findall(r"\d+|[-+*]", expr):
+        if tok == "*":
+            continue
+        if tok in "+-":
+            total, term, sign = total + sign * term, None, (1 if tok == "+" else -1)
+            continue
+        # a number right after "*" multiplies the running term; after + or − it starts a new term
+        term = int(tok) if term is None else term * int(tok)
+    return total + sign * (term or 0)
+
+
+def arithmetic_steps_reward(prompts: list, completions: list, **_: Any) -> list[float]:
+    """Process reward: the fraction of `expression = value` steps inside `<reasoning>` whose arithmetic is
+    right (e.g. "7+8=15" right, "6+0=7" wrong); 0.0 when there are no such steps.
+
+    A verifier like correctness, but dense: a completion with one slip still gets credit for its right
+    steps, so groups where every final answer is wrong still carry signal. It can be gamed by padding the
+    reasoning with true but useless steps ("1+1=2"): use it next to correctness, never alone.
+    """
+    scores = []
+    for c in completions:
+        block = _REASONING.search(completion_text(c))
+        steps = _STEP.findall(block.group(1)) if block else []
+        right = sum(1 for expr, value in steps if _arithmetic(expr) == int(value))
+        scores.append(right / len(steps) if steps else 0.0)
+    return scores
+
+
+def make_length_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, name: str = "length_penalty") -> RewardFunc:
+    """DAPO's soft overlong punishment, in tokens (characters when `completion_ids` are not given):
+
+        r(L) = 0                                  if L ≤ max_tokens − buffer
+             = −penalty · (L − (max_tokens − buffer)) / buffer   if L < max_tokens
+             = −penalty                           otherwise
+    """
+    if buffer <= 0 or buffer > max_tokens:
+        raise ValueError(f"{name}: need 0 < buffer <= max_tokens, got buffer={buffer}, max_tokens={max_tokens}")
+    start = max_tokens - buffer
+
+    def reward(prompts: list, completions: list, completion_ids: list | None = None, **_: Any) -> list[float]:
+        lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [len(completion_text(c)) for c in completions]
+        return [0.0 if n <= start else -penalty * min(1.0, (n - start) / buffer) for n in lengths]
+
+    reward.__name__ = name
+    return reward
+
+
+class ClassifierReward:
+    """A model-based reward: the probability (or logit) a sequence-classification model gives one label.
+
+    Wraps any `AutoModelForSequenceClassification` — a toxicity classifier (reward = 1 − p(toxic): pass
+    `label` of the non-toxic class), a judge or a reward model (`use_logit=True` for a scalar head).
+    The text scored is `prompt_text + completion` when `include_prompt`, else the completion.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        label: int = 1,
+        use_logit: bool = False,
+        include_prompt: bool = False,
+        batch_size: int = 16,
+        max_length: int = 512,
+        name: str | None = None,
+    ) -> None:
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.label, self.use_logit, self.include_prompt = label, use_logit, include_prompt
+        self.batch_size, self.max_length = batch_size, max_length
+        self.__name__ = name or f"classifier_{type(model).__name__}"
+
+    @torch.no_grad()
+    def __call__(self, prompts: list, completions: list, **_: Any) -> list[float]:
+        texts = []
+        for p, c in zip(prompts, completions, strict=True):
+            prefix = (p if isinstance(p, str) else " ".join(m["content"] for m in p)) + "\n" if self.include_prompt else ""
+            texts.append(prefix + completion_text(c))
+        device = next(self.model.parameters()).device
+        scores: list[float] = []
+        for i in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(
+                texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
+            ).to(device)
+            logits = self.model(**enc).logits.float()
+            col = logits[:, self.label] if logits.shape[-1] > 1 or self.label != 0 else logits[:, 0]
+            values = col if self.use_logit else logits.softmax(-1)[:, self.label]
+            scores.extend(values.cpu().tolist())
+        return scores
+
+
+def reward_name(func: RewardFunc) -> str:
+    """The name a reward is logged and weighted under."""
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+class RewardError(RuntimeError):
+    """A reward function raised, returned NaN/inf, or returned the wrong number of scores."""
+
+
+@dataclass
+class RewardResult:
+    per_function: torch.Tensor
+    """(F, B) float32; NaN where a function returned None (not applicable)."""
+    total: torch.Tensor
+    """(B,) weighted sum over the functions that apply to each row."""
+    names: list[str]
+    weights: list[float]
+    failures: dict[str, int]
+    """Per function: completions scored 0 because the function failed on them (on_error='zero')."""
+
+
+def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: list, columns: dict, on_error: str,
+                      first_error: Exception) -> tuple[list, int]:
+    """After a batch call failed: score each completion alone, so the culprit is named and the rest kept."""
+    scores, failures = [], 0
+    for i in range(len(completions)):
+        row_cols = {k: v[i : i + 1] for k, v in columns.items()}
+        try:
+            value = func(prompts[i : i + 1], completions[i : i + 1], **row_cols)[0]
+        except Exception as e:  # noqa: BLE001 - any error in user code is reported with its row
+            if on_error == "raise":
+                raise RewardError(
+                    f"reward {name!r} raised {type(e).__name__}: {e} on completion {i}: "
+                    f"{completion_text(completions[i])[:200]!r}"
+                ) from e
+            value, failures = 0.0, failures + 1
+        scores.append(value)
+    if failures == 0 and on_error == "raise":
+        raise RewardError(f"reward {name!r} raised {type(first_error).__name__} on the batch: {first_error}") from first_error
+    return scores, failures
+
+
+def compute_rewards(
+    reward_funcs: Sequence[RewardFunc],
+    prompts: list,
+    completions: list,
+    columns: dict[str, list] | None = None,
+    weights: dict[str, float] | None = None,
+    on_error: str = "raise",
+) -> RewardResult:
+    """Score completions with every reward function and combine them:
+
+        total_i = Σ_f w_f · r_f(i)   over the functions f whose r_f(i) is not None
+
+    A function that raises, returns NaN/inf or the wrong count raises `RewardError` naming the function and
+    the completion (on_error='raise'), or scores those completions 0 and counts them (on_error='zero').
+    """
+    if not reward_funcs:
+        raise ValueError("compute_rewards: no reward functions given")
+    columns = columns or {}
+    n = len(completions)
+    for key, values in columns.items():
+        if len(values) != n:
+            raise ValueError(f"compute_rewards: column {key!r} has {len(values)} values for {n} completions")
+    names = [reward_name(f) for f in reward_funcs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"compute_rewards: reward names must be unique, got {names}")
+    weights = weights or {}
+    unknown = set(weights) - set(names)
+    if unknown:
+        raise ValueError(f"compute_rewards: weights for unknown rewards {sorted(unknown)}; rewards are {names}")
+    w = [float(weights.get(nm, 1.0)) for nm in names]
+    table = torch.full((len(reward_funcs), n), float("nan"))
+    failures: dict[str, int] = {}
+    for fi, (func, name) in enumerate(zip(reward_funcs, names, strict=True)):
+        try:
+            scores = list(func(prompts, completions, **columns))
+            failed = 0
+        except Exception as e:  # noqa: BLE001
+            scores, failed = _score_one_by_one(func, name, prompts, completions, columns, on_error, e)
+        if len(scores) != n:
+            raise RewardError(f"reward {name!r} returned {len(scores)} scores for {n} completions")
+        for i, s in enumerate(scores):
+            if s is None:
+                continue
+            bad = not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(float(s))
+            if bad:
+                if on_error == "raise":
+                    raise RewardError(
+                        f"reward {name!r} returned {s!r} for completion {i}: {completion_text(completions[i])[:200]!r}"
+                    )
+                s, failed = 0.0, failed + 1
+            table[fi, i] = float(s)
+        failures[name] = failed
+    weighted = table * torch.tensor(w).unsqueeze(1)
+    total = torch.nansum(weighted, dim=0)
+    return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures)
+
+
+DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, strict_format_reward)
+"""Verifier rewards the demo trains with: correctness (1.0) plus strict format (weight 0.1 by default)."""
+DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "strict_format_reward": 0.1}

@@ -1,0 +1,127 @@
+"""SFT warm-up: completion-only cross-entropy on demonstrations rendered with the chat template.
+
+Teaches the output format (and some of the skill) so that GRPO starts from a policy that sometimes
+earns reward; without it a small model can sit at zero reward for hundreds of steps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+
+from .checkpoint import save_checkpoint
+from .config import SFTConfig
+from .device import mark_step
+from .losses import token_logprobs_and_entropy
+from .metrics import MetricsLogger, to_host
+from .models import base_model
+from .sampling import bucket_length, position_ids_from_mask
+
+
+def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) per row: chat-formatted prompt, then completion + `<end_of_turn>`."""
+    end = "<end_of_turn>" if "<end_of_turn>" in tokenizer.get_vocab() else tokenizer.eos_token
+    examples = []
+    for i, row in enumerate(rows):
+        if "prompt" not in row or "completion" not in row:
+            raise ValueError(f"SFT row {i}: needs columns 'prompt' and 'completion', has {sorted(row)}")
+        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        c = tokenizer(row["completion"] + end, add_special_tokens=False)["input_ids"]
+        if len(p) + len(c) > max_length:
+            raise ValueError(f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row")
+        examples.append((p + c, len(p)))
+    return examples
+
+
+def collate(examples: list[tuple[list[int], int]], pad_id: int, bucket: int) -> dict[str, torch.Tensor]:
+    """Left-pad to a bucket length. Returns input_ids, attention_mask (B, L) and target_mask (B, L−1):
+    1 where the next token is a completion token (the loss is on the completion only)."""
+    width = bucket_length(max(len(ids) for ids, _ in examples), bucket)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    target = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (seq, plen) in enumerate(examples):
+        start = width - len(seq)
+        ids[row, start:] = torch.tensor(seq)
+        attn[row, start:] = 1
+        target[row, start + plen :] = 1
+    return {"input_ids": ids, "attention_mask": attn, "target_mask": target[:, 1:]}
+
+
+def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean negative log-likelihood of completion tokens: −Σ m log π(y_t | y_<t) / Σ m. Returns (loss, tokens)."""
+    hf = base_model(model)
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    hidden = hf.model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False).last_hidden_state
+    logp, _ = token_logprobs_and_entropy(hidden[:, :-1], hf.lm_head.weight, ids[:, 1:],
+                                         softcap=getattr(hf.config, "final_logit_softcapping", None))
+    mask = batch["target_mask"].to(logp.dtype)
+    tokens = mask.sum()
+    return -(logp * mask).sum() / tokens.clamp(min=1), tokens
+
+
+class SFTTrainer:
+    """Fixed-shape batches (batch_size × bucketed length), AdamW with warm-up + cosine decay."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: SFTConfig | None = None) -> None:
+        self.model, self.tokenizer, self.config = model, tokenizer, config or SFTConfig()
+        cfg = self.config
+        self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length)
+        if len(self.examples) < cfg.batch_size:
+            raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
+        self.device = next(model.parameters()).device
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.logger = MetricsLogger(Path(cfg.output_dir) / "sft_metrics.jsonl" if cfg.output_dir else None)
+        self.step = 0
+        self._order: list[int] = []
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        if len(self._order) < self.config.batch_size:
+            self._order += torch.randperm(len(self.examples), generator=self.generator).tolist()
+        picked, self._order = self._order[: self.config.batch_size], self._order[self.config.batch_size :]
+        batch = collate([self.examples[i] for i in picked], self.tokenizer.pad_token_id, self.config.pad_to_multiple_of)
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.config
+        start = time.perf_counter()
+        self.model.train()
+        batch = self._next_batch()
+        loss, tokens = sft_loss(self.model, batch)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        mark_step(self.device)
+        self.step += 1
+        row = to_host({"loss": loss, "grad_norm": grad_norm, "tokens": tokens})
+        row.update(step=self.step, lr=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
+        return row
+
+    def train(self, progress: bool = True) -> list[dict[str, Any]]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        bar = tqdm(total=cfg.steps, desc="SFT", disable=not progress)
+        while self.step < cfg.steps:
+            row = self.train_step()
+            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                self.logger.log(row)
+                bar.set_postfix(loss=f"{row['loss']:.3f}")
+            bar.update(1)
+            if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
+                break
+        bar.close()
+        return self.logger.rows
+
+    def save(self, path: str | Path) -> Path:
+        return save_checkpoint(path, self.model, self.optimizer, self.step, {"kind": "sft"})

@@ -1,0 +1,127 @@
+import math
+
+import pytest
+import torch
+
+from grpo_kit import losses as L
+
+
+def test_token_logprobs_match_log_softmax_and_chunking():
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(5, 7, 16), torch.randn(50, 16)
+    ids = torch.randint(0, 50, (5, 7))
+    logp, ent = L.token_logprobs_and_entropy(hidden, weight, ids, temperature=0.7, chunk_rows=2)
+    logits = (hidden @ weight.T) / 0.7
+    ref = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(logp, ref, atol=1e-5)
+    assert torch.allclose(ent, -(p * torch.log_softmax(logits, -1)).sum(-1), atol=1e-4)
+    capped, _ = L.token_logprobs_and_entropy(hidden, weight, ids, softcap=3.0)
+    z = 3.0 * torch.tanh((hidden @ weight.T) / 3.0)
+    assert torch.allclose(capped, torch.log_softmax(z, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1), atol=1e-5)
+
+
+def test_recompute_gives_same_gradients():
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(4, 3, 8, requires_grad=True), torch.randn(20, 8)
+    ids = torch.randint(0, 20, (4, 3))
+    grads = []
+    for recompute in (False, True):
+        hidden.grad = None
+        L.token_logprobs_and_entropy(hidden, weight, ids, chunk_rows=3, recompute=recompute)[0].sum().backward()
+        grads.append(hidden.grad.clone())
+    assert torch.allclose(grads[0], grads[1])
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-2.0])
+    assert L.kl_estimate(logp, ref, "k1").item() == pytest.approx(1.0)
+    assert L.kl_estimate(logp, ref, "k3").item() == pytest.approx(math.exp(-1) + 1 - 1)
+    assert L.kl_estimate(ref, ref, "k3").item() == 0.0
+
+
+def _batch():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -9.0]])
+    old = torch.tensor([[-1.2, -1.5, -0.5], [-0.3, -1.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    return logp, old, mask, adv
+
+
+def _hand_per_token(logp, old, adv, eps_low, eps_high):
+    ratio = torch.exp(logp - old)
+    a = adv.unsqueeze(1)
+    return -torch.min(ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a), ratio
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
+def test_ppo_clip_aggregations(loss_type):
+    logp, old, mask, adv = _batch()
+    per, _ = _hand_per_token(logp, old, adv, 0.2, 0.28)
+    if loss_type == "grpo":
+        expected = ((per * mask).sum(1) / mask.sum(1)).mean()
+    elif loss_type in ("bnpo", "dapo"):
+        expected = (per * mask).sum() / mask.sum()
+    else:
+        expected = (per * mask).sum() / (2 * 3)
+    loss, stats = L.policy_loss(logp, old, adv, mask, epsilon=0.2, epsilon_high=0.28, loss_type=loss_type)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    # ratio exp(0.2)=1.22 < 1.28 (not clipped high), exp(-0.5)=0.61 with A<0 (clipped low), exp(0.3)=1.35 with A<0 (not)
+    assert stats["clip_low"].item() == pytest.approx(1 / 5)
+    assert stats["clip_high"].item() == 0.0
+
+
+def test_micro_batches_add_up_to_full_batch():
+    logp, old, mask, adv = _batch()
+    for loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"):
+        full, _ = L.policy_loss(logp, old, adv, mask, loss_type=loss_type)
+        parts = sum(
+            L.policy_loss(logp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], loss_type=loss_type,
+                          total_sequences=2, total_tokens=mask.sum())[0]
+            for i in range(2)
+        )
+        if loss_type != "bnpo":  # bnpo is a local (per micro-batch) token mean by definition
+            assert parts.item() == pytest.approx(full.item(), abs=1e-6)
+
+
+def test_cispo_and_gspo():
+    logp, old, mask, adv = _batch()
+    logp = logp.clone().requires_grad_(True)
+    loss, _ = L.policy_loss(logp, old, adv, mask, loss_type="cispo", epsilon_high=0.1, total_tokens=mask.sum())
+    ratio = torch.exp(logp.detach() - old)
+    expected = (-(ratio.clamp(max=1.1)) * adv.unsqueeze(1) * logp.detach() * mask).sum() / mask.sum()
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    loss.backward()
+    assert torch.allclose(logp.grad, -(ratio.clamp(max=1.1)) * adv.unsqueeze(1) * mask / mask.sum())
+    seq_loss, _ = L.policy_loss(logp.detach(), old, adv, mask, importance_sampling_level="sequence", epsilon=10.0)
+    seq_ratio = torch.exp(((logp.detach() - old) * mask).sum(1) / mask.sum(1))
+    assert seq_loss.item() == pytest.approx((-(seq_ratio * adv)).mean().item(), abs=1e-6)
+
+
+def test_beta_kl_and_entropy_terms():
+    logp, old, mask, adv = _batch()
+    ref = logp - 0.5
+    ent = torch.full_like(logp, 2.0)
+    base, _ = L.policy_loss(logp, old, adv, mask, loss_type="dapo")
+    with_terms, stats = L.policy_loss(logp, old, adv, mask, loss_type="dapo", ref_logp=ref, beta=0.1,
+                                      entropy=ent, entropy_coef=0.01)
+    k3 = math.exp(-0.5) + 0.5 - 1
+    assert stats["kl"].item() == pytest.approx(k3, abs=1e-6)
+    assert with_terms.item() == pytest.approx(base.item() + 0.1 * k3 - 0.01 * 2.0, abs=1e-6)
+
+
+def test_loss_near_zero_at_ratio_one_but_gradient_is_not():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    adv = torch.tensor([1.5])
+    loss, _ = L.policy_loss(logp, logp.detach(), adv, torch.ones(1, 2))
+    assert loss.item() == pytest.approx(-1.5)  # −mean(A); with zero-mean group advantages this is ≈ 0
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.75, -0.75]]))
+
+
+def test_adaptive_beta_moves_toward_target():
+    assert L.adaptive_beta(0.1, kl=1.0, target_kl=0.1) == pytest.approx(0.1 * 1.02)
+    assert L.adaptive_beta(0.1, kl=0.0, target_kl=0.1) == pytest.approx(0.1 * 0.98)
+    assert L.adaptive_beta(0.0, kl=1.0, target_kl=0.1) > 0
+    with pytest.raises(ValueError):
+        L.policy_loss(*_batch()[:2], _batch()[3], _batch()[2], loss_type="ppo")

@@ -1,0 +1,134 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_kit.config import ModelConfig
+from grpo_kit.models import (
+    GEMMA_CHAT_TEMPLATE, ReferencePolicy, TINY_CONFIG, build_tiny_tokenizer, count_parameters, load_model,
+    stop_token_ids,
+)
+from grpo_kit.sampling import choose_tokens, completion_logprobs, encode_prompts, sample
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_tiny_gemma_files_match_the_script(tmp_path):
+    subprocess.run([sys.executable, "-c", f"from grpo_kit.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"], check=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_text() == (ROOT / "data" / "tiny_gemma" / name).read_text(), name
+    assert json.loads((ROOT / "data/tiny_gemma/config.json").read_text()) == TINY_CONFIG
+
+
+def test_tiny_gemma_is_a_real_gemma3_with_gemma_tokens(tiny):
+    model, tok = tiny
+    assert type(model).__name__ == "Gemma3ForCausalLM"
+    assert 0.5e6 < count_parameters(model)["total"] < 2e6
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as in Gemma
+    assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id) == (0, 1, 2)
+    assert stop_token_ids(tok) == [1, tok.convert_tokens_to_ids("<end_of_turn>")]
+    text = tok.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "What is 1 + 2?"},
+                                    {"role": "assistant", "content": "3"}], tokenize=False)
+    assert text == "<bos><start_of_turn>user\nS\n\nWhat is 1 + 2?<end_of_turn>\n<start_of_turn>model\n3<end_of_turn>\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text
+    assert tok.chat_template == GEMMA_CHAT_TEMPLATE
+    assert len(build_tiny_tokenizer()) == TINY_CONFIG["vocab_size"]
+
+
+def test_seeded_init_is_reproducible(cpu):
+    a, _ = load_model(ModelConfig(seed=3), cpu)
+    b, _ = load_model(ModelConfig(seed=3), cpu)
+    c, _ = load_model(ModelConfig(seed=4), cpu)
+    assert torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
+    assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
+
+
+def test_prompts_are_left_padded_to_a_bucket(tiny, task):
+    _, tok = tiny
+    ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:5]), bucket=16)
+    assert ids.shape[1] % 16 == 0 and ids.shape == mask.shape
+    assert (mask[:, -1] == 1).all() and (ids[mask == 0] == tok.pad_token_id).all()
+
+
+def test_greedy_sampler_equals_hf_generate(tiny, task):
+    model, tok = tiny
+    torch.manual_seed(1)
+    with torch.no_grad():  # make the random model less uniform so greedy paths differ per prompt
+        model.model.embed_tokens.weight.mul_(20)
+    prompts = list(task.test_set()["prompt"][:6])
+    ids, mask = encode_prompts(tok, prompts, bucket=16)
+    roll = sample(model, ids, mask, 24, stop_token_ids(tok), tok.pad_token_id, greedy=True)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                         eos_token_id=stop_token_ids(tok), pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
+    n = ref.shape[1]
+    assert torch.equal(roll.completion_ids[:, :n], ref)
+    assert len({tuple(r.tolist()) for r in ref}) > 1
+
+
+def test_stop_tokens_mask_everything_after(tiny, task):
+    model, tok = tiny
+    ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:8]), bucket=16)
+    stops = stop_token_ids(tok)
+    # make <end_of_turn> likely so some rows stop early
+    with torch.no_grad():
+        model.lm_head.weight[stops[1]] += 0.3 * model.lm_head.weight.mean(0)
+    roll = sample(model, ids, mask, 20, stops, tok.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    for row in range(8):
+        comp, m = roll.completion_ids[row], roll.completion_mask[row]
+        hits = [i for i, t in enumerate(comp.tolist()) if t in stops]
+        if hits:
+            first = hits[0]
+            assert m[: first + 1].all() and not m[first + 1 :].any()
+            assert (comp[first + 1 :] == tok.pad_token_id).all() and not roll.truncated[row]
+        else:
+            assert m.all() and roll.truncated[row]
+    assert roll.completion_ids.shape == (8, 20)  # fixed shape however early rows stop
+
+
+def test_sampling_logprobs_match_the_training_forward(tiny, task):
+    model, tok = tiny
+    ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:4]), bucket=16)
+    roll = sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=0.8,
+                  generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logp, entropy = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1], temperature=0.8)
+    m = roll.completion_mask.bool()
+    assert torch.allclose(logp[m], roll.sampling_logprobs[m], atol=1e-4)
+    assert (entropy[m] > 0).all()
+
+
+def test_choose_tokens_filters():
+    logits = torch.tensor([[5.0, 4.0, 1.0, 0.0]]).repeat(2000, 1)
+    torch.manual_seed(0)
+    tokens, _ = choose_tokens(logits, 1.0, top_k=2)
+    assert set(tokens.tolist()) == {0, 1}
+    p = torch.softmax(logits[0], -1)  # p0 = .71, p0+p1 = .97
+    tokens, _ = choose_tokens(logits, 1.0, top_p=0.5)
+    assert set(tokens.tolist()) == {0}
+    tokens, logp = choose_tokens(logits, 1.0)
+    assert abs((tokens == 0).float().mean().item() - p[0].item()) < 0.04
+    assert torch.allclose(logp[tokens == 0], torch.log(p[0]).expand((tokens == 0).sum()), atol=1e-5)
+    greedy, _ = choose_tokens(logits[:1], 1.0, greedy=True)
+    assert greedy.item() == 0
+
+
+def test_reference_policy_frozen_copy_and_lora(cpu):
+    model, _ = load_model(ModelConfig(), cpu)
+    ref = ReferencePolicy(model)
+    with ref.model() as r:
+        assert r is not model and not any(p.requires_grad for p in r.parameters())
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)
+    ref.ema_update(0.5)
+    assert torch.allclose(ref.frozen.model.norm.weight, model.model.norm.weight - 0.5)
+    lora, _ = load_model(ModelConfig(lora=True, lora_r=4), cpu)
+    counts = count_parameters(lora)
+    assert 0 < counts["trainable"] < counts["total"] / 5
+    ref = ReferencePolicy(lora)
+    assert ref.frozen is None  # adapter disabled, no second copy
+    with pytest.raises(ValueError, match="EMA"):
+        ref.ema_update(0.1)

@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+from transformers import Gemma3TextConfig
+
+from grpo_kit import rewards as R
+
+GOOD = "<reasoning>7+8=15, 4+3+1=8</reasoning><answer>85</answer>"
+
+
+def test_format_rewards():
+    comps = [GOOD, "  <reasoning>x</reasoning>\n<answer>1</answer>\n", "<reasoning>x</reasoning>", "85", GOOD + GOOD]
+    assert R.strict_format_reward(None, comps) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert R.soft_format_reward(None, comps) == [1.0, 1.0, 0.5, 0.0, 0.0]
+    # TRL's chat-message form is accepted too
+    assert R.strict_format_reward(None, [[{"role": "assistant", "content": GOOD}]]) == [1.0]
+
+
+def test_correctness_exact_and_numeric():
+    comps = [GOOD, "<answer>85.0</answer>", "<answer> 85 </answer>", "<answer>84</answer>", "no answer"]
+    assert R.correctness_reward(None, comps, answer=["85"] * 5) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    half = R.make_correctness_reward(numeric_credit=0.5, rel_tol=0.02, name="lenient")
+    assert half(None, ["<answer>85.0</answer>", "<answer>86</answer>", "<answer>90</answer>"], answer=["85"] * 3) == [0.5, 0.5, 0.0]
+    assert half.__name__ == "lenient"
+    with pytest.raises(ValueError, match="answer"):
+        R.correctness_reward(None, [GOOD])
+
+
+def test_arithmetic_steps_reward():
+    comps = [GOOD, "<reasoning>6+0=7, 1+8=9</reasoning>", "<reasoning>no steps</reasoning>", "7+8=15", "<reasoning>2*3+4=10, 9-4=5</reasoning>"]
+    assert R.arithmetic_steps_reward(None, comps) == [1.0, 0.5, 0.0, 0.0, 1.0]
+
+
+def test_length_penalty_dapo_shape():
+    pen = R.make_length_penalty(max_tokens=10, buffer=4, penalty=1.0)
+    ids = [[0] * n for n in (5, 6, 8, 10, 12)]
+    assert pen(None, ["x"] * 5, completion_ids=ids) == [0.0, 0.0, -0.5, -1.0, -1.0]
+    assert pen(None, ["abcdefgh"]) == [-0.5]  # characters without completion_ids
+    with pytest.raises(ValueError, match="buffer"):
+        R.make_length_penalty(4, 8)
+
+
+def test_compute_rewards_weights_and_none():
+    def sometimes(prompts, completions, **_):
+        return [None if "skip" in c else 1.0 for c in completions]
+
+    res = R.compute_rewards([R.strict_format_reward, sometimes], ["p"] * 2, [GOOD, "skip"],
+                            weights={"strict_format_reward": 2.0, "sometimes": 0.5})
+    assert res.names == ["strict_format_reward", "sometimes"]
+    assert math.isnan(res.per_function[1, 1].item())
+    assert res.total.tolist() == [2.5, 0.0]
+
+
+def test_reward_errors_name_the_reward_and_completion():
+    def broken(prompts, completions, **_):
+        return [1 / 0 if c == "bad" else 1.0 for c in completions]
+
+    def nan_reward(prompts, completions, **_):
+        return [float("nan") if c == "bad" else 0.0 for c in completions]
+
+    with pytest.raises(R.RewardError, match=r"'broken' raised ZeroDivisionError .*completion 1: 'bad'"):
+        R.compute_rewards([broken], ["p", "p"], ["ok", "bad"])
+    with pytest.raises(R.RewardError, match=r"'nan_reward' returned nan for completion 1"):
+        R.compute_rewards([nan_reward], ["p", "p"], ["ok", "bad"])
+    res = R.compute_rewards([broken, nan_reward], ["p", "p"], ["ok", "bad"], on_error="zero")
+    assert res.failures == {"broken": 1, "nan_reward": 1}
+    assert res.total.tolist() == [1.0, 0.0]  # the good completion keeps its score
+    with pytest.raises(R.RewardError, match="returned 1 scores for 2"):
+        R.compute_rewards([lambda prompts, completions, **_: [1.0]], ["p", "p"], ["a", "b"])
+    with pytest.raises(ValueError, match="unknown rewards"):
+        R.compute_rewards([R.strict_format_reward], ["p"], ["a"], weights={"typo": 1.0})
+
+
+def test_classifier_reward_with_a_tiny_classifier(tiny):
+    from transformers import AutoModelForSequenceClassification
+
+    _, tokenizer = tiny
+    cfg = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_labels=2, pad_token_id=0,
+                           layer_types=["full_attention"])
+    torch.manual_seed(0)
+    clf = AutoModelForSequenceClassification.from_config(cfg)
+    reward = R.ClassifierReward(clf, tokenizer, label=1, name="judge")
+    scores = reward(["p", "p", "p"], [GOOD, "hello", "<answer>1</answer>"])
+    assert reward.__name__ == "judge" and len(scores) == 3
+    assert all(0.0 <= s <= 1.0 for s in scores) and len(set(scores)) > 1
+    # the scores are the classifier's own softmax probabilities of label 1
+    enc = tokenizer(["hello"], return_tensors="pt")
+    with torch.no_grad():
+        expected = clf(**enc).logits.softmax(-1)[0, 1].item()
+    assert scores[1] == pytest.approx(expected, abs=1e-5)
+    res = R.compute_rewards([reward, R.strict_format_reward], ["p"] * 2, [GOOD, "x"])
+    assert res.names == ["judge", "strict_format_reward"]

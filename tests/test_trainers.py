@@ -1,0 +1,167 @@
+import dataclasses
+import itertools
+import json
+
+import pytest
+import torch
+
+from grpo_kit.checkpoint import load_checkpoint, save_checkpoint
+from grpo_kit.config import Controls, GRPOConfig, SFTConfig
+from grpo_kit.evaluate import evaluate
+from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.metrics import read_jsonl
+from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, correctness_reward
+from grpo_kit.sft import SFTTrainer, collate, encode_demonstrations
+
+SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1)
+
+
+def test_sft_collate_masks_only_the_completion(tiny, task):
+    _, tok = tiny
+    rows = task.demonstrations().select(range(3))
+    examples = encode_demonstrations(tok, rows, max_length=128)
+    batch = collate(examples, tok.pad_token_id, 32)
+    assert batch["input_ids"].shape[1] % 32 == 0
+    for row, (ids, plen) in enumerate(examples):
+        target = batch["target_mask"][row]
+        assert int(target.sum()) == len(ids) - plen  # completion tokens + <end_of_turn>
+        predicted = batch["input_ids"][row, 1:][target.bool()]
+        assert tok.decode(predicted) == rows[row]["completion"] + "<end_of_turn>"
+    with pytest.raises(ValueError, match="row 0: .* exceed max_length=10"):
+        encode_demonstrations(tok, rows, max_length=10)
+
+
+def test_sft_learns_the_format(tiny, task, tmp_path):
+    model, tok = tiny
+    trainer = SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=60, batch_size=16, output_dir=str(tmp_path)))
+    rows = trainer.train(progress=False)
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
+    result = evaluate(model, tok, task.test_set(), max_new_tokens=32)
+    assert result["format_rate"] > 0.8
+    assert (tmp_path / "sft_metrics.jsonl").exists()
+
+
+@pytest.fixture()
+def sft_model(tiny, task):
+    model, tok = tiny
+    SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=40, batch_size=16, output_dir=None)).train(progress=False)
+    return model, tok
+
+
+def test_grpo_step_metrics_and_controls(sft_model, task, tmp_path):
+    model, tok = sft_model
+    controls = Controls.from_config(GRPOConfig(**SMALL))
+    cfg = GRPOConfig(**SMALL, beta=0.04, output_dir=str(tmp_path), reward_weights=DEFAULT_WEIGHTS)
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), cfg, controls=controls)
+    row = trainer.train_step()
+    for key in ("reward_mean", "reward_std", "rewards/correctness_reward/mean", "rewards/strict_format_reward/std",
+                "accuracy", "advantage_mean", "advantage_hist", "kl", "policy_loss", "clip_low", "clip_high",
+                "entropy", "completion_length_mean", "completion_length_max", "truncated_fraction",
+                "zero_std_fraction", "grad_norm", "lr", "beta", "step_seconds", "tokens_per_s", "completions"):
+        assert key in row, key
+    assert sum(row["advantage_hist"]) == 16
+    assert abs(row["policy_loss"]) < 1e-4 + abs(row["kl"]) * 0.04 + 1e-3  # ρ = 1 at μ = 1: loss ≈ β·KL
+    controls.update(beta=0.123, learning_rate=5e-4, reward_weights={"strict_format_reward": 0.7})
+    row2 = trainer.train_step()
+    assert row2["beta"] == 0.123 and row2["lr"] == 5e-4 and row2["controls_version"] == controls.version
+    assert row2["reward_weights"]["strict_format_reward"] == 0.7
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_grpo_raises_reward_end_to_end(sft_model, task):
+    """A short SFT + GRPO run on the tiny Gemma: mean reward over the last steps beats the first steps.
+
+    Prompts cycle over a fixed pool of 8, so the improvement is measurable in a few steps."""
+    model, tok = sft_model
+    pool = list(itertools.islice(task.prompt_stream(), 8))
+    cfg = GRPOConfig(prompts_per_step=8, group_size=8, max_new_tokens=32, micro_batch_size=32, learning_rate=3e-4,
+                     warmup_steps=3, output_dir=None, reward_weights=DEFAULT_WEIGHTS, log_kl=False, seed=0)
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, pool, cfg)
+    rows = trainer.train(steps=24, progress=False)
+    first = sum(r["reward_mean"] for r in rows[:4]) / 4
+    last = sum(r["reward_mean"] for r in rows[-4:]) / 4
+    assert last > first + 0.1, (first, last)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(num_iterations=2, loss_type="dapo", epsilon_high=0.28),
+    dict(loss_type="cispo", epsilon_high=4.0, importance_sampling_level="sequence"),
+    dict(loss_type="dr_grpo", advantage="centered", entropy_coef=0.01, mask_truncated_completions=True),
+    dict(advantage="mad", advantage_clip="tanh", winsorize_quantile=0.1, target_kl=0.01, beta=0.01, ema_reference=0.1),
+])
+def test_grpo_variants_run_and_stay_finite(sft_model, task, overrides):
+    model, tok = sft_model
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None, **overrides))
+    rows = trainer.train(steps=2, progress=False)
+    assert all(torch.isfinite(torch.tensor(r["policy_loss"])) for r in rows)
+    if overrides.get("num_iterations", 1) > 1:
+        assert "clip_low" in rows[-1]
+    if "target_kl" in overrides:
+        assert trainer.adaptive_beta is not None and trainer.adaptive_beta != overrides["beta"]
+
+
+def test_nan_guard_skips_the_update(sft_model, task):
+    model, tok = sft_model
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None))
+    before = [p.detach().clone() for p in trainer.params]
+    hook = trainer.params[0].register_hook(lambda g: g * float("nan"))
+    row = trainer.train_step()
+    hook.remove()
+    assert row["skipped_updates"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params, strict=True))
+
+
+def test_reward_failure_stops_the_run_with_names(sft_model, task):
+    model, tok = sft_model
+
+    def flaky_reward(prompts, completions, **_):
+        raise KeyError("boom")
+
+    trainer = GRPOTrainer(model, tok, [correctness_reward, flaky_reward], task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None))
+    with pytest.raises(Exception, match="'flaky_reward' raised KeyError"):
+        trainer.train_step()
+    lenient = GRPOTrainer(model, tok, [correctness_reward, flaky_reward], task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=None, reward_on_error="zero"))
+    assert lenient.train_step()["reward_failures"] == 16
+    with pytest.raises(ValueError, match="unknown rewards"):
+        GRPOTrainer(model, tok, [correctness_reward], task.prompt_stream(), GRPOConfig(**SMALL, reward_weights={"typo": 1}))
+
+
+def test_checkpoint_resume_reproduces_the_run(sft_model, task, tmp_path):
+    model, tok = sft_model
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = GRPOConfig(**SMALL, output_dir=str(tmp_path / "a"))
+    a = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), cfg)
+    a.train(steps=2, progress=False)
+    a.save(tmp_path / "ckpt")
+    rows_a = a.train(steps=4, progress=False)
+    final_a = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model.load_state_dict(start)
+    b = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), dataclasses.replace(cfg, output_dir=str(tmp_path / "a")),
+                    resume_metrics=True)
+    b.load(tmp_path / "ckpt")
+    assert b.step == 2 and [r["step"] for r in b.logger.rows] == [1, 2]
+    rows_b = b.train(steps=4, progress=False)
+    assert [r["reward_mean"] for r in rows_b[2:]] == [r["reward_mean"] for r in rows_a[2:]]
+    for k in final_a:
+        assert torch.allclose(final_a[k], model.state_dict()[k], atol=1e-6), k
+    state = json.loads((tmp_path / "ckpt" / "state.json").read_text())
+    assert state["step"] == 2 and state["kind"] == "grpo"
+
+
+def test_checkpoint_is_atomic_and_lora_saves_only_the_adapter(cpu, tmp_path):
+    from grpo_kit.config import ModelConfig
+    from grpo_kit.models import load_model
+
+    model, _ = load_model(ModelConfig(lora=True, lora_r=4), cpu)
+    save_checkpoint(tmp_path / "c", model, None, 1)
+    from safetensors.torch import load_file
+
+    keys = load_file(str(tmp_path / "c" / "weights.safetensors")).keys()
+    assert keys and all("lora" in k for k in keys)
+    save_checkpoint(tmp_path / "c", model, None, 2)  # overwrite in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    assert load_checkpoint(tmp_path / "c", model)["step"] == 2
+    with pytest.raises(FileNotFoundError, match="not a grpo_kit checkpoint"):
+        load_checkpoint(tmp_path, model)
