@@ -59,8 +59,9 @@ def group_mad(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch
     outlier), the scale falls back to the group std, so the outlier still gets a finite signal.
     """
     g = _groups(rewards, group_size).float()
-    med = g.median(dim=1, keepdim=True).values
-    mad = 1.4826 * (g - med).abs().median(dim=1, keepdim=True).values
+    # quantile(0.5) averages the two middle values for even G (torch.median would take the lower one)
+    med = torch.quantile(g, 0.5, dim=1, keepdim=True)
+    mad = 1.4826 * torch.quantile((g - med).abs(), 0.5, dim=1, keepdim=True)
     scale = torch.where(mad > 0, mad, g.std(dim=1, keepdim=True))
     adv = (g - med) / (scale + eps)
     return torch.where(zero_std_mask(rewards, group_size).view_as(g), torch.zeros_like(adv), adv).flatten()

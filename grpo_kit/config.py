@@ -68,11 +68,13 @@ class SFTConfig:
     """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
 
     steps: int = 300
-    """Optimizer steps. 300 × batch 32 ≈ 48 passes over 200 demonstrations: format learned, arithmetic partly."""
+    """Optimizer steps. 300 × batch 32 ≈ 48 passes over 200 demonstrations: format learned, arithmetic partly
+    (≈ 47 % held-out greedy accuracy on the tiny Gemma)."""
     batch_size: int = 32
     """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
-    learning_rate: float = 3e-3
-    """Peak AdamW learning rate. High because the tiny model is small; use ~2e-4 with LoRA on real Gemma."""
+    learning_rate: float = 1e-3
+    """Peak AdamW learning rate. High because the tiny model is small (3e-3 generalised worse: 40 % vs 47 %);
+    use ~2e-4 with LoRA on real Gemma."""
     weight_decay: float = 0.0
     """AdamW weight decay; 0 keeps the warm-up simple."""
     warmup_steps: int = 20
@@ -114,8 +116,9 @@ class GRPOConfig:
     """Keep only the k most likely tokens (0 = off)."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off)."""
-    learning_rate: float = 1e-3
-    """AdamW learning rate (constant; the dashboard may change it live). Use ~1e-5 for LoRA on real Gemma."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate (constant after warm-up; the dashboard may change it live). On the tiny Gemma 2e-4
+    and above drove KL past 0.2 and accuracy down within 20–40 steps. Use ~1e-5 for LoRA on real Gemma."""
     warmup_steps: int = 10
     """Linear learning-rate warm-up. Adam's first steps move every weight by about ±lr whatever the gradient's
     size; with noisy policy gradients that is a random kick, so ramp up instead."""

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
+from .models import stop_token_ids
 from .rewards import correctness_reward, strict_format_reward
 from .sampling import encode_prompts, sample
-from .models import stop_token_ids
 
 
 def generate_completions(

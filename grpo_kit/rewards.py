@@ -27,8 +27,9 @@ _TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
 def strict_format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
     """1.0 when the whole completion is `<reasoning>…</reasoning><answer>…</answer>` (whitespace allowed
-    around the blocks), else 0.0."""
-    return [1.0 if _STRICT.match(completion_text(c)) else 0.0 for c in completions]
+    around the blocks, each tag exactly once), else 0.0."""
+    texts = [completion_text(c) for c in completions]
+    return [1.0 if _STRICT.match(t) and all(t.count(tag) == 1 for tag in _TAGS) else 0.0 for t in texts]
 
 
 def soft_format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
@@ -280,6 +281,6 @@ def compute_rewards(
     return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures)
 
 
-DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, strict_format_reward)
-"""Verifier rewards the demo trains with: correctness (1.0) plus strict format (weight 0.1 by default)."""
-DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "strict_format_reward": 0.1}
+DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, strict_format_reward, arithmetic_steps_reward)
+"""Verifier rewards the demo trains with: correctness, strict format and the arithmetic of each step."""
+DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "strict_format_reward": 0.1, "arithmetic_steps_reward": 0.5}

@@ -28,3 +28,22 @@ def tiny(cpu):
 @pytest.fixture(scope="session")
 def task() -> ArithmeticTask:
     return ArithmeticTask(num_demonstrations=64, num_test=32)
+
+
+@pytest.fixture(scope="session")
+def sft_state(task):
+    """Weights of the tiny Gemma after a short SFT warm-up (computed once per session)."""
+    from grpo_kit.config import SFTConfig
+    from grpo_kit.sft import SFTTrainer
+
+    model, tok = load_model(ModelConfig(), torch.device("cpu"))
+    SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=150, batch_size=32, output_dir=None)).train(progress=False)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture()
+def sft_model(tiny, sft_state):
+    """A fresh tiny Gemma loaded with the warmed-up weights."""
+    model, tok = tiny
+    model.load_state_dict(sft_state)
+    return model, tok

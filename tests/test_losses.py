@@ -42,7 +42,7 @@ def test_kl_estimators_by_hand():
 
 def _batch():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -9.0]])
-    old = torch.tensor([[-1.2, -1.5, -0.5], [-0.3, -1.0, -9.0]])
+    old = torch.tensor([[-1.5, -1.5, -0.5], [-0.3, -0.3, -9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([1.0, -2.0])
     return logp, old, mask, adv
@@ -66,9 +66,10 @@ def test_ppo_clip_aggregations(loss_type):
         expected = (per * mask).sum() / (2 * 3)
     loss, stats = L.policy_loss(logp, old, adv, mask, epsilon=0.2, epsilon_high=0.28, loss_type=loss_type)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
-    # ratio exp(0.2)=1.22 < 1.28 (not clipped high), exp(-0.5)=0.61 with A<0 (clipped low), exp(0.3)=1.35 with A<0 (not)
+    # row 0 (A > 0): ratio exp(0.5) = 1.65 > 1.28 is clipped high; exp(−0.5) = 0.61 is not (A > 0 only clips up)
+    # row 1 (A < 0): ratio exp(−0.4) = 0.67 < 0.8 is clipped low; the masked third token never counts
     assert stats["clip_low"].item() == pytest.approx(1 / 5)
-    assert stats["clip_high"].item() == 0.0
+    assert stats["clip_high"].item() == pytest.approx(1 / 5)
 
 
 def test_micro_batches_add_up_to_full_batch():

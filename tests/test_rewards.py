@@ -59,7 +59,7 @@ def test_reward_errors_name_the_reward_and_completion():
     def nan_reward(prompts, completions, **_):
         return [float("nan") if c == "bad" else 0.0 for c in completions]
 
-    with pytest.raises(R.RewardError, match=r"'broken' raised ZeroDivisionError .*completion 1: 'bad'"):
+    with pytest.raises(R.RewardError, match=r"'broken' raised ZeroDivisionError.*completion 1: 'bad'"):
         R.compute_rewards([broken], ["p", "p"], ["ok", "bad"])
     with pytest.raises(R.RewardError, match=r"'nan_reward' returned nan for completion 1"):
         R.compute_rewards([nan_reward], ["p", "p"], ["ok", "bad"])
