@@ -281,6 +281,8 @@ def compute_rewards(
     return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures)
 
 
-DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, strict_format_reward, arithmetic_steps_reward)
-"""Verifier rewards the demo trains with: correctness, strict format and the arithmetic of each step."""
-DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "strict_format_reward": 0.1, "arithmetic_steps_reward": 0.5}
+DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, strict_format_reward)
+"""Verifier rewards the demo trains with: correctness (1.0) plus strict format (0.1). `arithmetic_steps_reward`
+is left out on purpose: at weight 0.5 the tiny Gemma raised it (0.80 → 0.87) while sampled accuracy fell
+(0.43 → 0.20) — right sums of wrongly copied digits, a reward hack."""
+DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "strict_format_reward": 0.1}

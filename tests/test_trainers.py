@@ -10,7 +10,13 @@ from grpo_kit.config import Controls, GRPOConfig, SFTConfig
 from grpo_kit.evaluate import evaluate
 from grpo_kit.grpo import GRPOTrainer
 from grpo_kit.metrics import read_jsonl
-from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, correctness_reward
+from grpo_kit.rewards import (
+    DEFAULT_REWARDS,
+    DEFAULT_WEIGHTS,
+    arithmetic_steps_reward,
+    correctness_reward,
+    strict_format_reward,
+)
 from grpo_kit.sft import SFTTrainer, collate, encode_demonstrations
 
 SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1)
@@ -67,9 +73,11 @@ def test_grpo_raises_reward_end_to_end(sft_model, task):
     Prompts cycle over a fixed pool of 16, so the improvement is measurable in a few steps."""
     model, tok = sft_model
     pool = list(itertools.islice(task.prompt_stream(), 16))
+    rewards = (correctness_reward, strict_format_reward, arithmetic_steps_reward)
+    weights = {"correctness_reward": 1.0, "strict_format_reward": 0.1, "arithmetic_steps_reward": 0.5}
     cfg = GRPOConfig(prompts_per_step=16, group_size=8, max_new_tokens=32, micro_batch_size=64, learning_rate=1e-4,
-                     warmup_steps=3, output_dir=None, reward_weights=DEFAULT_WEIGHTS, log_kl=False, seed=0)
-    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, pool, cfg)
+                     warmup_steps=3, output_dir=None, reward_weights=weights, log_kl=False, seed=0)
+    trainer = GRPOTrainer(model, tok, rewards, pool, cfg)
     rows = trainer.train(steps=20, progress=False)
     first = sum(r["reward_mean"] for r in rows[:4]) / 4
     last = sum(r["reward_mean"] for r in rows[-4:]) / 4
