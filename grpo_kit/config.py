@@ -99,10 +99,11 @@ class SFTConfig:
 class GRPOConfig:
     """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same."""
 
-    steps: int = 60
+    steps: int = 40
     """Optimizer steps (one rollout batch each when num_iterations = 1)."""
-    prompts_per_step: int = 16
-    """Distinct prompts per step. With group_size 8 this is 128 completions, all one shape."""
+    prompts_per_step: int = 32
+    """Distinct prompts per step. With group_size 8 this is 256 completions, all one shape. On the tiny Gemma
+    16 prompts gave too noisy a gradient (held-out accuracy drifted down); 32 moved it up."""
     group_size: int = 8
     """Completions per prompt (G). Advantages compare completions within a group; 8 is TRL's default."""
     max_new_tokens: int = 32
