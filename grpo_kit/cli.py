@@ -67,20 +67,25 @@ def _setup(args: argparse.Namespace, default_out: str) -> tuple[DemoConfig, Any,
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate
     from .sft import SFTTrainer
 
     cfg, _, model, tokenizer, task = _setup(args, "runs/sft")
     trainer = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=cfg.output_dir))
+    return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
+
+
+def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
+    """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object."""
+    from .evaluate import evaluate
+
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
-    result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
+    result = evaluate(trainer.model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
     _print({"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate
     from .grpo import GRPOTrainer
     from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 
@@ -89,11 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=bool(args.resume))
     if args.resume:
         trainer.load(args.resume)
-    trainer.train(progress=not args.quiet)
-    ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
-    result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
-    _print({"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
-    return 0
+    return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
