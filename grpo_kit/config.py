@@ -99,11 +99,12 @@ class SFTConfig:
 class GRPOConfig:
     """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same."""
 
-    steps: int = 40
+    steps: int = 36
     """Optimizer steps (one rollout batch each when num_iterations = 1)."""
-    prompts_per_step: int = 32
-    """Distinct prompts per step. With group_size 8 this is 256 completions, all one shape. On the tiny Gemma
-    16 prompts gave too noisy a gradient (held-out accuracy drifted down); 32 moved it up."""
+    prompts_per_step: int = 64
+    """Distinct prompts per step. With group_size 8 this is 512 completions, all one shape. On the tiny Gemma
+    the gradient is noisy: 16 prompts drifted held-out accuracy down, 32 gained 4.5 points in 40 steps, 64
+    gained 9.5 in 30."""
     group_size: int = 8
     """Completions per prompt (G). Advantages compare completions within a group; 8 is TRL's default."""
     max_new_tokens: int = 32
