@@ -176,8 +176,7 @@ class ClassifierReward:
                 texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
             ).to(device)
             logits = self.model(**enc).logits.float()
-            col = logits[:, self.label] if logits.shape[-1] > 1 or self.label != 0 else logits[:, 0]
-            values = col if self.use_logit else logits.softmax(-1)[:, self.label]
+            values = logits[:, self.label] if self.use_logit else logits.softmax(-1)[:, self.label]
             scores.extend(values.cpu().tolist())
         return scores
 
