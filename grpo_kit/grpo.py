@@ -79,7 +79,6 @@ class GRPOTrainer:
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
         self.step = 0
         self.adaptive_beta: float | None = None
-        self._compiles_before = compile_stats()
 
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
