@@ -18,10 +18,12 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, soft
 
 
 def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float,
-                 softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 softcap: float | None, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     logits = _logits(hidden, weight, temperature, softcap)
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
     entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
 
@@ -34,6 +36,7 @@ def token_logprobs_and_entropy(
     softcap: float | None = None,
     chunk_rows: int = 16,
     recompute: bool | None = None,
+    with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t) and entropy H_t from final hidden states, chunk by chunk of sequences:
 
@@ -41,7 +44,8 @@ def token_logprobs_and_entropy(
         H_t = logsumexp(z) − Σ_v softmax(z)_v z_v
 
     Never materialises a full-vocabulary log-softmax, and never the whole batch's logits at once: with
-    Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. With `recompute`
+    Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. `with_entropy=False`
+    skips the entropy (returned as zeros), which costs a full softmax product per position. With `recompute`
     (default: on when grads are needed and the vocabulary is ≥ 32k) each chunk's logits are recomputed in
     the backward pass, so only the hidden states are kept.
     """
@@ -53,9 +57,9 @@ def token_logprobs_and_entropy(
     for start in range(0, hidden.shape[0], chunk_rows):
         h, y = hidden[start : start + chunk_rows], ids[start : start + chunk_rows]
         if recompute:
-            lp, ent = checkpoint(_chunk_stats, h, lm_head_weight, y, temperature, softcap, use_reentrant=False)
+            lp, ent = checkpoint(_chunk_stats, h, lm_head_weight, y, temperature, softcap, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap)
+            lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap, with_entropy)
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps), torch.cat(ents)

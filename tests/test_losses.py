@@ -16,6 +16,8 @@ def test_token_logprobs_match_log_softmax_and_chunking():
     p = torch.softmax(logits, -1)
     assert torch.allclose(logp, ref, atol=1e-5)
     assert torch.allclose(ent, -(p * torch.log_softmax(logits, -1)).sum(-1), atol=1e-4)
+    no_ent_logp, no_ent = L.token_logprobs_and_entropy(hidden, weight, ids, temperature=0.7, chunk_rows=2, with_entropy=False)
+    assert torch.equal(no_ent_logp, logp) and torch.equal(no_ent, torch.zeros_like(logp))
     capped, _ = L.token_logprobs_and_entropy(hidden, weight, ids, softcap=3.0)
     z = 3.0 * torch.tanh((hidden @ weight.T) / 3.0)
     assert torch.allclose(capped, torch.log_softmax(z, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1), atol=1e-5)
