@@ -19,11 +19,11 @@ demo: $(STAMP)
 	$(BIN)/grpo-kit demo
 
 test: $(STAMP)
-	$(BIN)/python -m ruff check grpo_kit tests scripts
+	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check grpo_kit tests scripts
+	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,4 +1,4 @@
-"""`grpo-kit` command line: demo, sft, train (GRPO), eval.
+"""`grpo-kit` command line: demo, sft, train (GRPO), eval, plan, xla-check.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
 e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
@@ -18,7 +18,8 @@ from .config import PRESETS, DemoConfig, load_demo_config
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="cpu-tiny", choices=sorted(PRESETS), help="named settings (default cpu-tiny)")
+    p.add_argument("--preset", default="cpu-tiny", choices=["auto", *sorted(PRESETS)],
+                   help="named settings (default cpu-tiny; auto = picked for the detected hardware)")
     p.add_argument("--config", default=None, help="YAML file of overrides, e.g. 'grpo: {steps: 100}'")
     p.add_argument("--model", default=None, help="model name/path (overrides the preset): tiny-gemma, a directory or a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
@@ -106,6 +107,49 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_xla_check(args: argparse.Namespace) -> int:
+    from .xla_check import prepare_environment
+
+    prepare_environment(args.devices)  # before torch_xla is imported
+    from .xla_check import run_xla_check
+
+    report = run_xla_check(args.devices, args.steps, args.max_new_tokens, args.tolerance)
+    if args.json:
+        print(json.dumps(report, default=str))
+    else:
+        _print(report)
+    if not report["ok"]:
+        why = []
+        if report["recompiles_after_warmup"]:
+            why.append(f"{report['recompiles_after_warmup']} recompilation(s) after warm-up: {report['recompile_warnings']}")
+        if report["cpu_fallback_ops"]:
+            why.append(f"ops fell back to the CPU (phase:op → count): {report['cpu_fallback_ops']}")
+        if report["max_abs_diff_vs_eager"] > args.tolerance:
+            why.append(f"XLA and eager CPU differ by {report['max_abs_diff_vs_eager']:.3g} > {args.tolerance:g}: {report['abs_diff_by_metric']}")
+        print("grpo-kit xla-check: FAILED: " + "; ".join(why), file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import PlanInput, plan, table
+
+    if args.table:
+        print(table())
+        return 0
+    inputs = PlanInput(
+        model=args.model, tpu=args.tpu, lora=not args.full, lora_r=args.lora_r, prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size, prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens,
+        micro_batch_size=args.micro_batch_size, gradient_checkpointing=args.gradient_checkpointing, beta=args.beta,
+    )
+    report = plan(inputs)
+    _print(report)
+    if not report["fits"]:
+        print(f"grpo-kit plan: does not fit: {report['advice']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +169,27 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to evaluate")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change")
+    p.add_argument("--model", default="gemma-3-1b-it", help="gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json")
+    p.add_argument("--tpu", default="v2-8", help="v2-8, v3-8, v5e-1, v5e-8 (also t4, cpu)")
+    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--prompt-length", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--micro-batch-size", type=int, default=None, help="fix it instead of letting the planner choose")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--beta", type=float, default=0.04, help="KL weight (> 0 keeps a reference copy under full fine-tuning)")
+    p.add_argument("--table", action="store_true", help="print the README table of models × TPUs")
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("xla-check", help="GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement")
+    p.add_argument("--devices", type=int, default=1, help="XLA devices; > 1 runs SPMD over them (CPU: virtual devices)")
+    p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="completion length (default 16)")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.set_defaults(func=cmd_xla_check)
     return parser
 
 

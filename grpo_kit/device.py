@@ -7,6 +7,9 @@ change here only. torch_xla is imported lazily: importing grpo_kit never require
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,26 @@ def tpu_present() -> bool:
     if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or os.environ.get("TPU_NAME"):
         return True
     return any(Path("/dev").glob("accel*")) or Path("/dev/vfio").is_dir() and any(Path("/dev/vfio").iterdir())
+
+
+TPU_KINDS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
+
+
+def detect_accelerator() -> str:
+    """Name the hardware for picking a preset: `v2-8`, `v3-8`, `v5e-1`, `v5e-8` … on a TPU (from
+    TPU_ACCELERATOR_TYPE, which Colab and Kaggle set, e.g. `v5litepod-8`), `cuda` with a GPU, else `cpu`."""
+    accel = os.environ.get("TPU_ACCELERATOR_TYPE", "")
+    if accel and "-" in accel:
+        family, count = accel.rsplit("-", 1)
+        return f"{TPU_KINDS.get(family.lower(), family.lower())}-{count}"
+    if xla_available() and tpu_present():
+        import torch_xla.runtime as xr
+        import torch_xla.tpu
+
+        return f"v{torch_xla.tpu.version()}-{xr.global_runtime_device_count()}"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
 
 
 def get_device(kind: str | None = None) -> torch.device:
@@ -101,16 +124,19 @@ def manual_seed(seed: int, device: torch.device) -> None:
         torch_xla.manual_seed(seed)
 
 
-def compile_stats() -> dict[str, float]:
-    """XLA graph compilations so far in this process and their total seconds (zeros without torch_xla)."""
+def compile_stats() -> dict[str, Any]:
+    """XLA graph compilations so far in this process, their total seconds, and ops that fell back to the
+    CPU (`aten::*` counters: each one is a device→host→device round trip inside the graph). Zeros without
+    torch_xla."""
     if not xla_available():
-        return {"compiles": 0, "compile_seconds": 0.0}
+        return {"compiles": 0, "compile_seconds": 0.0, "fallbacks": {}}
     import torch_xla.debug.metrics as met
 
     data = met.metric_data("CompileTime")
+    fallbacks = {name: met.counter_value(name) for name in met.counter_names() if name.startswith("aten::")}
     if not data:
-        return {"compiles": 0, "compile_seconds": 0.0}
-    return {"compiles": int(data[0]), "compile_seconds": float(data[1]) / 1e9}
+        return {"compiles": 0, "compile_seconds": 0.0, "fallbacks": fallbacks}
+    return {"compiles": int(data[0]), "compile_seconds": float(data[1]) / 1e9, "fallbacks": fallbacks}
 
 
 def memory_stats(device: torch.device) -> dict[str, Any]:
@@ -121,6 +147,163 @@ def memory_stats(device: torch.device) -> dict[str, Any]:
     if device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        info = xm.get_memory_info(device)
+        try:
+            info = xm.get_memory_info(device)
+        except RuntimeError:  # the XLA CPU client has no allocator stats
+            return {}
         return {"bytes_in_use": info.get("bytes_used"), "peak_bytes": info.get("peak_bytes_used"), "bytes_limit": info.get("bytes_limit")}
     return {}
+
+
+def host_syncs_are_cheap(device: torch.device) -> bool:
+    """True on cpu/cuda, where reading a device value (`.item()`, `bool(t)`) costs microseconds. False on
+    XLA, where it cuts the lazy graph and waits for the device: code must then decide on the device."""
+    return not is_xla(device)
+
+
+def enable_compile_cache(path: str | Path | None = None) -> str | None:
+    """Persistent XLA compile cache on a real TPU (not on the CPU client, which cannot deserialize
+    executables). Returns the directory used, or None when not enabled."""
+    if not (xla_available() and tpu_present()):
+        return None
+    import torch_xla.runtime as xr
+
+    target = str(path or Path.home() / ".cache" / "grpo_kit" / "xla")
+    try:
+        xr.initialize_cache(target, readonly=False)
+    except RuntimeError:  # already initialised in this process
+        pass
+    return target
+
+
+# ---- SPMD: one program over every core ------------------------------------------------------------------
+
+_MESH: Any = None
+
+
+def enable_spmd(num_devices: int | None = None) -> Any:
+    """Switch torch_xla to SPMD and build a 1-D mesh with a `data` axis over all (or `num_devices`) devices.
+
+    Must run before any XLA tensor exists in the process. Returns the mesh; `shard_batch` and
+    `shard_parameters` then place tensors on it. On 1 device it still works (everything replicated).
+    """
+    global _MESH
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    count = xr.global_runtime_device_count()
+    n = num_devices or count
+    if n > count:
+        raise ValueError(f"SPMD asked for {n} devices but the runtime has {count} (CPU tests: set CPU_NUM_DEVICES={n})")
+    _MESH = xs.Mesh(np.arange(n), (n,), ("data",))
+    return _MESH
+
+
+def spmd_mesh() -> Any:
+    """The mesh from `enable_spmd`, or None when SPMD is off."""
+    return _MESH
+
+
+def data_parallel_size() -> int:
+    """How many devices share the batch (1 without SPMD)."""
+    return int(_MESH.size()) if _MESH is not None else 1
+
+
+def shard_batch(tensor: torch.Tensor) -> torch.Tensor:
+    """Split dim 0 (prompts × group) over the mesh's `data` axis; a no-op without SPMD or off XLA."""
+    if _MESH is None or not is_xla(tensor.device):
+        return tensor
+    import torch_xla.distributed.spmd as xs
+
+    if tensor.shape[0] % _MESH.size():
+        raise ValueError(f"batch of {tensor.shape[0]} rows cannot be split over {_MESH.size()} devices: "
+                         f"make prompts_per_step × group_size and micro_batch_size multiples of {_MESH.size()}")
+    xs.mark_sharding(tensor, _MESH, ("data",) + (None,) * (tensor.dim() - 1))
+    return tensor
+
+
+def shard_parameters(model: torch.nn.Module) -> int:
+    """FSDP-style placement for full fine-tuning: each trainable matrix split along dim 0 over `data`
+    (XLA gathers it for the matmul and reduce-scatters its gradient). Frozen weights (the LoRA base) stay
+    replicated. Returns how many parameters were sharded."""
+    if _MESH is None:
+        return 0
+    import torch_xla.distributed.spmd as xs
+
+    n, sharded = _MESH.size(), 0
+    for p in model.parameters():
+        if p.requires_grad and is_xla(p.device) and p.dim() == 2 and p.shape[0] % n == 0 and n > 1:
+            xs.mark_sharding(p, _MESH, ("data", None))
+            sharded += 1
+    return sharded
+
+
+# ---- the compile monitor ----------------------------------------------------------------------------------
+
+
+class CompileMonitor:
+    """Counts XLA compilations and compile seconds per phase (prefill, decode, logprob, train, ...).
+
+    Wrap each phase in `with monitor.phase("decode", batch=..., prompt_len=...)`; the phase must end at a
+    sync point (`mark_step`), where XLA compiles. Keyword arguments describe the shapes the phase runs
+    with. After `end_warmup()` any new compilation is a warning naming the phase and the shape that
+    changed. Ops that fall back to the CPU are counted per phase too (`fallbacks`). Off XLA every count stays 0 and the monitor costs nothing.
+    """
+
+    def __init__(self) -> None:
+        self.compiles: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.shapes: dict[str, set[tuple]] = {}
+        self.recompiles_after_warmup = 0
+        self.fallbacks: dict[str, int] = {}
+        self.warm = False
+        self.warnings: list[str] = []
+
+    @contextmanager
+    def phase(self, name: str, **shape: Any) -> Iterator[None]:
+        before = compile_stats()
+        try:
+            yield
+        finally:
+            after = compile_stats()
+            new = after["compiles"] - before["compiles"]
+            for op, count in after["fallbacks"].items():
+                if count - before["fallbacks"].get(op, 0):
+                    self.fallbacks[f"{name}:{op}"] = self.fallbacks.get(f"{name}:{op}", 0) + count - before["fallbacks"].get(op, 0)
+            self.compiles[name] = self.compiles.get(name, 0) + new
+            self.seconds[name] = self.seconds.get(name, 0.0) + after["compile_seconds"] - before["compile_seconds"]
+            key = tuple(sorted(shape.items()))
+            seen = self.shapes.setdefault(name, set())
+            if new and self.warm:
+                self.recompiles_after_warmup += new
+                old = ", ".join(str(dict(s)) for s in sorted(seen)) or "none"
+                changed = "a shape not seen before" if key not in seen else "the same shapes (something else changed: a Python value baked into the graph?)"
+                message = f"XLA recompiled {new} graph(s) after warm-up in phase '{name}' with {dict(key)} — {changed}; seen before: {old}"
+                self.warnings.append(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+            seen.add(key)
+
+    def end_warmup(self) -> None:
+        self.warm = True
+
+    def total(self) -> int:
+        return sum(self.compiles.values())
+
+    def metrics(self) -> dict[str, Any]:
+        """Flat metrics for a step row: per-phase compile counts and seconds, totals, recompiles."""
+        out: dict[str, Any] = {f"xla_compiles/{k}": v for k, v in self.compiles.items()}
+        out.update({f"xla_compile_seconds/{k}": round(v, 3) for k, v in self.seconds.items()})
+        out["xla_compiles_total"] = self.total()
+        out["xla_recompiles_after_warmup"] = self.recompiles_after_warmup
+        out["xla_cpu_fallbacks"] = sum(self.fallbacks.values())
+        return out
+
+
+_MONITOR = CompileMonitor()
+
+
+def compile_monitor() -> CompileMonitor:
+    """The process-wide monitor (XLA's compile counter is process-wide too)."""
+    return _MONITOR

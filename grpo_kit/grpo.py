@@ -26,7 +26,15 @@ from tqdm.auto import tqdm
 from .advantages import compute_advantages, zero_std_fraction
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import Controls, GRPOConfig
-from .device import compile_stats, is_xla, manual_seed, mark_step, memory_stats
+from .device import (
+    compile_monitor,
+    host_syncs_are_cheap,
+    is_xla,
+    manual_seed,
+    mark_step,
+    memory_stats,
+    shard_batch,
+)
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, is_lora, stop_token_ids
@@ -120,13 +128,15 @@ class GRPOTrainer:
         loss_mask = roll.completion_mask.float()
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
-        adv = adv.to(self.device)
+        adv = shard_batch(adv.to(self.device))
         n = ids.shape[0]
         micro = [slice(s, s + cfg.micro_batch_size) for s in range(0, n, cfg.micro_batch_size)]
         total_tokens = loss_mask.sum()
         temperature = controls["temperature"]
 
-        with torch.no_grad():
+        monitor = compile_monitor()
+        shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
+        with torch.no_grad(), monitor.phase("logprob", **shapes):
             old_logp = None
             if cfg.num_iterations > 1:
                 self.model.eval()
@@ -136,48 +146,65 @@ class GRPOTrainer:
                 with self.reference.model() as ref:
                     ref.eval()
                     ref_logp = torch.cat([completion_logprobs(ref, ids[m], attn[m], plen, temperature)[0] for m in micro])
+            if old_logp is not None or ref_logp is not None:
+                mark_step(self.device)
 
         self.model.train()
         sums: dict[str, torch.Tensor] = {}
         grad_norms, skipped = [], torch.zeros((), device=self.device)
         for _ in range(cfg.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_total = torch.zeros((), device=self.device)
-            for m in micro:
-                logp, entropy = completion_logprobs(self.model, ids[m], attn[m], plen, temperature)
-                old = old_logp[m] if old_logp is not None else logp.detach()
-                loss, stats = policy_loss(
-                    logp, old, adv[m], loss_mask[m],
-                    ref_logp=ref_logp[m] if ref_logp is not None else None, beta=beta, kl_estimator=cfg.kl_estimator,
-                    epsilon=controls["epsilon"], epsilon_high=cfg.epsilon_high, loss_type=cfg.loss_type,
-                    importance_sampling_level=cfg.importance_sampling_level, entropy=entropy,
-                    entropy_coef=cfg.entropy_coef, max_completion_length=cfg.max_new_tokens,
-                    total_sequences=n, total_tokens=total_tokens,
-                )
-                loss.backward()
-                loss_total = loss_total + loss.detach()
-                share = (m.stop - m.start) / n / cfg.num_iterations
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v * share
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-            # One host check per optimizer step: a non-finite gradient skips the update instead of
-            # poisoning the weights and Adam's moments.
-            if bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss_total)):
-                self.optimizer.step()
-            else:
-                skipped = skipped + 1
-            self.optimizer.zero_grad(set_to_none=True)
-            mark_step(self.device)
+            with monitor.phase("train", **shapes):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_total = torch.zeros((), device=self.device)
+                for m in micro:
+                    logp, entropy = completion_logprobs(self.model, ids[m], attn[m], plen, temperature)
+                    old = old_logp[m] if old_logp is not None else logp.detach()
+                    loss, stats = policy_loss(
+                        logp, old, adv[m], loss_mask[m],
+                        ref_logp=ref_logp[m] if ref_logp is not None else None, beta=beta,
+                        kl_estimator=cfg.kl_estimator, epsilon=controls["epsilon"], epsilon_high=cfg.epsilon_high,
+                        loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
+                        entropy=entropy, entropy_coef=cfg.entropy_coef, max_completion_length=cfg.max_new_tokens,
+                        total_sequences=n, total_tokens=total_tokens,
+                    )
+                    loss.backward()
+                    loss_total = loss_total + loss.detach()
+                    share = (m.stop - m.start) / n / cfg.num_iterations
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v * share
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                skipped = skipped + self._guarded_optimizer_step(grad_norm, loss_total)
+                mark_step(self.device)
             grad_norms.append(grad_norm)
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
         sums["grad_norm"] = torch.stack(grad_norms).mean()
         sums["skipped_updates"] = skipped
         return sums
 
+    def _guarded_optimizer_step(self, grad_norm: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """Step the optimizer unless the gradient or loss is non-finite; returns 1.0 (on device) if it was bad.
+
+        On cpu/cuda the bad update is skipped outright, so it cannot poison the weights or Adam's moments.
+        On XLA a host decision would cut the graph and wait for the device, so the bad gradient is zeroed on
+        the device instead (Adam's momentum still moves the weights a little that step).
+        """
+        finite = torch.isfinite(grad_norm) & torch.isfinite(loss)
+        if host_syncs_are_cheap(self.device):
+            if bool(finite):
+                self.optimizer.step()
+        else:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.copy_(torch.where(finite, p.grad, torch.zeros_like(p.grad)))
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return (~finite).float()
+
     # ---- one step: the six stages ---------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
         cfg = self.config
         start = time.perf_counter()
+        compiles_before = compile_monitor().total()
         controls = self.controls.snapshot()
         warmup = min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
         for group in self.optimizer.param_groups:
@@ -215,9 +242,11 @@ class GRPOTrainer:
             ],
         )
         if is_xla(self.device):
-            stats = compile_stats()
-            row.update(xla_compiles=stats["compiles"], xla_compile_seconds=stats["compile_seconds"], **{
-                f"memory_{k}": v for k, v in memory_stats(self.device).items()})
+            monitor = compile_monitor()
+            row.update(monitor.metrics(), xla_compiles_step=monitor.total() - compiles_before,
+                       **{f"memory_{k}": v for k, v in memory_stats(self.device).items()})
+            if self.step >= cfg.compile_warmup_steps:
+                monitor.end_warmup()
         self.logger.log(row)
 
         # 6. save

@@ -34,7 +34,7 @@ def token_logprobs_and_entropy(
     ids: torch.Tensor,
     temperature: float = 1.0,
     softcap: float | None = None,
-    chunk_rows: int = 16,
+    chunk_rows: int | None = None,
     recompute: bool | None = None,
     with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +44,8 @@ def token_logprobs_and_entropy(
         H_t = logsumexp(z) − Σ_v softmax(z)_v z_v
 
     Never materialises a full-vocabulary log-softmax, and never the whole batch's logits at once: with
-    Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. `with_entropy=False`
+    Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. `chunk_rows` None sizes
+    chunks to `LOGIT_CHUNK_ELEMENTS` logits. `with_entropy=False`
     skips the entropy (returned as zeros), which costs a full softmax product per position. With `recompute`
     (default: on when grads are needed and the vocabulary is ≥ 32k) each chunk's logits are recomputed in
     the backward pass, so only the hidden states are kept.
@@ -53,6 +54,8 @@ def token_logprobs_and_entropy(
         raise ValueError(f"hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree on (B, T)")
     if recompute is None:
         recompute = torch.is_grad_enabled() and lm_head_weight.shape[0] >= 32768
+    if chunk_rows is None:
+        chunk_rows = logit_chunk_rows(ids.shape[1], lm_head_weight.shape[0])
     logps, ents = [], []
     for start in range(0, hidden.shape[0], chunk_rows):
         h, y = hidden[start : start + chunk_rows], ids[start : start + chunk_rows]
@@ -63,6 +66,16 @@ def token_logprobs_and_entropy(
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps), torch.cat(ents)
+
+
+LOGIT_CHUNK_ELEMENTS = 2**27
+"""Logits computed at once: 2²⁷ fp32 values = 512 MiB (the tiny model's 106-token vocabulary fits whole
+batches; Gemma's 262k vocabulary gets 2 rows of 256 tokens per chunk)."""
+
+
+def logit_chunk_rows(tokens_per_row: int, vocab: int, budget: int = LOGIT_CHUNK_ELEMENTS) -> int:
+    """Rows per chunk so that one chunk's logits stay within `budget` elements (at least 1 row)."""
+    return max(1, budget // max(1, tokens_per_row * vocab))
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

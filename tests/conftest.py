@@ -10,8 +10,16 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from grpo_kit.config import ModelConfig  # noqa: E402
+from grpo_kit.device import xla_available  # noqa: E402
 from grpo_kit.models import load_model  # noqa: E402
 from grpo_kit.tasks import ArithmeticTask  # noqa: E402
+
+if xla_available():
+    # torch_xla 2.9: a CPU .backward() before the first XLA device call breaks every later XLA backward in
+    # the process, so touch the device before any test runs.
+    import torch_xla
+
+    torch_xla.device()
 
 
 @pytest.fixture(scope="session")

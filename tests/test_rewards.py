@@ -27,6 +27,18 @@ def test_correctness_exact_and_numeric():
         R.correctness_reward(None, [GOOD])
 
 
+def test_answer_digits_reward_gives_partial_credit_from_the_right():
+    def c(ans: str) -> str:
+        return f"<reasoning>x</reasoning><answer>{ans}</answer>"
+
+    got = R.answer_digits_reward(None, [c("85"), c("84"), c("75"), c("185"), c("5"), "no answer", c("8.5")],
+                                 answer=["85"] * 7)
+    assert got == [1.0, 0.5, 0.5, pytest.approx(2 / 3), 0.5, 0.0, 0.0]
+    assert R.answer_digits_reward(None, [c("x")], answer=["x"]) == [1.0]  # non-integers: exact match
+    with pytest.raises(ValueError, match="answer_digits_reward needs the dataset column 'answer'"):
+        R.answer_digits_reward(None, [c("1")])
+
+
 def test_arithmetic_steps_reward():
     comps = [GOOD, "<reasoning>6+0=7, 1+8=9</reasoning>", "<reasoning>no steps</reasoning>", "7+8=15", "<reasoning>2*3+4=10, 9-4=5</reasoning>"]
     assert R.arithmetic_steps_reward(None, comps) == [1.0, 0.5, 0.0, 0.0, 1.0]

@@ -1,0 +1,113 @@
+"""The XLA path on the CPU (PJRT_DEVICE=CPU): compile counts, recompiles, agreement with eager, SPMD.
+
+Linux x86_64 has torch_xla wheels, so there these tests must run: a missing torch_xla fails them. Elsewhere
+(macOS, Windows) they skip with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo_kit.device import CompileMonitor, get_device, mark_step, move_model, xla_available
+
+HAS_WHEELS = sys.platform == "linux" and platform.machine() == "x86_64"
+if not xla_available():
+    if HAS_WHEELS:
+        raise RuntimeError("torch_xla is not installed, but this is Linux x86_64 where it must be: run `make test`")
+    pytest.skip(f"torch_xla has no wheels for {sys.platform}/{platform.machine()}", allow_module_level=True)
+
+
+def xla_check(*args: str) -> dict:
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "xla-check", "--json", *args],
+                          capture_output=True, text=True, env=env, timeout=1500)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"xla-check printed no JSON (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    report = json.loads(lines[-1])
+    report["returncode"] = proc.returncode
+    return report
+
+
+@pytest.fixture(scope="module")
+def one_device() -> dict:
+    return xla_check("--devices", "1", "--steps", "20")
+
+
+def test_xla_grpo_20_steps_compiles_a_fixed_set_of_graphs(one_device):
+    r = one_device
+    assert r["returncode"] == 0, r
+    assert r["steps"] == 20
+    assert r["recompiles_after_warmup"] == 0
+    assert all(c == 0 for c in r["compiles_per_step"][2:]), r["compiles_per_step"]
+    assert r["total_graphs"] <= 10, r["graphs_per_phase"]
+    assert r["cpu_fallback_ops"] == {}
+    # it learned something: the length/format reward rose
+    assert r["reward_mean_per_step"][-1] > r["reward_mean_per_step"][0]
+
+
+def test_xla_matches_eager_cpu(one_device):
+    assert one_device["max_abs_diff_vs_eager"] <= 1e-4, one_device["abs_diff_by_metric"]
+    # the XLA sampler draws the same tokens as the eager one from the same CPU noise
+    assert min(one_device["sampled_token_agreement"]) >= 0.99
+
+
+def test_graph_count_does_not_grow_with_max_new_tokens(one_device):
+    longer = xla_check("--devices", "1", "--steps", "3", "--max-new-tokens", "32")
+    assert longer["returncode"] == 0, longer
+    assert longer["total_graphs"] == one_device["total_graphs"], (longer["graphs_per_phase"], one_device["graphs_per_phase"])
+
+
+def test_spmd_8_devices_matches_1_device(one_device):
+    r = xla_check("--devices", "8", "--steps", "20")
+    assert r["returncode"] == 0, r
+    assert r["spmd"] and r["devices"] == 8
+    assert r["recompiles_after_warmup"] == 0 and r["cpu_fallback_ops"] == {}
+    assert r["total_graphs"] == one_device["total_graphs"]
+    diffs = [abs(a - b) for a, b in zip(r["policy_loss_per_step"], one_device["policy_loss_per_step"], strict=True)]
+    assert max(diffs) <= 1e-4
+    assert r["reward_mean_per_step"] == one_device["reward_mean_per_step"]
+
+
+# ---- in-process checks (conftest touches the XLA device before any CPU backward) ----------------------
+
+
+def test_move_to_xla_keeps_embeddings_tied_and_gradients_equal(tiny):
+    model, tok = tiny
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14]])
+    cpu_loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    cpu_loss.backward()
+    cpu_grad = model.get_input_embeddings().weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    xla = get_device("xla")
+    model = move_model(model, xla)
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    loss = model(input_ids=ids.to(xla), labels=ids.to(xla), use_cache=False).loss
+    loss.backward()
+    mark_step(xla)
+    xla_grad = model.get_input_embeddings().weight.grad.cpu()
+    assert torch.allclose(cpu_loss, loss.cpu(), atol=1e-5)
+    assert torch.allclose(cpu_grad, xla_grad, atol=1e-5)
+
+
+def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
+    xla = get_device("xla")
+    monitor = CompileMonitor()
+    kept = []  # a lazy result must stay alive to be computed at the sync
+    for _ in range(2):
+        with monitor.phase("double", rows=3):
+            kept.append((torch.ones(3, 7, device=xla) * 2).sum())
+            mark_step(xla)
+    monitor.end_warmup()
+    with pytest.warns(RuntimeWarning, match=r"phase 'double' with \{'rows': 5\} — a shape not seen before"):
+        with monitor.phase("double", rows=5):
+            kept.append((torch.ones(5, 7, device=xla) * 2).sum())
+            mark_step(xla)
+    assert monitor.recompiles_after_warmup >= 1
+    assert monitor.metrics()["xla_recompiles_after_warmup"] == monitor.recompiles_after_warmup
