@@ -68,6 +68,7 @@ def get_device(kind: str | None = None) -> torch.device:
             raise RuntimeError("device 'xla' asked for, but torch_xla is not installed: pip install 'grpo-kit[tpu]'")
         import torch_xla
 
+        enable_compile_cache()  # a real TPU only: re-runs of a notebook skip most compiles
         return torch_xla.device()
     if kind == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU")

@@ -10,8 +10,10 @@ Per device, in bytes (n = devices sharing the batch, b = bytes per weight elemen
     reference    P_base · b / n                   a frozen copy, full fine-tuning with β > 0 only
     activations  r · T · L · (c_h·h + c_i·i + c_a·H·T) · b     r = micro-batch rows per device;
                  with checkpointing: r · T · L · h · b + one layer's worth
-    logits       c · N · V · 4 · 3                one chunk of c rows of fp32 logits over the N completion
-                                                  positions, its softmax and gradient (losses.logit_chunk_rows)
+    logits       c · N · V · 4 · 6                one chunk of c rows of fp32 logits over the N completion
+                                                  positions (losses.logit_chunk_rows), recomputed in the
+                                                  backward: logits, shifted logits, softmax, the entropy's
+                                                  p·z product and two gradients live at once
     kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n)
     rollout      R · V · 4 · 3                    the last position's logits while sampling
     prefill      R · P · (4h + 3i + 2·H·T) · b    one layer's transient tensors during the prompt forward
@@ -172,7 +174,7 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         "fsdp_gathered_layer": 0.0 if p.lora or n == 1 else 2 * (total_params - spec.vocab * spec.hidden) / spec.layers * b,
         "reference": (total_params * b / n) if (not p.lora and p.beta > 0) else 0.0,
         "activations": activations,
-        "logits": min(logit_chunk_rows(p.max_new_tokens, spec.vocab), rows) * p.max_new_tokens * spec.vocab * 4 * 3,
+        "logits": min(logit_chunk_rows(p.max_new_tokens, spec.vocab), rows) * p.max_new_tokens * spec.vocab * 4 * 6,
         "kv_cache": rollout_rows * seq * spec.layers * 2 * spec.kv_heads * spec.head_dim * b,
         "rollout_logits": rollout_rows * spec.vocab * 4 * 3,
         "prefill_transient": rollout_rows * p.prompt_length * (4 * spec.hidden + 3 * spec.intermediate + 2 * spec.heads * seq) * b,

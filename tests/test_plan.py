@@ -8,7 +8,7 @@ import pytest
 
 from grpo_kit.cli import main
 from grpo_kit.config import PRESETS, auto_preset, load_demo_config
-from grpo_kit.models import count_parameters, load_model
+from grpo_kit.models import count_parameters
 from grpo_kit.plan import GIB, MODELS, PlanInput, estimate, model_spec, plan, table
 
 
@@ -54,7 +54,7 @@ def test_planner_picks_settings_that_fit_and_refuses_what_cannot():
 
 
 def test_every_tpu_preset_fits_its_board_per_the_planner():
-    for name, preset in PRESETS.items():
+    for name, _preset in PRESETS.items():
         if not name.startswith("tpu-"):
             continue
         tpu = name.split("-")[1] + "-" + name.split("-")[2]
