@@ -18,9 +18,10 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/grpo-kit demo
 
+# Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code).
 test: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
-	$(BIN)/python -m pytest
+	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks

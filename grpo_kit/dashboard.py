@@ -1,0 +1,265 @@
+"""The live training dashboard: plots that update while GRPO trains, and controls that act on the run.
+
+It only reads metrics rows (from the trainer's step callback) and writes `Controls` values; the trainer
+applies a change at its next step boundary and records the values it used in that step's row, so every
+change shows up in the metrics and as a dotted marker on the plots.
+
+Plain ipywidgets 8 plus matplotlib rendered in the kernel to a PNG (`widgets.Image`): nothing needs a
+front-end extension, so it renders the same in Colab, Kaggle, JupyterLab, classic Notebook and VS Code.
+Training runs in a background thread so the widgets stay live; redraws are rate-limited so plotting costs
+at most `max_plot_fraction` of the training time.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+PANELS = (
+    ("reward", ("reward_mean",), "reward (total) ± std"),
+    ("per-reward means", None, "mean of each reward function"),
+    ("accuracy", ("accuracy",), "sampled accuracy"),
+    ("KL", ("kl",), "KL to the reference (per token)"),
+    ("policy loss", ("policy_loss",), "≈ 0 by construction at μ = 1: watch the reward, not this"),
+    ("clip fractions", ("clip_low", "clip_high"), "share of tokens clipped"),
+    ("entropy", ("entropy",), "per token"),
+    ("completion length", ("completion_length_mean", "completion_length_max"), "tokens"),
+    ("grad norm", ("grad_norm",), "before clipping"),
+)
+XLA_PANEL = ("XLA", ("xla_compiles_step", "step_seconds"), "graphs compiled this step · step seconds")
+CONTROL_KEYS = ("lr", "beta", "temperature", "top_p", "epsilon")
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric, skipping rows that lack it."""
+    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
+def control_changes(rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Steps where a control value differs from the previous step's, with what changed — the markers."""
+    out = []
+    for prev, row in zip(rows, rows[1:], strict=False):
+        changed = [f"{k} {prev.get(k):.3g}→{row.get(k):.3g}" for k in CONTROL_KEYS
+                   if prev.get(k) is not None and row.get(k) is not None and prev[k] != row[k] and k != "lr"]
+        if prev.get("controls_version") != row.get("controls_version") and prev.get("lr") != row.get("lr"):
+            changed.append(f"lr {prev['lr']:.2g}→{row['lr']:.2g}")
+        if prev.get("reward_weights") != row.get("reward_weights"):
+            changed.append("reward weights")
+        if changed:
+            out.append((row["step"], ", ".join(changed)))
+    return out
+
+
+def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
+    """All panels plus the advantage histogram (latest) and its history (a heat map), as one figure."""
+    panels = list(PANELS) + ([XLA_PANEL] if any("xla_compiles_step" in r for r in rows) else [])
+    cols = 3
+    nrows = (len(panels) + 2 + cols - 1) // cols
+    fig = Figure(figsize=(width, 2.6 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, cols).ravel()
+    markers = control_changes(rows)
+    for ax, (title, keys, subtitle) in zip(axes, panels, strict=False):
+        if keys is None:
+            keys = sorted(k for k in (rows[-1] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))
+        for key in keys:
+            steps, values = series(rows, key)
+            if steps:
+                ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=key.removeprefix("rewards/").removesuffix("/mean"))
+        if title == "reward":
+            steps, mean = series(rows, "reward_mean")
+            _, std = series(rows, "reward_std")
+            if steps and len(std) == len(mean):
+                ax.fill_between(steps, np.subtract(mean, std), np.add(mean, std), alpha=0.15)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+        for step, _ in markers:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"{title}\n{subtitle}", fontsize=9)
+        ax.tick_params(labelsize=7)
+    hist_ax, heat_ax = axes[len(panels)], axes[len(panels) + 1]
+    hists = [r for r in rows if r.get("advantage_hist")]
+    if hists:
+        edges = np.asarray(hists[-1]["advantage_hist_edges"])
+        hist_ax.bar(edges[:-1], hists[-1]["advantage_hist"], width=np.diff(edges), align="edge")
+        hist_ax.set_title(f"advantages, step {hists[-1]['step']}\n(the spike at 0 = zero-std groups)", fontsize=9)
+        counts = np.asarray([r["advantage_hist"] for r in hists], dtype=float)
+        heat_ax.imshow(np.log1p(counts.T), aspect="auto", origin="lower", cmap="viridis",
+                       extent=(hists[0]["step"] - 0.5, hists[-1]["step"] + 0.5, edges[0], edges[-1]))
+        heat_ax.set_title("advantage histogram over steps (log counts)", fontsize=9)
+    for ax in axes[len(panels) + 2:]:
+        ax.axis("off")
+    if markers:
+        fig.suptitle("dotted lines: control changes — " + "; ".join(f"step {s}: {d}" for s, d in markers[-3:]), fontsize=8)
+    return fig
+
+
+def completions_html(row: dict[str, Any]) -> str:
+    """The logged completions of one step as an HTML table (prompt, completion, each reward, advantage)."""
+    items = row.get("completions") or []
+    if not items:
+        return "<i>no completions logged (GRPOConfig.log_completions = 0)</i>"
+    names = list(items[0]["rewards"])
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in ["prompt", "completion", *names, "total", "advantage"])
+    body = []
+    for it in items:
+        cells = [html.escape(str(it["prompt"])), f"<code>{html.escape(it['completion'])}</code>"]
+        cells += ["–" if it["rewards"][n] is None else f"{it['rewards'][n]:.2f}" for n in names]
+        cells += [f"{it['reward']:.2f}", f"{it['advantage']:+.2f}"]
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return f"<b>step {row['step']}</b><table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+class Dashboard:
+    """Live plots and controls for a `GRPOTrainer`.
+
+        dash = Dashboard(trainer)
+        dash.start(steps=40)   # returns at once; training runs in a background thread
+        dash                   # (last expression of a cell) shows the widgets
+        ...
+        dash.wait()            # a later cell: block until the run ends
+    """
+
+    def __init__(self, trainer: Any, redraw_seconds: float = 2.0, max_plot_fraction: float = 0.05) -> None:
+        self.trainer = trainer
+        self.controls = trainer.controls
+        self.rows: list[dict[str, Any]] = list(trainer.logger.rows)
+        self.redraw_seconds = redraw_seconds
+        self.max_plot_fraction = max_plot_fraction
+        self.plot_seconds = 0.0
+        self.train_seconds = 0.0
+        self.redraws = 0
+        self._last_draw = 0.0
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._build_widgets()
+
+    # ---- the widgets ------------------------------------------------------------------------------------
+    def _build_widgets(self) -> None:
+        import ipywidgets as w
+
+        c = self.controls.snapshot()
+        style = {"description_width": "110px"}
+        layout = w.Layout(width="340px")
+        self.sliders: dict[str, Any] = {
+            "learning_rate": w.FloatLogSlider(value=c["learning_rate"], base=10, min=-6, max=-2, step=0.1,
+                                              description="learning rate", readout_format=".1e", style=style, layout=layout),
+            "beta": w.FloatSlider(value=c["beta"], min=0.0, max=0.5, step=0.01, description="β (KL weight)", style=style, layout=layout),
+            "temperature": w.FloatSlider(value=c["temperature"], min=0.1, max=1.5, step=0.05, description="temperature", style=style, layout=layout),
+            "top_p": w.FloatSlider(value=c["top_p"], min=0.1, max=1.0, step=0.05, description="top-p", style=style, layout=layout),
+            "epsilon": w.FloatSlider(value=c["epsilon"], min=0.05, max=0.5, step=0.01, description="ε (clip)", style=style, layout=layout),
+        }
+        weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}), **c["reward_weights"]}
+        self.weight_sliders = {
+            name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05, description=name.removesuffix("_reward"),
+                                style=style, layout=layout)
+            for name in self.trainer.reward_names
+        }
+        for name, slider in self.sliders.items():
+            slider.observe(lambda change, name=name: self.set_control(name, change["new"]), names="value")
+        for name, slider in self.weight_sliders.items():
+            slider.observe(lambda change, name=name: self.set_reward_weight(name, change["new"]), names="value")
+        self.buttons = {label: w.Button(description=label, layout=w.Layout(width="80px")) for label in ("pause", "resume", "stop", "save")}
+        self.buttons["pause"].on_click(lambda _: self.pause())
+        self.buttons["resume"].on_click(lambda _: self.resume())
+        self.buttons["stop"].on_click(lambda _: self.stop())
+        self.buttons["save"].on_click(lambda _: self.save())
+        self.status = w.HTML("not started")
+        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.browser = w.HTML()
+        controls = w.VBox([w.HTML("<b>controls</b> (act at the next step)"), *self.sliders.values(),
+                           w.HTML("<b>reward weights</b>"), *self.weight_sliders.values(),
+                           w.HBox(list(self.buttons.values())), self.status])
+        self.widget = w.VBox([w.HBox([controls, self.image]), w.HTML("<b>latest completions</b>"), self.browser])
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    # ---- writing controls ---------------------------------------------------------------------------------
+    def set_control(self, name: str, value: float) -> None:
+        self.controls.update(**{name: float(value)})
+
+    def set_reward_weight(self, name: str, value: float) -> None:
+        self.controls.update(reward_weights={name: float(value)})
+
+    def pause(self) -> None:
+        self.controls.update(paused=True)
+        self.status.value = "pausing after this step…"
+
+    def resume(self) -> None:
+        self.controls.update(paused=False)
+        self.status.value = "running"
+
+    def stop(self) -> None:
+        self.controls.update(stop_requested=True, paused=False)
+        self.status.value = "stopping after this step…"
+
+    def save(self) -> None:
+        self.controls.update(save_requested=True)
+        self.status.value = "will save a checkpoint after this step"
+
+    # ---- reading metrics ----------------------------------------------------------------------------------
+    def on_step(self, trainer: Any, row: dict[str, Any]) -> None:
+        """The trainer's step callback: record the row, redraw when due."""
+        self.rows.append(row)
+        self.train_seconds += row.get("step_seconds", 0.0)
+        self.status.value = (f"step {row['step']}: reward {row['reward_mean']:.3f}, "
+                             f"accuracy {row.get('accuracy', float('nan')):.2f}, step {row.get('step_seconds', 0):.1f} s")
+        self.browser.value = completions_html(row)
+        now = time.perf_counter()
+        within_budget = self.plot_seconds <= self.max_plot_fraction * max(self.train_seconds, 1e-9)
+        if now - self._last_draw >= self.redraw_seconds and within_budget:
+            self.redraw()
+
+    def redraw(self) -> None:
+        start = time.perf_counter()
+        fig = draw(self.rows)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=72)
+        self.image.value = buffer.getvalue()
+        self.plot_seconds += time.perf_counter() - start
+        self._last_draw = time.perf_counter()
+        self.redraws += 1
+
+    # ---- running --------------------------------------------------------------------------------------------
+    def start(self, steps: int | None = None) -> Dashboard:
+        """Train in a background thread (to `steps` total, default the config's); returns self at once."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("training is already running; stop() it or wait() for it first")
+        self.controls.update(stop_requested=False, paused=False)
+
+        def run() -> None:
+            try:
+                self.trainer.train(steps, progress=False, callback=self.on_step)
+            except BaseException as e:  # noqa: BLE001 - shown in the status line and re-raised by wait()
+                self.error = e
+                self.status.value = f"<span style='color:red'>stopped by an error: {html.escape(repr(e))}</span>"
+            else:
+                self.status.value = f"finished at step {self.trainer.step}"
+            finally:
+                self.redraw()
+
+        self.status.value = "running"
+        self._thread = threading.Thread(target=run, name="grpo-train", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Block until training ends (or `timeout` seconds); re-raise its error; return the metrics rows."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.rows

@@ -1,0 +1,82 @@
+"""The dashboard's state: points per step, controls reaching the trainer, markers, pause/stop, redraw budget."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from grpo_kit.config import GRPOConfig
+from grpo_kit.dashboard import Dashboard, completions_html, control_changes, draw, series
+from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+
+SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1, log_completions=2)
+
+
+@pytest.fixture()
+def dashboard(tiny, task):
+    model, tok = tiny
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=None, reward_weights=DEFAULT_WEIGHTS))
+    return Dashboard(trainer, redraw_seconds=0.0, max_plot_fraction=1.0)
+
+
+def test_after_n_steps_the_plots_hold_n_points(dashboard):
+    dashboard.start(steps=3).wait(timeout=600)
+    assert [r["step"] for r in dashboard.rows] == [1, 2, 3]
+    fig = draw(dashboard.rows)
+    reward_ax = fig.axes[0]
+    assert len(reward_ax.lines[0].get_xdata()) == 3
+    assert dashboard.redraws >= 1 and dashboard.image.value[:4] == b"\x89PNG"
+    assert "finished at step 3" in dashboard.status.value
+    assert "<table>" in dashboard.browser.value
+
+
+def test_a_slider_change_reaches_the_trainer_at_the_next_step_and_is_marked(dashboard):
+    trainer = dashboard.trainer
+    dashboard.on_step(trainer, trainer.train_step())
+    dashboard.sliders["beta"].value = 0.2
+    dashboard.sliders["temperature"].value = 0.5
+    dashboard.weight_sliders["strict_format_reward"].value = 0.5
+    dashboard.on_step(trainer, trainer.train_step())
+    first, second = dashboard.rows
+    assert first["beta"] == 0.0 and second["beta"] == pytest.approx(0.2)
+    assert second["temperature"] == pytest.approx(0.5)
+    assert second["reward_weights"]["strict_format_reward"] == pytest.approx(0.5)
+    assert second["controls_version"] > first["controls_version"]
+    (step, what), = control_changes(dashboard.rows)
+    assert step == 2 and "beta 0→0.2" in what and "reward weights" in what
+    assert series(dashboard.rows, "beta") == ([1, 2], [0.0, pytest.approx(0.2)])
+
+
+def test_stop_and_pause_buttons_act_on_the_running_thread(dashboard):
+    dashboard.start(steps=200)
+    while not dashboard.rows:
+        time.sleep(0.05)
+    dashboard.buttons["pause"].click()
+    time.sleep(2.0)
+    paused_at = len(dashboard.rows)
+    time.sleep(2.0)
+    assert len(dashboard.rows) <= paused_at + 1  # at most the step that was running when paused
+    assert dashboard.running
+    dashboard.buttons["stop"].click()
+    dashboard.wait(timeout=120)
+    assert not dashboard.running and len(dashboard.rows) < 20
+
+
+def test_redraws_keep_within_the_plot_budget(dashboard):
+    dashboard.max_plot_fraction = 0.05
+    dashboard.redraw_seconds = 0.0
+    trainer = dashboard.trainer
+    for _ in range(4):
+        dashboard.on_step(trainer, trainer.train_step())
+    # a redraw happens only while plotting so far is within 5 % of the training time
+    assert dashboard.plot_seconds <= 0.05 * dashboard.train_seconds + max(dashboard.plot_seconds / max(dashboard.redraws, 1), 0)
+
+
+def test_completions_html_escapes_and_lists_every_reward():
+    row = {"step": 7, "completions": [{"prompt": "1+1<", "completion": "<answer>2</answer>",
+                                       "rewards": {"a": 1.0, "b": None}, "reward": 1.0, "advantage": 0.5}]}
+    out = completions_html(row)
+    assert "1+1&lt;" in out and "&lt;answer&gt;2&lt;/answer&gt;" in out and "+0.50" in out and "–" in out
