@@ -54,7 +54,11 @@ def detect_accelerator() -> str:
 
 def get_device(kind: str | None = None) -> torch.device:
     """Choose the device: `kind` (or env GRPO_KIT_DEVICE) of cpu / cuda / xla, else automatic:
-    xla when torch_xla and a TPU are present, else cuda when available, else cpu."""
+    xla when torch_xla and a TPU are present, else cuda when available, else cpu.
+
+    On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0 turns that off), so call it
+    before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when asked for with
+    `enable_spmd`."""
     kind = (kind or os.environ.get("GRPO_KIT_DEVICE") or "auto").lower()
     if kind == "auto":
         if xla_available() and tpu_present():
@@ -69,6 +73,8 @@ def get_device(kind: str | None = None) -> torch.device:
         import torch_xla
 
         enable_compile_cache()  # a real TPU only: re-runs of a notebook skip most compiles
+        if tpu_present() and _MESH is None and os.environ.get("GRPO_KIT_SPMD", "1") != "0":
+            enable_spmd()  # one program over every core (also right for a single-core v5e-1)
         return torch_xla.device()
     if kind == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU")

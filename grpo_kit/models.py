@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from .config import ModelConfig
-from .device import is_xla, move_model, resolve_dtype
+from .device import is_xla, move_model, resolve_dtype, shard_parameters
 
 TINY_GEMMA = "tiny-gemma"
 
@@ -241,6 +241,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
         if use_lora:
             model.enable_input_require_grads()
     model = move_model(model, device, dtype)
+    shard_parameters(model)  # FSDP-style under SPMD with full fine-tuning; a no-op otherwise
     return model, tokenizer
 
 

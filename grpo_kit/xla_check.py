@@ -77,7 +77,7 @@ def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices:
     model.load_state_dict(state)
     model = move_model(model, device)
     if device.type == "xla":
-        shard_parameters(model)
+        shard_parameters(model)  # loaded on the CPU, so shard after the move (FSDP-style under SPMD)
     funcs, weights = _rewards(max_new_tokens)
     cfg = dataclasses.replace(_job_config(steps, max_new_tokens, devices), reward_weights=weights)
     return GRPOTrainer(model, tokenizer, funcs, ArithmeticTask().prompt_stream(), cfg)
