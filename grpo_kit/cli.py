@@ -17,9 +17,10 @@ from typing import Any
 from .config import PRESETS, DemoConfig, load_demo_config
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="cpu-tiny", choices=["auto", *sorted(PRESETS)],
-                   help="named settings (default cpu-tiny; auto = picked for the detected hardware)")
+def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
+    p.add_argument("--preset", default=preset, choices=["auto", *sorted(PRESETS)],
+                   help=f"named settings (default {preset}; auto = picked for the detected hardware: a TPU board's "
+                        "preset, the GPU preset, or cpu-tiny)")
     p.add_argument("--config", default=None, help="YAML file of overrides, e.g. 'grpo: {steps: 100}'")
     p.add_argument("--model", default=None, help="model name/path (overrides the preset): tiny-gemma, a directory or a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
@@ -154,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="SFT, then GRPO, then evaluation on the CPU with the tiny Gemma")
-    _common(p)
+    _common(p, preset="cpu-tiny")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint")
     _common(p)

@@ -99,3 +99,14 @@ def test_estimate_is_close_to_a_measured_peak_on_the_tiny_model():
                   prompt_length=48, max_new_tokens=32, beta=0.0, dtype_bytes=4)
     e = estimate(p, 512, False)
     assert 2 * GIB < e["training_phase"] < 5 * GIB
+
+
+def test_cli_picks_the_preset_for_the_hardware_except_the_cpu_demo(monkeypatch):
+    from grpo_kit.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["train"]).preset == "auto"
+    assert parser.parse_args(["demo"]).preset == "cpu-tiny"
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert auto_preset() == "cpu-tiny"
