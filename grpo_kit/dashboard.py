@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from .metrics import series
+
 PANELS = (
     ("reward", ("reward_mean",), "reward (total) ± std"),
     ("per-reward means", None, "mean of each reward function"),
@@ -34,12 +36,6 @@ PANELS = (
 )
 XLA_PANEL = ("XLA", ("xla_compiles_step", "step_seconds"), "graphs compiled this step · step seconds")
 CONTROL_KEYS = ("lr", "beta", "temperature", "top_p", "epsilon")
-
-
-def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of one metric, skipping rows that lack it."""
-    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
 def control_changes(rows: list[dict[str, Any]]) -> list[tuple[int, str]]:

@@ -28,6 +28,12 @@ def to_host(values: dict[str, torch.Tensor | float | int]) -> dict[str, float]:
     return out
 
 
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric across metrics rows, skipping rows that lack it."""
+    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
 def histogram(values: torch.Tensor, edges: torch.Tensor = HIST_EDGES) -> list[int]:
     """Counts of `values` in the bins between `edges` (values beyond the ends fall in the end bins)."""
     v = values.detach().float().cpu().clamp(edges[0].item(), edges[-1].item() - 1e-6)

@@ -14,10 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
+from .metrics import series  # noqa: E402
 
 
 def _smooth(values: list[float], window: int = 5) -> np.ndarray:
@@ -32,15 +29,15 @@ def _smooth(values: list[float], window: int = 5) -> np.ndarray:
 def plot_rewards(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Reward mean ± std per step, per-function means, and sampled accuracy."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps, mean = _series(rows, "reward_mean")
-    _, std = _series(rows, "reward_std")
+    steps, mean = series(rows, "reward_mean")
+    _, std = series(rows, "reward_std")
     ax.plot(steps, mean, color="C0", alpha=0.35, label="reward (per step)")
     ax.plot(steps, _smooth(mean), color="C0", label="reward (5-step mean)")
     ax.fill_between(steps, np.array(mean) - np.array(std), np.array(mean) + np.array(std), color="C0", alpha=0.1)
     for i, key in enumerate(sorted(k for k in (rows[0] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))):
-        s, v = _series(rows, key)
+        s, v = series(rows, key)
         ax.plot(s, _smooth(v), color=f"C{i + 2}", linestyle="--", label=key.split("/")[1])
-    s, acc = _series(rows, "accuracy")
+    s, acc = series(rows, "accuracy")
     if acc:
         ax.plot(s, _smooth(acc), color="C1", label="sampled accuracy")
     ax.set_xlabel("GRPO step")
@@ -53,9 +50,9 @@ def plot_rewards(rows: list[dict[str, Any]], path: str | Path) -> Path:
 def plot_kl(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """KL to the reference policy and entropy per step."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    s, kl = _series(rows, "kl")
+    s, kl = series(rows, "kl")
     ax.plot(s, kl, color="C3", label="KL(π ‖ π_ref)")
-    s, ent = _series(rows, "entropy")
+    s, ent = series(rows, "entropy")
     ax.plot(s, ent, color="C4", label="entropy / token")
     ax.set_xlabel("GRPO step")
     ax.set_title("KL to the reference and policy entropy")
