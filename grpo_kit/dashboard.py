@@ -35,6 +35,8 @@ PANELS = (
     ("grad norm", ("grad_norm",), "before clipping"),
 )
 XLA_PANEL = ("XLA", ("xla_compiles_step", "step_seconds"), "graphs compiled this step · step seconds")
+MEMORY_PANEL = ("memory", ("memory_bytes_in_use", "memory_peak_bytes", "memory_bytes_limit", "memory_host_peak_bytes"),
+                "GiB: device in use / peak / limit; host peak RSS")
 CONTROL_KEYS = ("lr", "beta", "temperature", "top_p", "epsilon")
 
 
@@ -56,6 +58,7 @@ def control_changes(rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
 def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
     """All panels plus the advantage histogram (latest) and its history (a heat map), as one figure."""
     panels = list(PANELS) + ([XLA_PANEL] if any("xla_compiles_step" in r for r in rows) else [])
+    panels += [MEMORY_PANEL] if any(k.startswith("memory_") for r in rows[-1:] for k in r) else []
     cols = 3
     nrows = (len(panels) + 2 + cols - 1) // cols
     fig = Figure(figsize=(width, 2.6 * nrows), layout="constrained")
@@ -66,14 +69,17 @@ def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
             keys = sorted(k for k in (rows[-1] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))
         for key in keys:
             steps, values = series(rows, key)
+            if key.startswith("memory_"):
+                values = [v / 2**30 for v in values]
             if steps:
-                ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=key.removeprefix("rewards/").removesuffix("/mean"))
+                label = key.removeprefix("rewards/").removesuffix("/mean").removeprefix("memory_")
+                ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
         if title == "reward":
             steps, mean = series(rows, "reward_mean")
             _, std = series(rows, "reward_std")
             if steps and len(std) == len(mean):
                 ax.fill_between(steps, np.subtract(mean, std), np.add(mean, std), alpha=0.15)
-        if len(keys) > 1:
+        if len(keys) > 1 and ax.lines:
             ax.legend(fontsize=7)
         for step, _ in markers:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
@@ -161,17 +167,18 @@ class Dashboard:
             slider.observe(lambda change, name=name: self.set_control(name, change["new"]), names="value")
         for name, slider in self.weight_sliders.items():
             slider.observe(lambda change, name=name: self.set_reward_weight(name, change["new"]), names="value")
-        self.buttons = {label: w.Button(description=label, layout=w.Layout(width="80px")) for label in ("pause", "resume", "stop", "save")}
+        self.buttons = {label: w.Button(description=label, layout=w.Layout(width="auto")) for label in ("pause", "resume", "stop", "save")}
         self.buttons["pause"].on_click(lambda _: self.pause())
         self.buttons["resume"].on_click(lambda _: self.resume())
         self.buttons["stop"].on_click(lambda _: self.stop())
         self.buttons["save"].on_click(lambda _: self.save())
         self.status = w.HTML("not started")
-        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.image = w.Image(format="png", layout=w.Layout(flex="1 1 auto", min_width="0", max_width="100%"))
         self.browser = w.HTML()
         controls = w.VBox([w.HTML("<b>controls</b> (act at the next step)"), *self.sliders.values(),
                            w.HTML("<b>reward weights</b>"), *self.weight_sliders.values(),
-                           w.HBox(list(self.buttons.values())), self.status])
+                           w.HBox(list(self.buttons.values())), self.status],
+                          layout=w.Layout(flex="0 0 auto", min_width="350px"))  # the plot shrinks, not the controls
         self.widget = w.VBox([w.HBox([controls, self.image]), w.HTML("<b>latest completions</b>"), self.browser])
 
     def _ipython_display_(self) -> None:
@@ -253,7 +260,10 @@ class Dashboard:
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Block until training ends (or `timeout` seconds); re-raise its error; return the metrics rows."""
+        """Block until training ends (or `timeout` seconds); re-raise its error; return the metrics rows.
+
+        While any cell runs — this one too — Jupyter holds the browser's widget messages until it ends, so
+        slider moves made during `wait()` reach the run only afterwards. Steer first, then wait."""
         if self._thread is not None:
             self._thread.join(timeout)
         if self.error is not None:

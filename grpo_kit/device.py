@@ -7,6 +7,7 @@ change here only. torch_xla is imported lazily: importing grpo_kit never require
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -147,19 +148,31 @@ def compile_stats() -> dict[str, Any]:
 
 
 def memory_stats(device: torch.device) -> dict[str, Any]:
-    """Device memory in use and peak, in bytes, where the backend reports it (empty dict on CPU)."""
+    """Memory in bytes: the device's in use / peak / limit where the backend reports it (CUDA, TPU), and the
+    host process's peak RSS everywhere (on a CPU — and on the XLA CPU client, which keeps no allocator
+    stats — that is where the tensors live)."""
     device = torch.device(device)
+    out: dict[str, Any] = {}
     if device.type == "cuda":
-        return {"bytes_in_use": torch.cuda.memory_allocated(device), "peak_bytes": torch.cuda.max_memory_allocated(device)}
-    if device.type == "xla":
+        out = {"bytes_in_use": torch.cuda.memory_allocated(device), "peak_bytes": torch.cuda.max_memory_allocated(device)}
+    elif device.type == "xla":
         import torch_xla.core.xla_model as xm
 
         try:
             info = xm.get_memory_info(device)
         except RuntimeError:  # the XLA CPU client has no allocator stats
-            return {}
-        return {"bytes_in_use": info.get("bytes_used"), "peak_bytes": info.get("peak_bytes_used"), "bytes_limit": info.get("bytes_limit")}
-    return {}
+            info = {}
+        if info:
+            out = {"bytes_in_use": info.get("bytes_used"), "peak_bytes": info.get("peak_bytes_used"),
+                   "bytes_limit": info.get("bytes_limit")}
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out["host_peak_bytes"] = peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+    except ImportError:  # Windows
+        pass
+    return out
 
 
 def host_syncs_are_cheap(device: torch.device) -> bool:

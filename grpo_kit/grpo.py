@@ -241,10 +241,10 @@ class GRPOTrainer:
                 for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if i < cfg.log_completions
             ],
         )
+        row.update({f"memory_{k}": v for k, v in memory_stats(self.device).items()})
         if is_xla(self.device):
             monitor = compile_monitor()
-            row.update(monitor.metrics(), xla_compiles_step=monitor.total() - compiles_before,
-                       **{f"memory_{k}": v for k, v in memory_stats(self.device).items()})
+            row.update(monitor.metrics(), xla_compiles_step=monitor.total() - compiles_before)
             if self.step >= cfg.compile_warmup_steps:
                 monitor.end_warmup()
         self.logger.log(row)

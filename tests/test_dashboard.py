@@ -80,3 +80,14 @@ def test_completions_html_escapes_and_lists_every_reward():
                                        "rewards": {"a": 1.0, "b": None}, "reward": 1.0, "advantage": 0.5}]}
     out = completions_html(row)
     assert "1+1&lt;" in out and "&lt;answer&gt;2&lt;/answer&gt;" in out and "+0.50" in out and "–" in out
+
+
+def test_xla_and_memory_panels_appear_when_the_rows_carry_them():
+    rows = [{"step": s, "reward_mean": 1.0, "xla_compiles_step": 8 if s == 1 else 0, "step_seconds": 2.0,
+             "memory_bytes_in_use": 3 * 2**30, "memory_peak_bytes": 4 * 2**30, "memory_host_peak_bytes": 2**30}
+            for s in (1, 2, 3)]
+    titles = {ax.get_title().split("\n")[0]: ax for ax in draw(rows).axes}
+    assert list(titles["XLA"].lines[0].get_ydata()) == [8, 0, 0]
+    memory = {line.get_label(): list(line.get_ydata()) for line in titles["memory"].lines}
+    assert memory == {"bytes_in_use": [3.0] * 3, "peak_bytes": [4.0] * 3, "host_peak_bytes": [1.0] * 3}
+    assert "memory" not in {ax.get_title().split("\n")[0] for ax in draw([{"step": 1, "reward_mean": 1.0}]).axes}

