@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := xla,notebooks,dev,gemma-offline
+EXTRAS := xla,notebooks,dev,gemma-offline,bench
 
-.PHONY: demo test setup browser lint clean
+.PHONY: demo test setup browser bench lint clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ browser:
 test: $(STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
+
+# docs/benchmarks.md and its plots, from one run (≈ 25 minutes on 2 cores; `grpo-kit bench --quick` ≈ 10).
+bench: $(STAMP)
+	$(BIN)/grpo-kit bench --report docs
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks

@@ -1,4 +1,4 @@
-"""`grpo-kit` command line: demo, sft, train (GRPO), eval, plan, xla-check, smoke.
+"""`grpo-kit` command line: demo, sft, train (GRPO), eval, plan, xla-check, smoke, bench.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
 e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
@@ -174,6 +174,20 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    # TRL runs through accelerate, which picks torch_xla whenever it imports; the comparison is on the CPU
+    # (the XLA graph counts run in their own process with XLA on).
+    os.environ["USE_TORCH_XLA"] = "0"
+    from .bench import run_bench, write_report
+
+    result = run_bench(quick=args.quick, xla=not args.no_xla, progress=not args.quiet, tiny=args.tiny)
+    if args.report:
+        print(f"wrote {write_report(result, args.report)}", file=sys.stderr)
+    summary = {k: v for k, v in result.items() if k != "details"}
+    print(json.dumps(summary, default=str) if args.json else json.dumps(summary, indent=2, default=str))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -223,6 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_smoke)
+    p = sub.add_parser("bench", help="kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy per second")
+    p.add_argument("--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ~10 minutes on 2 cores")
+    p.add_argument("--no-xla", action="store_true", help="skip the XLA graph counts")
+    p.add_argument("--tiny", action="store_true", help="for tests: every size shrunk, runs in about a minute; the numbers mean nothing")
+    p.add_argument("--report", default=None, help="write DIR/benchmarks.md, DIR/bench_*.png and DIR/benchmarks.json (e.g. docs)")
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

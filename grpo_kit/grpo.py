@@ -93,10 +93,12 @@ class GRPOTrainer:
         cfg = self.config
         ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket)
         ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
-        return sample(
+        roll = sample(
             self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
         )
+        # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
+        return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
 
     # ---- 2. reward ----------------------------------------------------------------------------------
     def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> tuple[Any, list[str], list, torch.Tensor]:

@@ -84,7 +84,7 @@ def _name(req: str) -> str:
 def test_environment_yml_agrees_with_pyproject_and_lock():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {_name(d) for d in project["dependencies"]}
-    for extra in ("xla", "notebooks", "dev", "gemma-offline"):
+    for extra in ("xla", "notebooks", "dev", "gemma-offline", "bench"):
         wanted |= {_name(d) for d in project["optional-dependencies"][extra]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))

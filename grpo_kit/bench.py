@@ -1,0 +1,435 @@
+"""`grpo-kit bench`: the kit against the usual tools, same weights and settings on both sides, one run.
+
+1. rollouts: the kit's sampler vs HF `generate` (tiny Gemma, 16 prompts × G 8, 48 new tokens, T = 1, lengths
+   forced: no stop tokens for the kit, `min_new_tokens` for HF) — tokens per second;
+2. a GRPO step: the kit's `GRPOTrainer` vs TRL's `GRPOTrainer` (16 prompts × G 8 per optimizer step, 48 new
+   tokens, loss_type "grpo", group z-scored advantages, no gradient checkpointing, β = 0 and β = 0.04) —
+   seconds per step after one warm-up step;
+3. on XLA (a subprocess on the CPU backend): graphs compiled by the kit's sampler vs HF `generate` for 16, 32
+   and 64 new tokens;
+4. learning per wall-second: both trainers from the same SFT checkpoint with the same rewards and the demo's
+   GRPO settings, held-out greedy accuracy against training seconds (evaluation time excluded) over the same
+   budget.
+
+Every timing is repeated; min and median are reported. TRL is a bench-only dependency (extra `bench`).
+`write_report` turns the JSON into docs/benchmarks.md with PNG plots.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
+from .evaluate import evaluate
+from .grpo import GRPOTrainer
+from .models import load_model
+from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from .sampling import encode_prompts, sample
+from .sft import SFTTrainer
+from .tasks import ArithmeticTask
+
+PROMPTS, GROUP, NEW_TOKENS = 16, 8, 48
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "all": [round(v, 4) for v in values]}
+
+
+def sft_model(quick: bool, steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
+    """The tiny Gemma after the demo's SFT warm-up: the shared starting point (a weaker start — 120 steps,
+    10 % accuracy — left both trainers flat within a minute, so --quick keeps the full warm-up)."""
+    cfg = load_demo_config("cpu-tiny")
+    model, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    task = ArithmeticTask(num_demonstrations=cfg.task.num_demonstrations, num_test=cfg.task.num_test)
+    SFTTrainer(model, tokenizer, task.demonstrations(),
+               SFTConfig(**{**cfg.sft.__dict__, "steps": steps or cfg.sft.steps, "output_dir": None})).train(progress=False)
+    return model, tokenizer, task
+
+
+def _rollout_prompts(task: ArithmeticTask) -> list:
+    prompts = [row["prompt"] for row in task.test_set().select(range(PROMPTS))]
+    return [p for p in prompts for _ in range(GROUP)]
+
+
+def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, repeats: int) -> dict[str, Any]:
+    """Tokens per second, kit sampler vs HF generate, both forced to NEW_TOKENS tokens per row."""
+    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task), bucket=16)
+    tokens = ids.shape[0] * NEW_TOKENS
+    model.eval()
+    kit, hf = [], []
+    for r in range(repeats + 1):  # the first round warms both up and is not counted
+        g = torch.Generator().manual_seed(r)
+        t = time.perf_counter()
+        roll = sample(model, ids, mask, NEW_TOKENS, [], tokenizer.pad_token_id, temperature=1.0, generator=g)
+        kit_s = time.perf_counter() - t
+        assert int(roll.completion_mask.sum()) == tokens, "the kit's rollout stopped early"
+        torch.manual_seed(r)
+        t = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id)
+        hf_s = time.perf_counter() - t
+        assert out.shape[1] - ids.shape[1] == NEW_TOKENS
+        if r:
+            kit.append(tokens / kit_s)
+            hf.append(tokens / hf_s)
+    return {"rows": ids.shape[0], "new_tokens": NEW_TOKENS, "prompt_len": ids.shape[1],
+            "sampler_tokens_per_s": _stats(kit), "hf_generate_tokens_per_s": _stats(hf)}
+
+
+def _saved(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> str:
+    """The weights as a transformers directory: TRL loads its policy (and, at β > 0, its reference) from a path."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], out: str, **overrides: Any) -> Any:
+    """TRL's GRPOTrainer with the kit's settings spelled out (TRL's own defaults differ: dapo loss, lr 1e-6,
+    gradient checkpointing on)."""
+    from datasets import Dataset
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    settings = dict(output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+                    max_completion_length=NEW_TOKENS, temperature=0.7, top_p=1.0, top_k=0, beta=0.0, loss_type="grpo",
+                    scale_rewards="group", epsilon=0.2, learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0,
+                    max_steps=10, gradient_checkpointing=False, use_cpu=True, bf16=False, logging_steps=1,
+                    save_strategy="no", report_to="none", disable_dropout=True, shuffle_dataset=False,
+                    reward_weights=[DEFAULT_WEIGHTS.get(f.__name__, 1.0) for f in DEFAULT_REWARDS], seed=0,
+                    model_init_kwargs={"dtype": torch.float32, "attn_implementation": "eager"})
+    settings.update(overrides)
+    from transformers import PrinterCallback, ProgressCallback
+
+    trainer = TRLTrainer(model=model_path, reward_funcs=list(DEFAULT_REWARDS), args=TRLConfig(**settings),
+                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    for noisy in (PrinterCallback, ProgressCallback):  # the bench prints one JSON object, not TRL's log lines
+        trainer.remove_callback(noisy)
+    return trainer
+
+
+def _step_timer() -> Any:
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            self._t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            self.seconds.append(time.perf_counter() - self._t)
+
+    return StepTimer()
+
+
+def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, beta: float, repeats: int) -> dict[str, Any]:
+    """Seconds per optimizer step (16 prompts × G 8, 48 new tokens) after one warm-up step, kit vs TRL."""
+    stream = task.prompt_stream(seed=1)
+    rows = [next(stream) for _ in range(PROMPTS * (repeats + 2))]
+    kit_model = copy.deepcopy(model)
+    cfg = GRPOConfig(prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=NEW_TOKENS, micro_batch_size=PROMPTS * GROUP,
+                     beta=beta, log_kl=beta > 0, loss_type="grpo", warmup_steps=0, learning_rate=1e-4,
+                     reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=0)
+    kit = GRPOTrainer(kit_model, tokenizer, DEFAULT_REWARDS, iter(rows), cfg)
+    kit_rows = [kit.train_step() for _ in range(repeats + 1)][1:]
+    kit_seconds = [r["step_seconds"] for r in kit_rows]
+    del kit, kit_model
+
+    timer = _step_timer()
+    with tempfile.TemporaryDirectory() as out:
+        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, beta=beta, max_steps=repeats + 1)
+        trl.add_callback(timer)
+        trl.train()
+        trl_lengths = [h.get("completions/mean_length") for h in trl.state.log_history if "completions/mean_length" in h]
+    return {"beta": beta, "grpo_step_s": _stats(kit_seconds), "trl_step_s": _stats(timer.seconds[1:]),
+            "kit_completion_length": statistics.mean(r["completion_length_mean"] for r in kit_rows),
+            "trl_completion_length": statistics.mean(trl_lengths[1:]) if len(trl_lengths) > 1 else None,
+            "kit_rollout_share": statistics.mean(r["rollout_seconds"] / r["step_seconds"] for r in kit_rows)}
+
+
+def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, budget_s: float, eval_every_s: float,
+                   num_eval: int, demo_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Held-out greedy accuracy vs training seconds for both trainers, the demo's GRPO settings, same budget."""
+    import dataclasses
+
+    test = task.test_set().select(range(num_eval))
+    demo = dataclasses.replace(load_demo_config("cpu-tiny").grpo, **(demo_overrides or {}))
+    points: dict[str, list[tuple[float, float]]] = {"kit": [], "trl": []}
+
+    kit_model = copy.deepcopy(model)
+    kit = GRPOTrainer(kit_model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(seed=2),
+                      GRPOConfig(**{**demo.__dict__, "output_dir": None, "reward_weights": DEFAULT_WEIGHTS, "log_kl": False}))
+    points["kit"].append((0.0, evaluate(kit_model, tokenizer, test)["accuracy"]))
+    trained, since_eval = 0.0, 0.0
+    while trained < budget_s:
+        row = kit.train_step()
+        trained += row["step_seconds"]
+        since_eval += row["step_seconds"]
+        if since_eval >= eval_every_s or trained >= budget_s:
+            points["kit"].append((trained, evaluate(kit_model, tokenizer, test)["accuracy"]))
+            since_eval = 0.0
+    kit_steps = kit.step
+    del kit, kit_model
+
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        """Training seconds (evaluation excluded); evaluates every `eval_every_s`, stops at the budget."""
+
+        def __init__(self) -> None:
+            self.trained, self.since_eval = 0.0, 0.0
+
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            self._t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            took = time.perf_counter() - self._t
+            self.trained += took
+            self.since_eval += took
+            if self.since_eval >= eval_every_s or self.trained >= budget_s:
+                points["trl"].append((self.trained, evaluate(trl_model, tokenizer, test)["accuracy"]))
+                trl_model.train()
+                self.since_eval = 0.0
+            if self.trained >= budget_s:
+                control.should_training_stop = True
+
+    points["trl"].append((0.0, points["kit"][0][1]))  # the same weights: the same starting accuracy
+    stream = task.prompt_stream(seed=2)
+    rows = [next(stream) for _ in range(demo.prompts_per_step * 200)]
+    with tempfile.TemporaryDirectory() as out:
+        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, per_device_train_batch_size=demo.prompts_per_step * demo.group_size,
+                           num_generations=demo.group_size, max_completion_length=demo.max_new_tokens,
+                           temperature=demo.temperature, learning_rate=demo.learning_rate,
+                           lr_scheduler_type="constant_with_warmup", warmup_steps=demo.warmup_steps, max_steps=200)
+        trl_model = trl.model
+        trl.add_callback(Clock())
+        trl.train()
+        trl_steps = trl.state.global_step
+    return {"budget_s": budget_s, "num_eval": num_eval, "kit_steps": kit_steps, "trl_steps": trl_steps,
+            "accuracy_vs_seconds": {k: [[round(t, 2), a] for t, a in v] for k, v in points.items()}}
+
+
+def xla_graph_counts(token_counts: tuple[int, ...] = (16, 32, 64)) -> dict[str, Any]:
+    """Graphs compiled for one rollout at each length, kit sampler vs HF generate. Each length runs in a
+    fresh process on the XLA CPU backend (`python -m grpo_kit.bench xla-graphs N`), so no run reuses graphs
+    another one compiled."""
+    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
+    env.pop("USE_TORCH_XLA", None)
+    merged: dict[str, Any] = {}
+    for n in token_counts:
+        proc = subprocess.run([sys.executable, "-m", "grpo_kit.bench", "xla-graphs", str(n)],
+                              capture_output=True, text=True, env=env, timeout=3600)
+        if proc.returncode != 0:
+            return {"error": proc.stderr[-2000:]}
+        for key, value in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+            merged.setdefault(key, {}).update(value)
+    return merged
+
+
+def _xla_child(token_counts: list[int]) -> dict[str, Any]:
+    import torch_xla.debug.metrics as met
+
+    from .device import get_device
+    from .models import stop_token_ids
+
+    def compiles() -> int:
+        data = met.metric_data("CompileTime")
+        return int(data[0]) if data else 0
+
+    device = get_device("xla")
+    model, tokenizer = load_model(ModelConfig(), device)
+    task = ArithmeticTask(num_test=PROMPTS)
+    # Graph counts do not depend on the batch; 8 rows keep HF generate's per-token compiles affordable.
+    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task)[:8], bucket=16)
+    stops = stop_token_ids(tokenizer)
+    result: dict[str, Any] = {"kit": {}, "kit_again": {}, "hf": {}, "hf_seconds": {}, "kit_seconds": {}}
+    for n in token_counts:
+        for key in ("kit", "kit_again"):
+            before, t = compiles(), time.perf_counter()
+            roll = sample(model, ids, mask, n, stops, tokenizer.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0))
+            roll.completion_ids.cpu()
+            result[key][n] = compiles() - before
+            if key == "kit":
+                result["kit_seconds"][n] = round(time.perf_counter() - t, 2)
+        before, t = compiles(), time.perf_counter()
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True, temperature=1.0,
+                             top_k=0, max_new_tokens=n, min_new_tokens=n, pad_token_id=tokenizer.pad_token_id)
+        out.cpu()
+        result["hf"][n] = compiles() - before
+        result["hf_seconds"][n] = round(time.perf_counter() - t, 2)
+    return result
+
+
+def machine() -> dict[str, Any]:
+    import transformers
+
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import trl
+
+        info["trl"] = trl.__version__
+    except ImportError:
+        pass
+    try:
+        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                                 if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def run_bench(quick: bool = False, xla: bool = True, progress: bool = True, tiny: bool = False) -> dict[str, Any]:
+    """All four benchmarks; `quick` keeps it under ~10 minutes on 2 CPU cores. `tiny` (for tests) shrinks
+    every size so the whole path runs in about a minute: its numbers mean nothing."""
+    global PROMPTS, GROUP, NEW_TOKENS
+    repeats = 1 if tiny else 3 if quick else 5
+    if tiny:
+        PROMPTS, GROUP, NEW_TOKENS = 2, 4, 8
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    say("SFT warm-up of the tiny Gemma (the shared starting point)")
+    model, tokenizer, task = sft_model(quick, steps=10 if tiny else None)
+    say("1/4 rollouts: kit sampler vs HF generate")
+    rollouts = bench_rollouts(model, tokenizer, task, repeats)
+    say("2/4 GRPO step: kit vs TRL, β = 0 and 0.04")
+    steps = [bench_grpo_step(model, tokenizer, task, beta, repeats) for beta in (0.0, 0.04)]
+    xla_graphs = None
+    if xla:
+        say("3/4 XLA graph counts (subprocess, CPU backend)")
+        xla_graphs = xla_graph_counts((4, 8) if tiny else (4, 8) if quick else (16, 32, 64))
+    say("4/4 learning per wall-second: kit vs TRL from the same SFT checkpoint")
+    learning = bench_learning(model, tokenizer, task, budget_s=3 if tiny else 60 if quick else 300,
+                              eval_every_s=1 if tiny else 20 if quick else 60, num_eval=8 if tiny else 50 if quick else 200,
+                              demo_overrides={"prompts_per_step": 4, "micro_batch_size": 16, "max_new_tokens": 8} if tiny else None)
+    result = {
+        "quick": quick, "tiny": tiny, "machine": machine(), "repeats": repeats,
+        "sizes": {"prompts": PROMPTS, "group_size": GROUP, "new_tokens": NEW_TOKENS},
+        "sampler_tokens_per_s": rollouts["sampler_tokens_per_s"]["median"],
+        "hf_generate_tokens_per_s": rollouts["hf_generate_tokens_per_s"]["median"],
+        "sampler_speedup": rollouts["sampler_tokens_per_s"]["median"] / rollouts["hf_generate_tokens_per_s"]["median"],
+        "grpo_step_s": {str(s["beta"]): s["grpo_step_s"]["median"] for s in steps},
+        "trl_step_s": {str(s["beta"]): s["trl_step_s"]["median"] for s in steps},
+        "step_time_ratio": {str(s["beta"]): s["grpo_step_s"]["median"] / s["trl_step_s"]["median"] for s in steps},
+        "xla_graphs_kit": xla_graphs.get("kit") if xla_graphs else None,
+        "xla_graphs_hf": xla_graphs.get("hf") if xla_graphs else None,
+        "accuracy_vs_seconds": learning["accuracy_vs_seconds"],
+        "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning},
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    say(f"done in {result['seconds']:.0f} s")
+    return result
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path = "docs") -> Path:
+    """docs/benchmarks.md + bench_*.png + benchmarks.json from one `run_bench` result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmarks.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    d = result["details"]
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar(["kit sampler", "HF generate"], [result["sampler_tokens_per_s"], result["hf_generate_tokens_per_s"]], color=["C0", "C1"])
+    ax.set_ylabel("tokens / s (median)")
+    ax.set_title(f"rollout: {d['rollouts']['rows']} rows × {NEW_TOKENS} new tokens, tiny Gemma", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "bench_rollout.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    betas = list(result["grpo_step_s"])
+    x = range(len(betas))
+    ax.bar([i - 0.2 for i in x], [result["grpo_step_s"][b] for b in betas], width=0.4, label="grpo_kit")
+    ax.bar([i + 0.2 for i in x], [result["trl_step_s"][b] for b in betas], width=0.4, label="TRL GRPOTrainer")
+    ax.set_xticks(list(x), [f"β = {b}" for b in betas])
+    ax.set_ylabel("seconds / step (median)")
+    ax.set_title(f"GRPO step: {PROMPTS} prompts × G {GROUP}, {NEW_TOKENS} new tokens", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bench_step.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for name, label in (("kit", "grpo_kit"), ("trl", "TRL GRPOTrainer")):
+        pts = result["accuracy_vs_seconds"][name]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title("learning per wall-second, same SFT start and rewards", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bench_learning.png", dpi=100)
+    plt.close(fig)
+
+    m = result["machine"]
+    rows = [
+        "| measure | grpo_kit | reference | ratio | goal |", "|---|---|---|---|---|",
+        f"| rollout tokens/s (median of {result['repeats']}) | {result['sampler_tokens_per_s']:.0f} | HF generate "
+        f"{result['hf_generate_tokens_per_s']:.0f} | {result['sampler_speedup']:.2f}× | ≥ 2× |",
+    ]
+    for s in d["grpo_steps"]:
+        b = str(s["beta"])
+        rows.append(f"| GRPO step s, β = {b} (median; min) | {s['grpo_step_s']['median']:.2f}; {s['grpo_step_s']['min']:.2f} | "
+                    f"TRL {s['trl_step_s']['median']:.2f}; {s['trl_step_s']['min']:.2f} | {result['step_time_ratio'][b]:.2f} | ≤ 0.5 |")
+    if result.get("xla_graphs_kit"):
+        for n in result["xla_graphs_kit"]:
+            rows.append(f"| XLA graphs, {n} new tokens | {result['xla_graphs_kit'][n]} (again: {d['xla']['kit_again'][n]}) | "
+                        f"HF generate {result['xla_graphs_hf'][n]} | | constant in tokens |")
+    learn = d["learning"]
+    kit_pts, trl_pts = learn["accuracy_vs_seconds"]["kit"], learn["accuracy_vs_seconds"]["trl"]
+    rows.append(f"| held-out accuracy after {learn['budget_s']:.0f} s of training | {kit_pts[-1][1]:.1%} ({learn['kit_steps']} steps) | "
+                f"TRL {trl_pts[-1][1]:.1%} ({learn['trl_steps']} steps) | | ≥ TRL |")
+    text = "\n".join([
+        "# Benchmarks", "",
+        "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~10-minute version). "
+        "All numbers below come from one run of that command.", "",
+        f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads), "
+        f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, TRL {m.get('trl', '—')}. "
+        f"{'Quick mode. ' if result['quick'] else ''}Run time {result['seconds']:.0f} s.", "",
+        *rows, "",
+        "![rollout throughput](bench_rollout.png) ![step time](bench_step.png)", "",
+        "![accuracy vs time](bench_learning.png)", "",
+        "What is compared: the same tiny Gemma weights (after the demo's SFT warm-up) on both sides; rollouts at T = 1 "
+        f"with lengths forced to {NEW_TOKENS} tokens; GRPO steps with loss_type grpo, group z-scored advantages, "
+        "lr 1e-4, no gradient checkpointing, TRL's KL term at β = 0.04 and the kit's k3 KL; the learning run uses the "
+        "demo's GRPO settings (128 prompts × G 4, 32 new tokens, T 0.7, lr 1e-4 with 3 warm-up steps) for both, "
+        "the same three reward functions and weights, and the kit's greedy evaluator on the same held-out problems. "
+        "Completion lengths differ by sampling: "
+        + ", ".join(f"β {s['beta']}: kit {s['kit_completion_length']:.1f} vs TRL "
+                    f"{s['trl_completion_length'] if s['trl_completion_length'] is None else round(s['trl_completion_length'], 1)} tokens"
+                    for s in d["grpo_steps"]) + ".",
+        "",
+        "Raw numbers: [benchmarks.json](benchmarks.json).", "",
+    ])
+    path = out / "benchmarks.md"
+    path.write_text(text)
+    return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "xla-graphs":
+        print(json.dumps(_xla_child([int(n) for n in sys.argv[2].split(",")])))

@@ -1,0 +1,42 @@
+"""`grpo-kit bench` runs end to end (at tiny sizes: correctness, not speed — benchmarks print numbers, tests
+never time anything) and writes its report; on XLA the kit's graph count does not grow with new tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("trl", reason="TRL is the bench's comparison (extra `bench`)")
+
+
+@pytest.mark.slow
+def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "bench", "--tiny", "--json", "--report", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("sampler_tokens_per_s", "hf_generate_tokens_per_s"):
+        assert result[key] > 0
+    assert set(result["grpo_step_s"]) == set(result["trl_step_s"]) == {"0.0", "0.04"}
+    assert all(v > 0 for v in [*result["grpo_step_s"].values(), *result["trl_step_s"].values()])
+
+    kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
+    assert set(kit) == set(hf) == {"4", "8"}
+    assert kit["4"] == kit["8"] > 0, f"the kit's rollout graphs depend on the number of new tokens: {kit}"
+    assert hf["8"] > hf["4"], f"HF generate's graphs were expected to grow with new tokens: {hf}"
+
+    curves = result["accuracy_vs_seconds"]
+    assert len(curves["kit"]) >= 2 and len(curves["trl"]) >= 2
+    assert curves["kit"][0] == curves["trl"][0]  # the same SFT start
+    assert all(0.0 <= acc <= 1.0 for _, acc in curves["kit"] + curves["trl"])
+
+    report = (tmp_path / "benchmarks.md").read_text()
+    assert "| rollout tokens/s" in report and "TRL" in report
+    for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "benchmarks.json").read_text())["tiny"] is True
