@@ -106,8 +106,8 @@ def explain_hub_error(error: BaseException, repo_id: str, token: str | None) -> 
     if status == 401:
         return f"Hugging Face rejected the token (401) for {repo_id}: make a new one at https://huggingface.co/settings/tokens."
     if isinstance(error, errors.RepositoryNotFoundError) or status == 404:
-        return (f"{repo_id} was not found on Hugging Face: check the name (short names: {', '.join(ALIASES)}); "
-                + ("" if token else "a gated model also reads as 'not found' without a token (set HF_TOKEN)."))
+        hint = "" if token else "; a gated model also reads as 'not found' without a token (set HF_TOKEN)"
+        return f"{repo_id} was not found on Hugging Face: check the name (short names: {', '.join(ALIASES)}){hint}."
     offline = isinstance(error, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError)) or (
         "connect" in type(error).__name__.lower() or "timeout" in type(error).__name__.lower())
     if offline:
