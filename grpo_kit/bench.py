@@ -298,8 +298,8 @@ def run_bench(quick: bool = False, xla: bool = True, progress: bool = True, tiny
     every size so the whole path runs in about a minute: its numbers mean nothing."""
     global PROMPTS, GROUP, NEW_TOKENS
     repeats = 1 if tiny else 3 if quick else 5
-    if tiny:
-        PROMPTS, GROUP, NEW_TOKENS = 2, 4, 8
+    # set on every call, so a tiny run does not leave its sizes behind for a later run in the same process
+    PROMPTS, GROUP, NEW_TOKENS = (2, 4, 8) if tiny else (16, 8, 48)
 
     def say(msg: str) -> None:
         if progress:

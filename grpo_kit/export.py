@@ -80,9 +80,25 @@ def export_model(
     """Merge, save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir`,
     and push to the Hub repo `push_to` when given. `dtype` (e.g. torch.bfloat16) halves the files; the
     default keeps the training dtype, so reloading gives the same logits."""
+    base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
+    out = save_merged(merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, dtype=dtype)
+    if push_to:
+        push_folder(out, push_to, token=token, private=private)
+    return out
+
+
+def save_merged(
+    merged: torch.nn.Module,
+    tokenizer: Any,
+    out_dir: str | Path,
+    *,
+    base_name: str,
+    metrics: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write an already-merged model (from `merged_copy`) as `export_model` does, without pushing."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    merged = merged_copy(model)
     if dtype is not None:
         merged = merged.to(dtype)
     tokenizer = ensure_chat_template(tokenizer)
@@ -90,12 +106,9 @@ def export_model(
     merged.generation_config.pad_token_id = tokenizer.pad_token_id
     merged.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
-    (out / "README.md").write_text(model_card(str(base), metrics))
+    (out / "README.md").write_text(model_card(base_name, metrics))
     if metrics:
         (out / "grpo_kit_metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
-    if push_to:
-        push_folder(out, push_to, token=token, private=private)
     return out
 
 

@@ -11,9 +11,8 @@ never looks at device values. Prefill and decode run inside the compile monitor'
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,13 +48,11 @@ class Rollout:
         """The same rollout without the all-padding tail of the completions (kept to a multiple of
         `multiple`): fewer positions for the log-prob and training forwards, the same masked losses. Reads
         the mask on the host, so only for cpu/cuda — XLA keeps the fixed width (one graph)."""
-        used = int(self.completion_mask.sum(1).max())
-        width = min(self.completion_ids.shape[1], max(multiple, -(-used // multiple) * multiple))
+        width = min(self.completion_ids.shape[1], bucket_length(int(self.completion_mask.sum(1).max()), multiple))
         if width == self.completion_ids.shape[1]:
             return self
-        return dataclasses.replace(self, completion_ids=self.completion_ids[:, :width],
-                                   completion_mask=self.completion_mask[:, :width],
-                                   sampling_logprobs=self.sampling_logprobs[:, :width])
+        return replace(self, completion_ids=self.completion_ids[:, :width],
+                       completion_mask=self.completion_mask[:, :width], sampling_logprobs=self.sampling_logprobs[:, :width])
 
     @property
     def attention_mask(self) -> torch.Tensor:

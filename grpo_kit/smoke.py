@@ -24,7 +24,7 @@ import torch
 
 from .config import GRPOConfig, ModelConfig, SFTConfig
 from .device import get_device, mark_step
-from .export import export_model, merged_copy
+from .export import merged_copy, save_merged
 from .grpo import GRPOTrainer
 from .hub import resolve_model
 from .models import base_model, count_parameters, load_model
@@ -106,9 +106,10 @@ def run_smoke(
     adapter_diff = _max_diff(trained, _logits(reloaded_adapter, ids, mask), mask)
     del reloaded_adapter, fresh
 
-    merged_dir = export_model(model, tokenizer, work / "merged", base_name=model_name,
-                              metrics={"grpo_reward_mean": grpo_row["reward_mean"]})
-    merged_in_memory = _logits(merged_copy(model), ids, mask)
+    merged_model = merged_copy(model)  # what export_model would write; kept to compare the reload against
+    merged_dir = save_merged(merged_model, tokenizer, work / "merged", base_name=model_name,
+                             metrics={"grpo_reward_mean": grpo_row["reward_mean"]})
+    merged_in_memory = _logits(merged_model, ids, mask)
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     merged_tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     merged_ids, merged_mask = encode_prompts(merged_tokenizer, prompts, bucket=16)
