@@ -153,6 +153,11 @@ class GRPOConfig:
     """μ: optimizer passes over each rollout batch. >1 reuses the rollout's old log-probs (PPO-style)."""
     micro_batch_size: int = 128
     """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
+    share_prompt_forward: bool = True
+    """Run each prompt through the model once for its whole group in the log-prob and training forwards, and
+    repeat its keys/values for the G completions, instead of running it G times. Same log-probs and gradients
+    (up to float order); the update does (B/G)·P + B·N positions instead of B·(P + N) — 2.2× faster in the
+    benchmark. Used when micro_batch_size is a multiple of group_size (micro-batches then hold whole groups)."""
     advantage: str = "zscore"
     """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
     `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""

@@ -96,6 +96,7 @@ class GRPOTrainer:
         roll = sample(
             self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
+            group_size=cfg.group_size,  # each prompt is prefilled once for its group
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
@@ -135,6 +136,10 @@ class GRPOTrainer:
         micro = [slice(s, s + cfg.micro_batch_size) for s in range(0, n, cfg.micro_batch_size)]
         total_tokens = loss_mask.sum()
         temperature = controls["temperature"]
+        group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
+
+        def logprobs(model: torch.nn.Module, m: slice) -> tuple[torch.Tensor, torch.Tensor]:
+            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group)
 
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
@@ -142,12 +147,12 @@ class GRPOTrainer:
             old_logp = None
             if cfg.num_iterations > 1:
                 self.model.eval()
-                old_logp = torch.cat([completion_logprobs(self.model, ids[m], attn[m], plen, temperature)[0] for m in micro])
+                old_logp = torch.cat([logprobs(self.model, m)[0] for m in micro])
             ref_logp = None
             if self.reference is not None and (beta > 0 or cfg.log_kl):
                 with self.reference.model() as ref:
                     ref.eval()
-                    ref_logp = torch.cat([completion_logprobs(ref, ids[m], attn[m], plen, temperature)[0] for m in micro])
+                    ref_logp = torch.cat([logprobs(ref, m)[0] for m in micro])
             if old_logp is not None or ref_logp is not None:
                 mark_step(self.device)
 
@@ -159,7 +164,7 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_total = torch.zeros((), device=self.device)
                 for m in micro:
-                    logp, entropy = completion_logprobs(self.model, ids[m], attn[m], plen, temperature)
+                    logp, entropy = logprobs(self.model, m)
                     old = old_logp[m] if old_logp is not None else logp.detach()
                     loss, stats = policy_loss(
                         logp, old, adv[m], loss_mask[m],

@@ -4,7 +4,8 @@ Static shapes everywhere, so XLA compiles a handful of graphs once and then only
 - prompts are left-padded to a multiple of `bucket` (a few buckets in all);
 - the completion buffer is always `max_new_tokens` long; finished rows keep running, writing `<pad>`;
 - one prefill forward fills a static KV cache of length P + N, then N − 1 single-token decode forwards
-  read and write it at a device-side position (no `.item()`, no Python `if` on device values).
+  read and write it at a device-side position (no `.item()`, no Python `if` on device values);
+- Gemma runs through `decoder.forward`, a lean forward on the model's own modules (see there why).
 On CPU/GPU the loop may stop early when every row has finished (a cheap host check there); on XLA it
 never looks at device values. Prefill and decode run inside the compile monitor's phases.
 """
@@ -16,8 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from transformers import StaticCache
+from transformers import DynamicCache, StaticCache
 
+from . import decoder
 from .device import compile_monitor, host_syncs_are_cheap, mark_step, shard_batch
 from .losses import token_logprobs_and_entropy
 from .models import base_model
@@ -147,20 +149,31 @@ def sample(
     top_p: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    group_size: int = 1,
+    lean: bool | None = None,
 ) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
-    masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout."""
+    masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
+
+    Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own modules), others
+    through HF's forward with a `StaticCache`. `group_size` G > 1 says rows come in groups of G copies of
+    one prompt (as the trainer lays them out): the prompt is then prefilled once and its cache repeated.
+    `lean` None = the lean forward when `decoder.supports` the model; False forces HF's forward.
+    """
     device = next(model.parameters()).device
     can_peek = host_syncs_are_cheap(device)
     monitor = compile_monitor()
     was_training = model.training
     model.eval()
     batch, plen = prompt_ids.shape
+    if group_size > 1 and (batch % group_size or (prompt_ids.device.type == "cpu" and not torch.equal(
+            prompt_ids[::group_size].repeat_interleave(group_size, 0), prompt_ids))):
+        raise ValueError(f"group_size={group_size}: prompt rows must come in runs of {group_size} identical rows")
     total = plen + max_new_tokens
     prompt_ids, prompt_mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
     hf = base_model(model)
-    cache = StaticCache(config=hf.config, max_cache_len=total)
+    lean = decoder.supports(hf) if lean is None else lean
     full_mask = torch.cat([prompt_mask, torch.ones(batch, max_new_tokens, dtype=prompt_mask.dtype, device=device)], 1)
     positions = position_ids_from_mask(prompt_mask)
     stop = torch.tensor(stop_ids, device=device)
@@ -179,11 +192,19 @@ def sample(
         return choose_tokens(logits, temperature, top_k, top_p, greedy, u)
 
     with monitor.phase("prefill", **shapes):
-        out = model(
-            input_ids=prompt_ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-            cache_position=torch.arange(plen, device=device), use_cache=True, logits_to_keep=1,
-        )
-        token, logprob = draw(out.logits[:, -1, :])
+        if lean:
+            first = slice(None, None, group_size)
+            cache = decoder.KVCache.empty(hf, batch // group_size, total, full_mask[first])
+            logits = decoder.forward(hf, prompt_ids[first], positions[first], cache, torch.zeros_like(step_index))
+            if group_size > 1:
+                cache, logits = cache.repeat_interleave(group_size, full_mask), logits.repeat_interleave(group_size, 0)
+        else:
+            cache = StaticCache(config=hf.config, max_cache_len=total)
+            logits = model(
+                input_ids=prompt_ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+                cache_position=torch.arange(plen, device=device), use_cache=True, logits_to_keep=1,
+            ).logits[:, -1, :]
+        token, logprob = draw(logits)
         mark_step(device)
     # Per-step results are kept in lists and stacked once at the end: writing into a buffer at a Python
     # index t would bake t into the graph and compile one graph per token on XLA.
@@ -203,12 +224,15 @@ def sample(
                 break
             if can_peek and not bool(alive.any()):
                 break
-            out = model(
-                input_ids=written.unsqueeze(1), attention_mask=full_mask, position_ids=next_pos, past_key_values=cache,
-                cache_position=cache_pos, use_cache=True,
-            )
+            if lean:
+                logits = decoder.forward(hf, written.unsqueeze(1), next_pos, cache, cache_pos)
+            else:
+                logits = model(
+                    input_ids=written.unsqueeze(1), attention_mask=full_mask, position_ids=next_pos, past_key_values=cache,
+                    cache_position=cache_pos, use_cache=True,
+                ).logits[:, -1, :]
             step_index = step_index + 1
-            token, logprob = draw(out.logits[:, -1, :])
+            token, logprob = draw(logits)
             next_pos = next_pos + 1
             cache_pos = cache_pos + 1
             mark_step(device)
@@ -229,20 +253,54 @@ def completion_logprobs(
     prompt_len: int,
     temperature: float = 1.0,
     chunk_rows: int | None = None,
+    group_size: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
 
-    One forward of the decoder (no KV cache: `use_cache=False`, which also avoids Gemma 3's sliding-window
-    cache on XLA), hidden states sliced to the N positions that predict completion tokens, then the LM head
-    applied chunk by chunk (see `losses.token_logprobs_and_entropy`).
+    One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
+    the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`).
+
+    `group_size` G > 1 says rows come in groups of G that share one prompt (rows g·G … g·G + G − 1, as the
+    trainer lays them out): each prompt then goes through the model once, its keys and values are repeated
+    for its G completions, and only the completions run at full batch — B/G·P + B·N positions instead of
+    B·(P + N). Same values (the prompt rows are the same numbers), and gradients flow back through the
+    repeat, so the result and its gradient equal the plain forward's up to float summation order.
     """
     hf = base_model(model)
-    decoder = hf.model
-    hidden = decoder(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    ).last_hidden_state
-    hidden = hidden[:, prompt_len - 1 : -1, :]
+    if group_size > 1:
+        hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
+    else:
+        # use_cache=False also avoids Gemma 3's sliding-window cache, which crashes on XLA
+        hidden = hf.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        ).last_hidden_state[:, prompt_len - 1 : -1, :]
     targets = input_ids[:, prompt_len:]
     softcap = getattr(hf.config, "final_logit_softcapping", None)
     return token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets, temperature, softcap, chunk_rows)
+
+
+def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                          group_size: int) -> torch.Tensor:
+    """Final hidden states at the N positions that predict completion tokens, running each group's prompt once."""
+    batch, total = input_ids.shape
+    if batch % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the batch of {batch} rows")
+    prompt_ids, prompt_mask = input_ids[::group_size, :prompt_len], attention_mask[::group_size, :prompt_len]
+    positions = position_ids_from_mask(prompt_mask)
+    # A plain (full-length) cache on every layer: sliding-window layers still get their window from the
+    # attention mask, and nothing is cropped between the two calls.
+    cache = DynamicCache()
+    prompt_out = hf.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                          past_key_values=cache, use_cache=True)
+    last_prompt = prompt_out.last_hidden_state[:, -1:, :].repeat_interleave(group_size, 0)
+    new = total - prompt_len - 1  # completion tokens that are inputs: all but the last
+    if new == 0:
+        return last_prompt
+    cache.batch_repeat_interleave(group_size)
+    completion_positions = (positions[:, -1:] + 1 + torch.arange(new, device=input_ids.device)).repeat_interleave(group_size, 0)
+    completion_out = hf.model(
+        input_ids=input_ids[:, prompt_len:-1], attention_mask=attention_mask[:, :-1], position_ids=completion_positions,
+        past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt_len, total - 1, device=input_ids.device),
+    )
+    return torch.cat([last_prompt, completion_out.last_hidden_state], dim=1)

@@ -1,0 +1,172 @@
+"""The lean Gemma forward (`decoder.py`) and the group-shared prompt forwards agree with HF's forward.
+
+Checked on the shapes where they could go wrong: left padding, sliding-window layers with a window shorter
+than the prompt, Gemma 2's attention and final softcaps, LoRA layers, and prompt sharing across a group.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config
+
+from grpo_kit import decoder
+from grpo_kit.config import GRPOConfig, ModelConfig
+from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.models import TINY_CONFIG, add_lora, stop_token_ids
+from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from grpo_kit.sampling import completion_logprobs, encode_prompts, sample
+
+
+def gemma3_sliding() -> torch.nn.Module:
+    """The tiny Gemma 3 with half its layers on a 6-token sliding window (shorter than the prompts)."""
+    cfg = {k: v for k, v in TINY_CONFIG.items() if k != "architectures"}
+    cfg.update(sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2)
+    config = AutoConfig.for_model(**cfg)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def gemma2_softcapped() -> torch.nn.Module:
+    config = Gemma2Config(vocab_size=106, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, sliding_window=6, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert config.attn_logit_softcapping and config.final_logit_softcapping
+    return model
+
+
+def lora_gemma3() -> torch.nn.Module:
+    model = add_lora(gemma3_sliding(), ModelConfig(lora=True))
+    with torch.no_grad():  # a LoRA that does something (B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model.eval()
+
+
+MODELS = {"gemma3-sliding": gemma3_sliding, "gemma2-softcap": gemma2_softcapped, "gemma3-lora": lora_gemma3}
+
+
+def grouped_batch(groups: int = 3, group: int = 4, prompt: int = 20, new: int = 14) -> tuple[torch.Tensor, ...]:
+    """Prompts repeated `group` times with different left padding per group, random completions, one of
+    which stops early."""
+    gen = torch.Generator().manual_seed(1)
+    prompt_ids = torch.randint(6, 100, (groups, prompt), generator=gen).repeat_interleave(group, 0)
+    prompt_mask = torch.ones_like(prompt_ids)
+    for g, pad in enumerate((3, 0, 9)[:groups]):
+        prompt_mask[g * group : (g + 1) * group, :pad] = 0
+    prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
+    completion_ids = torch.randint(6, 100, (groups * group, new), generator=gen)
+    completion_mask = torch.ones_like(completion_ids)
+    completion_mask[1, 9:] = 0
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, 0)
+    return prompt_ids, prompt_mask, completion_ids, completion_mask
+
+
+def test_supports_gemma_only():
+    assert decoder.supports(gemma3_sliding()) and decoder.supports(gemma2_softcapped())
+    assert not decoder.supports(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_lean_prefill_logits_equal_hf_forward(name):
+    model = MODELS[name]()
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=False).logits
+        cache = decoder.KVCache.empty(hf, prompt_ids.shape[0], prompt_ids.shape[1] + 4,
+                                      torch.cat([prompt_mask, torch.ones(prompt_ids.shape[0], 4, dtype=torch.long)], 1))
+        lean = decoder.forward(hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), logits_for_last=False)
+    real = prompt_mask.bool()
+    assert (lean[real] - ref[real]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_lean_sampler_equals_hf_sampler(name):
+    """Same noise, same tokens and log-probs through the lean forward and through HF's StaticCache forward."""
+    model = MODELS[name]()
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    rolls = [sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
+                    lean=lean) for lean in (True, False)]
+    assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
+    assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_group_prefill_equals_per_row_prefill(name):
+    model = MODELS[name]()
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    a, b = (sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
+                   group_size=g) for g in (1, 4))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    assert (a.sampling_logprobs - b.sampling_logprobs).abs().max() < 1e-5
+
+
+def test_group_size_rejects_rows_that_are_not_grouped():
+    model = gemma3_sliding()
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    with pytest.raises(ValueError, match="runs of 4 identical rows"):
+        sample(model, prompt_ids.roll(1, 0), prompt_mask, 4, [1], 0, greedy=True, group_size=4)
+    with pytest.raises(ValueError, match="runs of 5"):
+        sample(model, prompt_ids, prompt_mask, 4, [1], 0, greedy=True, group_size=5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(name):
+    model = MODELS[name]().train()
+    prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch()
+    ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    weights = torch.randn(completion_ids.shape, generator=torch.Generator().manual_seed(2)) * completion_mask
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for group in (1, 4):
+        logp, entropy = completion_logprobs(model, ids, attn, prompt_ids.shape[1], temperature=0.7, group_size=group)
+        grads = torch.autograd.grad((logp * weights).sum(), params)
+        results.append((logp.detach(), entropy.detach(), grads))
+    (lp1, en1, g1), (lp4, en4, g4) = results
+    real = completion_mask.bool()
+    assert (lp1 - lp4)[real].abs().max() < 1e-5 and (en1 - en4)[real].abs().max() < 1e-5
+    for a, b in zip(g1, g4, strict=True):
+        assert (a - b).norm() <= 1e-5 * a.norm() + 1e-7
+
+
+def test_shared_prompt_forward_with_one_completion_token():
+    model = gemma3_sliding()
+    prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch(new=1)
+    ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    with torch.no_grad():
+        a, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1])
+        b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4)
+    assert b.shape == (12, 1) and (a - b).abs().max() < 1e-5
+
+
+def test_grpo_step_same_with_and_without_prompt_sharing(sft_state, task):
+    """Two trainer steps from the same weights: same rollouts, rewards, losses and gradient norms."""
+    from grpo_kit.models import load_model
+
+    rows = []
+    for share in (True, False):
+        model, tok = load_model(ModelConfig(), torch.device("cpu"))
+        model.load_state_dict(sft_state)
+        cfg = GRPOConfig(prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=24, beta=0.04, log_kl=True,
+                         share_prompt_forward=share, output_dir=None, log_completions=0, reward_weights=DEFAULT_WEIGHTS)
+        trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=5), cfg)
+        rows.append([trainer.train_step() for _ in range(2)])
+    for shared, plain in zip(*rows, strict=True):
+        assert shared["reward_mean"] == plain["reward_mean"]
+        for key in ("policy_loss", "grad_norm", "kl"):
+            assert abs(shared[key] - plain[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
+
+
+def test_greedy_group_prefill_on_the_trained_tiny_gemma(sft_model, task):
+    model, tok = sft_model
+    ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:3]), bucket=16)
+    ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
+    a = sample(model, ids, mask, 20, stop_token_ids(tok), tok.pad_token_id, greedy=True)
+    b = sample(model, ids, mask, 20, stop_token_ids(tok), tok.pad_token_id, greedy=True, group_size=4)
+    assert torch.equal(a.completion_ids, b.completion_ids)
