@@ -22,6 +22,7 @@ on small models. Here, for Gemma 2 and Gemma 3 text models:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -143,3 +144,10 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits
+
+
+@functools.cache
+def compiled_forward() -> object:
+    """`forward` under `torch.compile` (static shapes): inductor fuses the norms, rotary, softmax and sampling
+    arithmetic around the matmuls. Compiles once per model and shape (prompt bucket, batch), then reuses."""
+    return torch.compile(forward, dynamic=False)

@@ -96,7 +96,7 @@ class GRPOTrainer:
         roll = sample(
             self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
-            group_size=cfg.group_size,  # each prompt is prefilled once for its group
+            group_size=cfg.group_size, compiled=cfg.compile_sampler,  # each prompt is prefilled once for its group
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll

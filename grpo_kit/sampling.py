@@ -151,6 +151,7 @@ def sample(
     generator: torch.Generator | None = None,
     group_size: int = 1,
     lean: bool | None = None,
+    compiled: bool = False,
 ) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
@@ -158,7 +159,8 @@ def sample(
     Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own modules), others
     through HF's forward with a `StaticCache`. `group_size` G > 1 says rows come in groups of G copies of
     one prompt (as the trainer lays them out): the prompt is then prefilled once and its cache repeated.
-    `lean` None = the lean forward when `decoder.supports` the model; False forces HF's forward.
+    `lean` None = the lean forward when `decoder.supports` the model; False forces HF's forward. `compiled`
+    runs the lean decode steps under `torch.compile` on cpu/cuda (XLA compiles its graphs anyway).
     """
     device = next(model.parameters()).device
     can_peek = host_syncs_are_cheap(device)
@@ -174,6 +176,7 @@ def sample(
     shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
     hf = base_model(model)
     lean = decoder.supports(hf) if lean is None else lean
+    lean_forward = decoder.compiled_forward() if lean and compiled and can_peek else decoder.forward
     full_mask = torch.cat([prompt_mask, torch.ones(batch, max_new_tokens, dtype=prompt_mask.dtype, device=device)], 1)
     positions = position_ids_from_mask(prompt_mask)
     stop = torch.tensor(stop_ids, device=device)
@@ -225,7 +228,7 @@ def sample(
             if can_peek and not bool(alive.any()):
                 break
             if lean:
-                logits = decoder.forward(hf, written.unsqueeze(1), next_pos, cache, cache_pos)
+                logits = lean_forward(hf, written.unsqueeze(1), next_pos, cache, cache_pos)
             else:
                 logits = model(
                     input_ids=written.unsqueeze(1), attention_mask=full_mask, position_ids=next_pos, past_key_values=cache,

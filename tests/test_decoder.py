@@ -170,3 +170,14 @@ def test_greedy_group_prefill_on_the_trained_tiny_gemma(sft_model, task):
     a = sample(model, ids, mask, 20, stop_token_ids(tok), tok.pad_token_id, greedy=True)
     b = sample(model, ids, mask, 20, stop_token_ids(tok), tok.pad_token_id, greedy=True, group_size=4)
     assert torch.equal(a.completion_ids, b.completion_ids)
+
+
+def test_compiled_sampler_equals_eager(sft_model, task):
+    """`compile_sampler`: the same tokens from the same noise, log-probs equal to float precision."""
+    model, tok = sft_model
+    ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:2]), bucket=16)
+    ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
+    eager, compiled = (sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0), group_size=4, compiled=c) for c in (False, True))
+    assert torch.equal(eager.completion_ids, compiled.completion_ids)
+    assert (eager.sampling_logprobs - compiled.sampling_logprobs).abs().max() < 1e-4
