@@ -99,8 +99,9 @@ class SFTConfig:
 class GRPOConfig:
     """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same."""
 
-    steps: int = 45
-    """Optimizer steps (one rollout batch each when num_iterations = 1)."""
+    steps: int = 60
+    """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: held-out accuracy
+    was still rising at 45 steps (+19.5 points there, +23.5 at 60), and 60 steps take ≈ 4 minutes on 2 cores."""
     prompts_per_step: int = 128
     """Distinct prompts per step. With group_size 4 this is 512 completions, all one shape. On the tiny Gemma
     the gradient is noisy: 16 prompts drifted held-out accuracy down, 64 × 8 gained 11.5 points in 30 steps,
