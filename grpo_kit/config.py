@@ -156,7 +156,7 @@ class GRPOConfig:
     """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
     compile_sampler: bool = False
     """`torch.compile` the lean Gemma decode step used in rollouts (cpu/cuda; XLA compiles anyway). Pays on
-    long runs: on 2 CPU cores the first rollout spent ≈ 30 s compiling and later ones sampled ≈ 1.7× faster
+    long runs: on 2 CPU cores the first rollout spent ≈ 30 s compiling and later ones sampled 1.5–1.7× faster
     (see docs/benchmarks.md); each new batch or prompt-bucket shape compiles again. Off by default: the CPU
     demo is too short to earn it back, and inductor needs a C++ compiler on the machine."""
     share_prompt_forward: bool = True

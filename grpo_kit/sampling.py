@@ -267,10 +267,11 @@ def completion_logprobs(
     trainer lays them out): each prompt then goes through the model once, its keys and values are repeated
     for its G completions, and only the completions run at full batch — B/G·P + B·N positions instead of
     B·(P + N). Same values (the prompt rows are the same numbers), and gradients flow back through the
-    repeat, so the result and its gradient equal the plain forward's up to float summation order.
+    repeat, so the result and its gradient equal the plain forward's up to float summation order. Under
+    gradient checkpointing HF drops the cache inside its layers, so there the plain forward runs instead.
     """
     hf = base_model(model)
-    if group_size > 1:
+    if group_size > 1 and not (hf.training and _checkpointing(hf)):
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
         # use_cache=False also avoids Gemma 3's sliding-window cache, which crashes on XLA
@@ -281,6 +282,10 @@ def completion_logprobs(
     targets = input_ids[:, prompt_len:]
     softcap = getattr(hf.config, "final_logit_softcapping", None)
     return token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets, temperature, softcap, chunk_rows)
+
+
+def _checkpointing(hf: torch.nn.Module) -> bool:
+    return any(getattr(layer, "gradient_checkpointing", False) for layer in hf.model.layers)
 
 
 def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
@@ -296,6 +301,9 @@ def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attentio
     cache = DynamicCache()
     prompt_out = hf.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                           past_key_values=cache, use_cache=True)
+    if cache.get_seq_length() != prompt_len:  # a layer refused the cache: sharing would drop the prompt
+        raise RuntimeError(f"{type(hf).__name__} did not fill the KV cache ({cache.get_seq_length()} of {prompt_len} positions); "
+                           "run with GRPOConfig.share_prompt_forward=False")
     last_prompt = prompt_out.last_hidden_state[:, -1:, :].repeat_interleave(group_size, 0)
     new = total - prompt_len - 1  # completion tokens that are inputs: all but the last
     if new == 0:

@@ -181,3 +181,15 @@ def test_compiled_sampler_equals_eager(sft_model, task):
                               generator=torch.Generator().manual_seed(0), group_size=4, compiled=c) for c in (False, True))
     assert torch.equal(eager.completion_ids, compiled.completion_ids)
     assert (eager.sampling_logprobs - compiled.sampling_logprobs).abs().max() < 1e-4
+
+
+def test_shared_prompt_forward_under_gradient_checkpointing_equals_plain():
+    """HF layers drop the KV cache under gradient checkpointing; the shared forward must not lose the prompt."""
+    model = gemma3_sliding().train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch()
+    ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    a, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1])
+    b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4)
+    real = completion_mask.bool()
+    assert (a - b)[real].abs().max() < 1e-5
