@@ -135,7 +135,6 @@ class Dashboard:
         self.redraw_seconds = redraw_seconds
         self.max_plot_fraction = max_plot_fraction
         self.plot_seconds = 0.0
-        self.train_seconds = 0.0
         self.redraws = 0
         self._last_draw = 0.0
         self._last_cost = 0.0
@@ -214,7 +213,6 @@ class Dashboard:
     def on_step(self, trainer: Any, row: dict[str, Any]) -> None:
         """The trainer's step callback: record the row, redraw when due."""
         self.rows.append(row)
-        self.train_seconds += row.get("step_seconds", 0.0)
         self.status.value = (f"step {row['step']}: reward {row['reward_mean']:.3f}, "
                              f"accuracy {row.get('accuracy', float('nan')):.2f}, step {row.get('step_seconds', 0):.1f} s")
         self.browser.value = completions_html(row)

@@ -76,9 +76,14 @@ def _layer_kinds(cfg: object) -> list[str]:
     return list(kinds) if kinds else ["full_attention"] * cfg.num_hidden_layers
 
 
+@functools.cache
+def _rotary_takes_layer_type(rotary_class: type) -> bool:
+    return "layer_type" in inspect.signature(rotary_class.forward).parameters  # Gemma 3: local and global RoPE bases
+
+
 def _rotary(hf: torch.nn.Module, h: torch.Tensor, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     rotary = hf.model.rotary_emb
-    if "layer_type" in inspect.signature(rotary.forward).parameters:  # Gemma 3: local and global RoPE bases
+    if _rotary_takes_layer_type(type(rotary)):
         return rotary(h, positions, kind)
     return rotary(h, positions)
 

@@ -90,6 +90,14 @@ def encode_prompts(tokenizer: Any, prompts: list, bucket: int = 32, max_length: 
     return ids, mask
 
 
+def check_grouped(prompt_ids: torch.Tensor, group_size: int) -> None:
+    """Raise unless the rows come in runs of `group_size` identical prompts (compared on the CPU only: elsewhere
+    the check would wait for the device)."""
+    if group_size > 1 and (prompt_ids.shape[0] % group_size or (prompt_ids.device.type == "cpu" and not torch.equal(
+            prompt_ids[::group_size].repeat_interleave(group_size, 0), prompt_ids))):
+        raise ValueError(f"group_size={group_size}: prompt rows must come in runs of {group_size} identical rows")
+
+
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """Positions counting only real tokens (left padding gets position 0), as HF generate does."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -168,9 +176,7 @@ def sample(
     was_training = model.training
     model.eval()
     batch, plen = prompt_ids.shape
-    if group_size > 1 and (batch % group_size or (prompt_ids.device.type == "cpu" and not torch.equal(
-            prompt_ids[::group_size].repeat_interleave(group_size, 0), prompt_ids))):
-        raise ValueError(f"group_size={group_size}: prompt rows must come in runs of {group_size} identical rows")
+    check_grouped(prompt_ids, group_size)
     total = plen + max_new_tokens
     prompt_ids, prompt_mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
@@ -291,9 +297,8 @@ def _checkpointing(hf: torch.nn.Module) -> bool:
 def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                           group_size: int) -> torch.Tensor:
     """Final hidden states at the N positions that predict completion tokens, running each group's prompt once."""
-    batch, total = input_ids.shape
-    if batch % group_size:
-        raise ValueError(f"group_size {group_size} does not divide the batch of {batch} rows")
+    total = input_ids.shape[1]
+    check_grouped(input_ids[:, :prompt_len], group_size)
     prompt_ids, prompt_mask = input_ids[::group_size, :prompt_len], attention_mask[::group_size, :prompt_len]
     positions = position_ids_from_mask(prompt_mask)
     # A plain (full-length) cache on every layer: sliding-window layers still get their window from the
@@ -305,13 +310,12 @@ def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attentio
         raise RuntimeError(f"{type(hf).__name__} did not fill the KV cache ({cache.get_seq_length()} of {prompt_len} positions); "
                            "run with GRPOConfig.share_prompt_forward=False")
     last_prompt = prompt_out.last_hidden_state[:, -1:, :].repeat_interleave(group_size, 0)
-    new = total - prompt_len - 1  # completion tokens that are inputs: all but the last
-    if new == 0:
+    if total - prompt_len == 1:  # one completion token: the prompt's last position predicts it
         return last_prompt
     cache.batch_repeat_interleave(group_size)
-    completion_positions = (positions[:, -1:] + 1 + torch.arange(new, device=input_ids.device)).repeat_interleave(group_size, 0)
     completion_out = hf.model(
-        input_ids=input_ids[:, prompt_len:-1], attention_mask=attention_mask[:, :-1], position_ids=completion_positions,
+        input_ids=input_ids[:, prompt_len:-1], attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids_from_mask(attention_mask)[:, prompt_len:-1],
         past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt_len, total - 1, device=input_ids.device),
     )
     return torch.cat([last_prompt, completion_out.last_hidden_state], dim=1)
