@@ -164,6 +164,12 @@ class GRPOConfig:
     repeat its keys/values for the G completions, instead of running it G times. Same log-probs and gradients
     (up to float order); the update does (B/G)·P + B·N positions instead of B·(P + N) — 2.2× faster in the
     benchmark. Used when micro_batch_size is a multiple of group_size (micro-batches then hold whole groups)."""
+    padding_free: bool = True
+    """Gemma on cpu/cuda: the log-prob and training forwards compute real tokens only — no prompt left
+    padding, nothing after a completion's stop token, the LM head on completion tokens only — packed into one
+    matrix and unpacked for attention (`decoder.packed_completion_hidden`). Same log-probs and gradients (up
+    to float order). XLA keeps the padded fixed shapes (packed sizes change every step: a new graph each
+    time); under gradient checkpointing the padded forward runs too."""
     advantage: str = "zscore"
     """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
     `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""

@@ -1,32 +1,36 @@
-"""A lean Gemma forward for rollouts: the model's own modules, a plain static KV cache, attention written out.
+"""Lean Gemma forwards: the model's own weights and modules, attention written out, no HF bookkeeping.
 
 HF's forward is general: per call it builds attention masks through its masking utilities, copies the
 cached keys and values once per query head (grouped-query attention via `repeat_kv`) and goes through the
 cache classes. A rollout calls it once per new token, so that bookkeeping costs as much as the arithmetic
-on small models. Here, for Gemma 2 and Gemma 3 text models:
+on small models. And a padded batch computes every padding position. Here, for Gemma 2 and Gemma 3 text
+models, two forwards:
 
-- projections, norms, activations, embeddings and rotary tables are the model's own modules (LoRA layers
-  included), so the numbers are the model's numbers;
-- the cache is one (B, KV, T, D) key and one value tensor per layer, written at a device-side index (one
-  graph for every decode step on XLA);
-- attention groups the query heads by key head instead of copying keys:
+- `forward` — rollouts: one (B, KV, T, D) key and value tensor per layer, written at a device-side index
+  (one graph for every decode step on XLA);
+- `packed_completion_hidden` — log-prob and training forwards (cpu/cuda): real tokens only, packed.
+
+Both use the model's projections (LoRA layers included), MLPs, embeddings and rotary tables, so the numbers
+are the model's numbers; Gemma's RMSNorm runs as one `F.rms_norm` with the scale (1 + w) (`Constants`).
+Attention groups the query heads by key head instead of copying keys:
 
       scores = softcap·tanh((q kᵀ · scaling)/softcap) + bias,   out = softmax(scores) v,
 
-  with one additive bias per step and layer kind: 0 where key j is a real token, j ≤ i, and (sliding
-  layers) i − j < window; the lowest float elsewhere (so a row with no visible key stays finite);
-- logits = softcap·tanh(lm_head(norm(h))/softcap) for the positions asked for only.
+with one additive bias per layer kind: 0 where key j is a real token, j ≤ i, and (sliding layers)
+i − j < window; the lowest float elsewhere (so a row with no visible key stays finite). Logits are
+softcap·tanh(lm_head(norm(h))/softcap) for the positions asked for only.
 
-`supports(model)` says whether a model can use it; `sampling.sample` falls back to HF's forward otherwise.
+`supports(model)` says whether a model can use them; `sampling` falls back to HF's forward otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
 
@@ -37,7 +41,7 @@ def supports(hf: torch.nn.Module) -> bool:
     return layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head")
 
 
-@dataclass
+@dataclasses.dataclass
 class KVCache:
     """Keys and values per layer, each (B, KV heads, T, head_dim), plus which of the T slots hold real tokens."""
 
@@ -53,6 +57,11 @@ class KVCache:
         shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
         layers = range(cfg.num_hidden_layers)
         return cls([weight.new_zeros(shape) for _ in layers], [weight.new_zeros(shape) for _ in layers], key_mask.bool())
+
+    def select_rows(self, rows: torch.Tensor) -> KVCache:
+        """The cache of the given batch rows only (finished rows leaving an eager rollout)."""
+        return KVCache([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values],
+                       self.key_mask.index_select(0, rows))
 
     def repeat_interleave(self, repeats: int, key_mask: torch.Tensor) -> KVCache:
         """Each row `repeats` times in a row (a prompt's cache shared by its group), with a new key mask."""
@@ -88,28 +97,79 @@ def _rotary(hf: torch.nn.Module, h: torch.Tensor, positions: torch.Tensor, kind:
     return rotary(h, positions)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+GEMMA_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm")
 
 
-def _attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, index: int,
-               slots: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    attn = layer.self_attn
-    batch, length, _ = h.shape
-    head_dim, kv_heads = attn.head_dim, cache.keys[index].shape[1]
-    q = attn.q_proj(h).view(batch, length, -1, head_dim).transpose(1, 2)  # (B, H, S, D)
-    k = attn.k_proj(h).view(batch, length, kv_heads, head_dim).transpose(1, 2)
-    v = attn.v_proj(h).view(batch, length, kv_heads, head_dim).transpose(1, 2)
-    if getattr(attn, "q_norm", None) is not None:  # Gemma 3
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-    keys = cache.keys[index].index_copy_(2, slots, k)
-    values = cache.values[index].index_copy_(2, slots, v)
-    heads = q.shape[1]
-    # (B, KV, H/KV · S, D): the query heads that share a key head, stacked, against that head's keys
+@dataclasses.dataclass
+class Constants:
+    """What every forward of one rollout (or one update) reuses: Gemma's norm scales and the RoPE tables.
+
+    Gemma's RMSNorm is  y = x / √(mean(x²) + ε) · (1 + w),  computed in float32; with (1 + w) stored once it
+    is one `F.rms_norm` call instead of ten small ops (same values). RoPE's cos and sin depend on the
+    position only, so they are looked up in tables for positions 0 … length − 1 (the model's rotary module
+    fills them, so the values are the model's); `sin` is stored sign-folded, so rotating is
+    x·cos + roll(x, D/2)·sin′ with sin′ = (−sin₁, sin₂) — the same numbers as x·cos + rotate_half(x)·sin.
+    Built without gradients, so only for forwards that do not train the norms (rollouts, or LoRA updates).
+    """
+
+    norm_scales: dict[int, torch.Tensor]
+    """id(norm module) → (1 + w) in float32."""
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    """layer kind → (cos, sign-folded sin), each (length, head_dim)."""
+    fused_qkv: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = dataclasses.field(default_factory=dict)
+    """id(attention module) → (q, k, v weights stacked, their biases stacked or None, the q and k norm scales
+    stacked per head or None): one matmul, one norm and one rotation for q and k together. Only where the
+    projections are plain `nn.Linear` (not LoRA) and both norms share ε."""
+
+    @classmethod
+    def build(cls, hf: torch.nn.Module, length: int, norms: bool = True) -> Constants:
+        with torch.no_grad():
+            scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
+            weight = hf.model.embed_tokens.weight
+            positions = torch.arange(length, device=weight.device)[None]
+            tables = {}
+            for kind in set(_layer_kinds(hf.config)):
+                cos, sin = (t[0] for t in _rotary(hf, weight[:1], positions, kind))
+                half = sin.shape[-1] // 2
+                tables[kind] = (cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
+            fused = {}
+            for layer in hf.model.layers if norms else ():
+                attn = layer.self_attn
+                projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+                q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+                if not all(type(m) is torch.nn.Linear for m in projections) or (q_norm is not None and q_norm.eps != k_norm.eps):
+                    continue
+                weight = torch.cat([m.weight for m in projections])
+                bias = torch.cat([m.bias for m in projections]) if attn.q_proj.bias is not None else None
+                qk_scale = None
+                if q_norm is not None:
+                    heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+                    qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
+                fused[id(attn)] = (weight, bias, qk_scale)
+        return cls(scales, tables, fused)
+
+
+def _norm(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
+    """Gemma's RMSNorm as one `F.rms_norm` (other norm classes: the module itself). Without a cached scale
+    the scale is taken from the live weight, so gradients reach it."""
+    if type(module).__name__ not in GEMMA_NORMS:
+        return module(x)
+    scale = consts.norm_scales.get(id(module)) if consts is not None else None
+    if scale is None:
+        scale = 1.0 + module.weight.float()
+    return F.rms_norm(x.float(), scale.shape, scale, module.eps).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * folded_sin
+
+
+def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of queries (B, H, S, D) over keys and values (B, KV, T, D) with an additive bias
+    (B, 1, S, T); returns (B, S, H·D). The H/KV query heads that share a key head are stacked against that
+    head's keys, so keys are never copied per query head."""
+    batch, heads, length, head_dim = q.shape
+    kv_heads = keys.shape[1]
     q = q.reshape(batch, kv_heads, heads // kv_heads * length, head_dim)
     scores = torch.matmul(q, keys.transpose(2, 3)) * attn.scaling
     softcap = getattr(attn, "attn_logit_softcapping", None)
@@ -117,34 +177,71 @@ def _attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: 
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(batch, kv_heads, heads // kv_heads, length, -1) + bias.unsqueeze(1)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if attn.training and getattr(attn, "attention_dropout", 0.0):
+        weights = F.dropout(weights, p=attn.attention_dropout)
     out = torch.matmul(weights.view(batch, kv_heads, heads // kv_heads * length, -1), values)
-    out = out.view(batch, heads, length, head_dim).transpose(1, 2).reshape(batch, length, heads * head_dim)
-    return attn.o_proj(out)
+    return out.view(batch, heads, length, head_dim).transpose(1, 2).reshape(batch, length, heads * head_dim)
+
+
+def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         consts: Constants | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Projected, normed (Gemma 3) and rotated q, k and v for hidden states (..., hidden) → (..., heads, D);
+    cos and sin broadcast against them."""
+    head_dim = attn.head_dim
+    fused = consts.fused_qkv.get(id(attn)) if consts is not None else None
+    if fused is not None:
+        weight, bias, qk_scale = fused
+        qkv = F.linear(x, weight, bias).unflatten(-1, (-1, head_dim))
+        kv_heads = attn.k_proj.out_features // head_dim
+        qk, v = qkv[..., :-kv_heads, :], qkv[..., -kv_heads:, :]
+        if qk_scale is not None:
+            qk = (F.rms_norm(qk.float(), (head_dim,), eps=attn.q_norm.eps) * qk_scale).to(x.dtype)
+        qk = _rotate(qk, cos, sin)
+        return qk[..., :-kv_heads, :], qk[..., -kv_heads:, :], v
+    q = attn.q_proj(x).unflatten(-1, (-1, head_dim))
+    k = attn.k_proj(x).unflatten(-1, (-1, head_dim))
+    v = attn.v_proj(x).unflatten(-1, (-1, head_dim))
+    if getattr(attn, "q_norm", None) is not None:  # Gemma 3
+        q, k = _norm(attn.q_norm, q, consts), _norm(attn.k_norm, k, consts)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
+def _attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, index: int,
+               slots: torch.Tensor, bias: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
+    attn = layer.self_attn
+    q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
+    keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :visible]
+    values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :visible]
+    return attn.o_proj(_attend(attn, q.transpose(1, 2), keys, values, bias))
 
 
 def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: torch.Tensor,
-            logits_for_last: bool = True) -> torch.Tensor:
+            consts: Constants, logits_for_last: bool = True, visible: int | None = None) -> torch.Tensor:
     """Run S new tokens (B, S) at RoPE positions (B, S), written to cache slots start … start + S − 1 (`start`
     a one-element device tensor, so every decode step is the same graph); returns logits (B, V) for the last
-    token (or (B, S, V) for all)."""
+    token (or (B, S, V) for all). `visible` (a host int, eager cpu/cuda only) limits attention to the first
+    `visible` cache slots — the ones written so far — instead of all of them behind a mask."""
     cfg = hf.config
     model = hf.model
     slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)
     h = model.embed_tokens(input_ids)
     kinds = _layer_kinds(cfg)
+    key_mask = cache.key_mask[:, :visible]
     tables, biases = {}, {}
     for kind in set(kinds):
-        tables[kind] = _rotary(hf, h, positions, kind)
+        cos, sin = consts.tables[kind]
+        tables[kind] = F.embedding(positions, cos), F.embedding(positions, sin)
         window = cfg.sliding_window if kind == "sliding_attention" else None
-        biases[kind] = attention_bias(cache.key_mask, slots, window, h.dtype)
+        biases[kind] = attention_bias(key_mask, slots, window, h.dtype)
     for index, layer in enumerate(model.layers[: cfg.num_hidden_layers]):
         cos, sin = tables[kinds[index]]
-        attended = _attention(layer, layer.input_layernorm(h), cos, sin, cache, index, slots, biases[kinds[index]])
-        h = h + layer.post_attention_layernorm(attended)
-        h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), cos, sin, cache, index, slots,
+                              biases[kinds[index]], consts, visible)
+        h = h + _norm(layer.post_attention_layernorm, attended, consts)
+        h = h + _norm(layer.post_feedforward_layernorm, layer.mlp(_norm(layer.pre_feedforward_layernorm, h, consts)), consts)
     if logits_for_last:
         h = h[:, -1, :]
-    logits = hf.lm_head(model.norm(h))
+    logits = hf.lm_head(_norm(model.norm, h, consts))
     softcap = getattr(cfg, "final_logit_softcapping", None)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
@@ -156,3 +253,77 @@ def compiled_forward() -> object:
     """`forward` under `torch.compile` (static shapes): inductor fuses the norms, rotary, softmax and sampling
     arithmetic around the matmuls. Compiles once per model and shape (prompt bucket, batch), then reuses."""
     return torch.compile(forward, dynamic=False)
+def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                             group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
+
+    Rows are (B, P + N): left-padded prompts, then completions whose mask is 1 up to and including the stop
+    token. Every projection, norm and MLP runs on the real tokens only, packed into one (M, hidden) matrix:
+    each group's prompt once (rows come in groups of G sharing a prompt, as in `sampling.sample`), then every
+    completion token but the last. Attention unpacks them into two padded blocks — the prompts against
+    themselves, the completions against their group's prompt and their own earlier tokens — with the same
+    causal, padding and sliding-window rule as `attention_bias`. Returns (hidden (T, hidden), index (T,)):
+    the hidden state predicting completion token j of row b sits at flat index b·N + j, for the T real ones.
+
+    Reads the masks on the host (the packed sizes depend on them), so for cpu/cuda; autograd flows through
+    everything, so it serves the training forward as well as the log-prob forwards.
+    """
+    cfg, model = hf.config, hf.model
+    batch, total = input_ids.shape
+    plen, new = prompt_len, total - prompt_len
+    groups = batch // group_size
+    mask = attention_mask.bool()
+    prompt_mask, input_mask, target_mask = mask[::group_size, :plen], mask[:, plen:-1], mask[:, plen:]
+    if (target_mask[:, 1:] & ~input_mask).any():
+        raise ValueError("completion masks must be 1 up to the stop token and 0 after it (a gap was found)")
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)  # into (groups · P)
+    input_index = input_mask.reshape(-1).nonzero().squeeze(1)  # into (B · (N − 1))
+    n_prompt = prompt_index.numel()
+    tokens = torch.cat([input_ids[::group_size, :plen].reshape(-1)[prompt_index], input_ids[:, plen:-1].reshape(-1)[input_index]])
+    token_pos = torch.cat([positions[::group_size, :plen].reshape(-1)[prompt_index], positions[:, plen:-1].reshape(-1)[input_index]])
+
+    device = input_ids.device
+    kinds = _layer_kinds(cfg)
+    consts = Constants.build(hf, int(token_pos.max()) + 1, norms=False)  # norms stay live: they may be trained
+    completion_keys = torch.cat([prompt_mask.repeat_interleave(group_size, 0), input_mask], dim=1)
+    tables, prompt_bias, completion_bias = {}, {}, {}
+    h = model.embed_tokens(tokens)
+    for kind in set(kinds):
+        cos, sin = consts.tables[kind]
+        tables[kind] = F.embedding(token_pos, cos).unsqueeze(1), F.embedding(token_pos, sin).unsqueeze(1)
+        window = cfg.sliding_window if kind == "sliding_attention" else None
+        prompt_bias[kind] = attention_bias(prompt_mask, torch.arange(plen, device=device), window, h.dtype)
+        completion_bias[kind] = attention_bias(completion_keys, torch.arange(plen, total - 1, device=device), window, h.dtype)
+
+    def unpack(x: torch.Tensor, index: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+        """(m, heads, D) real tokens → (rows, heads, width, D) with zeros at padding."""
+        padded = x.new_zeros(rows * width, *x.shape[1:]).index_copy(0, index, x)
+        return padded.view(rows, width, *x.shape[1:]).transpose(1, 2)
+
+    def repack(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, x.shape[-1]).index_select(0, index)
+
+    for i, layer in enumerate(model.layers[: cfg.num_hidden_layers]):
+        attn, kind = layer.self_attn, kinds[i]
+        q, k, v = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], None)  # (M, heads, D)
+        prompt_k, prompt_v = unpack(k[:n_prompt], prompt_index, groups, plen), unpack(v[:n_prompt], prompt_index, groups, plen)
+        out = [repack(_attend(attn, unpack(q[:n_prompt], prompt_index, groups, plen), prompt_k, prompt_v, prompt_bias[kind]),
+                      prompt_index)]
+        if new > 1:
+            keys = torch.cat([prompt_k.repeat_interleave(group_size, 0), unpack(k[n_prompt:], input_index, batch, new - 1)], 2)
+            values = torch.cat([prompt_v.repeat_interleave(group_size, 0), unpack(v[n_prompt:], input_index, batch, new - 1)], 2)
+            queries = unpack(q[n_prompt:], input_index, batch, new - 1)
+            out.append(repack(_attend(attn, queries, keys, values, completion_bias[kind]), input_index))
+        h = h + _norm(layer.post_attention_layernorm, attn.o_proj(torch.cat(out)))
+        h = h + _norm(layer.post_feedforward_layernorm, layer.mlp(_norm(layer.pre_feedforward_layernorm, h)))
+
+    # completion token 0 is predicted by its prompt's last token, token j > 0 by completion token j − 1
+    target_index = target_mask.reshape(-1).nonzero().squeeze(1)
+    row, col = target_index // new, target_index % new
+    last_prompt = prompt_mask.sum(1).cumsum(0) - 1  # packed position of each prompt's last (real) token
+    input_rank = torch.full((batch * max(new - 1, 1),), -1, dtype=torch.long, device=device)
+    input_rank[input_index] = torch.arange(input_index.numel(), device=device)
+    source = torch.where(col == 0, last_prompt[row // group_size],
+                         n_prompt + input_rank[(row * (new - 1) + col - 1).clamp(min=0)])
+    return _norm(model.norm, h.index_select(0, source)), target_index

@@ -6,8 +6,9 @@ Static shapes everywhere, so XLA compiles a handful of graphs once and then only
 - one prefill forward fills a static KV cache of length P + N, then N − 1 single-token decode forwards
   read and write it at a device-side position (no `.item()`, no Python `if` on device values);
 - Gemma runs through `decoder.forward`, a lean forward on the model's own modules (see there why).
-On CPU/GPU the loop may stop early when every row has finished (a cheap host check there); on XLA it
-never looks at device values. Prefill and decode run inside the compile monitor's phases.
+On CPU/GPU (cheap host checks) the loop stops early when every row has finished, and the eager lean
+sampler also drops finished rows from the batch and attends to the cache slots written so far only; on
+XLA it never looks at device values. Prefill and decode run inside the compile monitor's phases.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class Rollout:
     @property
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+
+COMPACT_BELOW = 0.75
+"""Eager cpu/cuda rollouts drop finished rows from the batch once at most this share of it is still running
+(each drop copies the KV cache of the rows kept, so not at every finished row)."""
 
 
 def bucket_length(length: int, bucket: int) -> int:
@@ -138,9 +144,10 @@ def choose_tokens(
         u = uniforms if uniforms is not None else torch.rand(cdf.shape[:-1], device=cdf.device)
         target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
         tokens = (cdf < target).sum(-1).clamp(max=cdf.shape[-1] - 1)
-        # a token of probability 0 (filtered out) can only be hit through rounding at a flat stretch of
-        # the CDF; step back to the last token with mass
-        tokens = torch.where(torch.isinf(filtered.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)), filtered.argmax(-1), tokens)
+        if filtered is not scaled:
+            # a token of probability 0 (filtered out) can only be hit through rounding at a flat stretch of
+            # the CDF; step back to the last token with mass
+            tokens = torch.where(torch.isinf(filtered.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)), filtered.argmax(-1), tokens)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -203,8 +210,10 @@ def sample(
     with monitor.phase("prefill", **shapes):
         if lean:
             first = slice(None, None, group_size)
+            consts = decoder.Constants.build(hf, total)
             cache = decoder.KVCache.empty(hf, batch // group_size, total, full_mask[first])
-            logits = decoder.forward(hf, prompt_ids[first], positions[first], cache, torch.zeros_like(step_index))
+            logits = decoder.forward(hf, prompt_ids[first], positions[first], cache, torch.zeros_like(step_index), consts,
+                                     visible=plen if can_peek else None)
             if group_size > 1:
                 cache, logits = cache.repeat_interleave(group_size, full_mask), logits.repeat_interleave(group_size, 0)
         else:
@@ -217,24 +226,38 @@ def sample(
         mark_step(device)
     # Per-step results are kept in lists and stacked once at the end: writing into a buffer at a Python
     # index t would bake t into the graph and compile one graph per token on XLA.
-    step_tokens, step_logprobs, step_alive = [], [], []
+    step_tokens, step_logprobs, step_alive, step_rows = [], [], [], []
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     pad = torch.full_like(token, pad_id)
     next_pos = positions[:, -1:] + 1
     cache_pos = torch.tensor([plen], device=device)
+    # eager lean cpu/cuda: finished rows leave the batch (`rows` = the batch rows still decoding)
+    compact = lean and can_peek and not compiled
+    rows = torch.arange(batch, device=device)
     with monitor.phase("decode", **shapes):
         for t in range(max_new_tokens):
-            written = torch.where(alive, token, pad)
+            written = torch.where(alive, token, pad[: len(rows)])
+            step_rows.append(rows)
             step_tokens.append(written)
             step_logprobs.append(torch.where(alive, logprob, torch.zeros_like(logprob)))
             step_alive.append(alive)
             alive = alive & ~(token.unsqueeze(-1) == stop).any(-1)  # torch.isin has no XLA lowering (CPU fallback, host sync)
             if t == max_new_tokens - 1:
                 break
-            if can_peek and not bool(alive.any()):
-                break
+            if can_peek:
+                running = int(alive.sum())
+                if running == 0:
+                    break
+                if compact and running <= COMPACT_BELOW * len(rows):
+                    keep = alive.nonzero().squeeze(1)
+                    rows, alive, written, next_pos = rows[keep], alive[keep], written[keep], next_pos[keep]
+                    cache = cache.select_rows(keep)
+                    if uniforms is not None:
+                        uniforms = uniforms[keep]
             if lean:
-                logits = lean_forward(hf, written.unsqueeze(1), next_pos, cache, cache_pos)
+                # eager cpu/cuda attend to the slots written so far only; XLA and compiled keep one shape
+                visible = plen + t + 1 if compact else None
+                logits = lean_forward(hf, written.unsqueeze(1), next_pos, cache, cache_pos, consts, visible=visible)
             else:
                 logits = model(
                     input_ids=written.unsqueeze(1), attention_mask=full_mask, position_ids=next_pos, past_key_values=cache,
@@ -246,13 +269,21 @@ def sample(
             cache_pos = cache_pos + 1
             mark_step(device)
         missing = max_new_tokens - len(step_tokens)  # CPU/GPU early stop: every row already finished
+        if compact:  # scatter the steps decoded on fewer rows back to the whole batch
+            def scatter(fill: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
+                return [fill.index_copy(0, r, x) for r, x in zip(step_rows, values, strict=True)]
+
+            step_tokens = scatter(pad, step_tokens)
+            step_logprobs = scatter(torch.zeros_like(pad, dtype=logprob.dtype), step_logprobs)
+            step_alive = scatter(torch.zeros_like(pad, dtype=torch.bool), step_alive)
         tokens = torch.stack(step_tokens + [pad] * missing, dim=1)
         logprobs = torch.stack(step_logprobs + [torch.zeros_like(step_logprobs[0])] * missing, dim=1)
-        mask = torch.stack(step_alive + [torch.zeros_like(alive)] * missing, dim=1).long()
+        mask = torch.stack(step_alive + [torch.zeros_like(step_alive[0])] * missing, dim=1).long()
+        truncated = torch.zeros(batch, dtype=torch.bool, device=device).index_copy(0, rows, alive) if compact else alive
         mark_step(device)
     if was_training:
         model.train()
-    return Rollout(prompt_ids, prompt_mask, tokens, mask, logprobs, alive)
+    return Rollout(prompt_ids, prompt_mask, tokens, mask, logprobs, truncated)
 
 
 def completion_logprobs(
@@ -263,6 +294,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_rows: int | None = None,
     group_size: int = 1,
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
 
@@ -275,9 +307,31 @@ def completion_logprobs(
     B·(P + N). Same values (the prompt rows are the same numbers), and gradients flow back through the
     repeat, so the result and its gradient equal the plain forward's up to float summation order. Under
     gradient checkpointing HF drops the cache inside its layers, so there the plain forward runs instead.
+
+    `padding_free` (Gemma on cpu/cuda): `decoder.packed_completion_hidden` computes the real tokens only —
+    no left padding, no padding after the stop tokens, each group's prompt once — and the LM head runs on
+    the real completion tokens only; log-probs and entropies at padding are 0. The completion masks must be
+    1 up to the stop token and 0 after it, as `sample` makes them.
     """
     hf = base_model(model)
-    if group_size > 1 and not (hf.training and _checkpointing(hf)):
+    targets = input_ids[:, prompt_len:]
+    softcap = getattr(hf.config, "final_logit_softcapping", None)
+    checkpointing = hf.training and _checkpointing(hf)
+    if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
+        check_grouped(input_ids[:, :prompt_len], group_size)
+        hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
+        width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
+        rows = -(-index.numel() // width)
+        hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
+        flat_targets = targets.reshape(-1)[index]
+        flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
+        logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap, chunk_rows)
+
+        def unpacked(x: torch.Tensor) -> torch.Tensor:
+            return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
+
+        return unpacked(logp), unpacked(entropy)
+    if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
         # use_cache=False also avoids Gemma 3's sliding-window cache, which crashes on XLA
@@ -285,8 +339,6 @@ def completion_logprobs(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
             use_cache=False,
         ).last_hidden_state[:, prompt_len - 1 : -1, :]
-    targets = input_ids[:, prompt_len:]
-    softcap = getattr(hf.config, "final_logit_softcapping", None)
     return token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets, temperature, softcap, chunk_rows)
 
 

@@ -62,6 +62,8 @@ def grouped_batch(groups: int = 3, group: int = 4, prompt: int = 20, new: int = 
     completion_ids = torch.randint(6, 100, (groups * group, new), generator=gen)
     completion_mask = torch.ones_like(completion_ids)
     completion_mask[1, 9:] = 0
+    completion_mask[5, 3:] = 0
+    completion_mask[6, 1:] = 0  # stopped at its first token
     completion_ids = completion_ids.masked_fill(completion_mask == 0, 0)
     return prompt_ids, prompt_mask, completion_ids, completion_mask
 
@@ -81,7 +83,8 @@ def test_lean_prefill_logits_equal_hf_forward(name):
         ref = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=False).logits
         cache = decoder.KVCache.empty(hf, prompt_ids.shape[0], prompt_ids.shape[1] + 4,
                                       torch.cat([prompt_mask, torch.ones(prompt_ids.shape[0], 4, dtype=torch.long)], 1))
-        lean = decoder.forward(hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), logits_for_last=False)
+        consts = decoder.Constants.build(hf, prompt_ids.shape[1] + 4)
+        lean = decoder.forward(hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), consts, logits_for_last=False)
     real = prompt_mask.bool()
     assert (lean[real] - ref[real]).abs().max() < 1e-5
 
@@ -94,6 +97,22 @@ def test_lean_sampler_equals_hf_sampler(name):
     rolls = [sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
                     lean=lean) for lean in (True, False)]
     assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
+    assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_finished_rows_leaving_the_batch_change_nothing(name):
+    """With many stop tokens rows finish at different steps, so the eager lean sampler drops them from the
+    batch several times; tokens, log-probs, masks and truncation equal the fixed-batch HF-forward sampler's."""
+    model = MODELS[name]()
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    stops = list(range(1, 20))
+    rolls = [sample(model, prompt_ids, prompt_mask, 24, stops, 0, temperature=1.0, generator=torch.Generator().manual_seed(4),
+                    group_size=4, lean=lean) for lean in (True, False)]
+    lengths = rolls[1].completion_mask.sum(1)
+    assert (lengths <= 3).float().mean() >= 0.25 and lengths.max() > 6  # rows did leave while others ran on
+    for field in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(rolls[0], field), getattr(rolls[1], field)), field
     assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
 
 
@@ -117,22 +136,37 @@ def test_group_size_rejects_rows_that_are_not_grouped():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(name):
+def test_shared_and_padding_free_logprobs_and_gradients_equal_the_plain_forward(name):
+    """Group-shared prompts (HF cache) and the padding-free packed forward, with and without sharing: the
+    same log-probs, entropies and gradients (all parameters: norms, embeddings, LoRA) as HF's plain forward."""
     model = MODELS[name]().train()
     prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch()
     ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     weights = torch.randn(completion_ids.shape, generator=torch.Generator().manual_seed(2)) * completion_mask
     params = [p for p in model.parameters() if p.requires_grad]
-    results = []
-    for group in (1, 4):
-        logp, entropy = completion_logprobs(model, ids, attn, prompt_ids.shape[1], temperature=0.7, group_size=group)
-        grads = torch.autograd.grad((logp * weights).sum(), params)
-        results.append((logp.detach(), entropy.detach(), grads))
-    (lp1, en1, g1), (lp4, en4, g4) = results
+    results = {}
+    for group, packed in ((1, False), (4, False), (1, True), (4, True)):
+        logp, entropy = completion_logprobs(model, ids, attn, prompt_ids.shape[1], temperature=0.7, group_size=group,
+                                            padding_free=packed)
+        grads = torch.autograd.grad((logp * weights).sum() + (entropy * weights).sum(), params)
+        results[group, packed] = (logp.detach(), entropy.detach(), grads)
+    lp1, en1, g1 = results[1, False]
     real = completion_mask.bool()
-    assert (lp1 - lp4)[real].abs().max() < 1e-5 and (en1 - en4)[real].abs().max() < 1e-5
-    for a, b in zip(g1, g4, strict=True):
-        assert (a - b).norm() <= 1e-5 * a.norm() + 1e-7
+    for key, (lp, en, g) in results.items():
+        assert (lp1 - lp)[real].abs().max() < 1e-5 and (en1 - en)[real].abs().max() < 1e-5, key
+        for a, b in zip(g1, g, strict=True):
+            assert (a - b).norm() <= 1e-5 * a.norm() + 1e-7, key
+        if key[1]:  # padding-free: nothing computed at padding
+            assert not lp[~real].any() and not en[~real].any()
+
+
+def test_padding_free_rejects_a_gap_in_the_completion_mask():
+    model = gemma3_sliding()
+    prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch()
+    completion_mask[0, 4] = 0  # a hole before later real tokens: not something `sample` produces
+    ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    with pytest.raises(ValueError, match="gap"):
+        completion_logprobs(model, ids, attn, prompt_ids.shape[1], padding_free=True)
 
 
 def test_shared_prompt_forward_with_one_completion_token():
@@ -142,25 +176,28 @@ def test_shared_prompt_forward_with_one_completion_token():
     with torch.no_grad():
         a, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1])
         b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4)
-    assert b.shape == (12, 1) and (a - b).abs().max() < 1e-5
+        c, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4, padding_free=True)
+    assert b.shape == c.shape == (12, 1) and (a - b).abs().max() < 1e-5 and (a - c).abs().max() < 1e-5
 
 
-def test_grpo_step_same_with_and_without_prompt_sharing(sft_state, task):
-    """Two trainer steps from the same weights: same rollouts, rewards, losses and gradient norms."""
+def test_grpo_step_same_with_and_without_prompt_sharing_and_padding(sft_state, task):
+    """Two trainer steps from the same weights — padding-free and shared (the default), shared only, plain:
+    same rollouts, rewards, losses and gradient norms."""
     from grpo_kit.models import load_model
 
     rows = []
-    for share in (True, False):
+    for share, packed in ((True, True), (True, False), (False, False)):
         model, tok = load_model(ModelConfig(), torch.device("cpu"))
         model.load_state_dict(sft_state)
         cfg = GRPOConfig(prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=24, beta=0.04, log_kl=True,
-                         share_prompt_forward=share, output_dir=None, log_completions=0, reward_weights=DEFAULT_WEIGHTS)
+                         share_prompt_forward=share, padding_free=packed, output_dir=None, log_completions=0, reward_weights=DEFAULT_WEIGHTS)
         trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=5), cfg)
         rows.append([trainer.train_step() for _ in range(2)])
-    for shared, plain in zip(*rows, strict=True):
-        assert shared["reward_mean"] == plain["reward_mean"]
-        for key in ("policy_loss", "grad_norm", "kl"):
-            assert abs(shared[key] - plain[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
+    for packed, shared, plain in zip(*rows, strict=True):
+        for row in (packed, shared):
+            assert row["reward_mean"] == plain["reward_mean"]
+            for key in ("policy_loss", "grad_norm", "kl"):
+                assert abs(row[key] - plain[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
 
 
 def test_greedy_group_prefill_on_the_trained_tiny_gemma(sft_model, task):
