@@ -82,6 +82,7 @@ class GRPOTrainer:
         if cfg.ema_reference > 0 and is_lora(model):
             raise ValueError("GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
         self.stop_ids = stop_token_ids(tokenizer)
+        self.compile_sampler = cfg.compile_sampler if cfg.compile_sampler is not None else self.device.type == "cuda"
         self.generator = torch.Generator().manual_seed(cfg.seed)
         manual_seed(cfg.seed, self.device)
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
@@ -96,7 +97,7 @@ class GRPOTrainer:
         roll = sample(
             self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
-            group_size=cfg.group_size, compiled=cfg.compile_sampler,  # each prompt is prefilled once for its group
+            group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll

@@ -230,3 +230,13 @@ def test_shared_prompt_forward_under_gradient_checkpointing_equals_plain():
     b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4)
     real = completion_mask.bool()
     assert (a - b)[real].abs().max() < 1e-5
+
+
+def test_compile_sampler_default_is_on_for_cuda_only(task):
+    """None (the default) compiles the decode step on CUDA only; an explicit value wins."""
+    from grpo_kit.models import load_model
+
+    model, tok = load_model(ModelConfig(), torch.device("cpu"))
+    for setting, expected in ((None, False), (True, True), (False, False)):
+        cfg = GRPOConfig(compile_sampler=setting, output_dir=None)
+        assert GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg).compile_sampler is expected

@@ -1,0 +1,179 @@
+"""Correctness and speed of the kit's rollout and training forwards on a CUDA GPU (run by hand on a GPU box).
+
+CI has no GPU, so this script checks there what the CPU tests check here, then times the same work as
+`grpo-kit bench`'s rollout part, on two models: the demo's tiny Gemma 3 (fp32) and a randomly initialised
+Gemma 3 with gemma-3-270m's shapes (bf16; 262k vocabulary, sliding-window layers). Prints one JSON object.
+
+    python benchmarks/gpu_check.py [--repeats 3] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+from grpo_kit.config import ModelConfig
+from grpo_kit.models import load_model
+from grpo_kit.sampling import completion_logprobs, sample
+
+PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
+
+
+def gemma_270m_shaped(device: torch.device) -> torch.nn.Module:
+    config = Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                              max_position_embeddings=32768, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).to(device, torch.bfloat16).eval()
+
+
+def grouped_prompts(vocab: int, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, min(vocab, 100), (PROMPTS, PROMPT_LEN), generator=gen)
+    mask = torch.ones_like(ids)
+    for row in range(PROMPTS):  # left padding of 0–20 tokens
+        mask[row, : int(torch.randint(0, 21, (1,), generator=gen))] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids.repeat_interleave(GROUP, 0).to(device), mask.repeat_interleave(GROUP, 0).to(device)
+
+
+def timed(fn: object, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def correctness(model: torch.nn.Module) -> dict[str, float]:
+    """Rows leaving the batch and the padding-free forward, against the fixed-batch sampler and HF's forward
+    (full fp32 matmuls: with TF32 the two sides round differently, ~1e-3)."""
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        return _correctness(model)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+def _correctness(model: torch.nn.Module) -> dict[str, float]:
+    device = next(model.parameters()).device
+    ids, mask = grouped_prompts(model.config.vocab_size, device)
+    ids, mask = ids[:32], mask[:32]
+    rolls = [sample(model, ids, mask, 24, list(range(1, 20)), 0, temperature=1.0, generator=torch.Generator().manual_seed(4),
+                    group_size=GROUP, lean=lean) for lean in (True, False)]
+    out = {"sampler_same_tokens": float(torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)),
+           "sampler_logprob_max_diff": float((rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max()),
+           "sampler_rows_finished_by_token_3": float((rolls[1].completion_mask.sum(1) <= 3).float().mean())}
+    roll = rolls[1]
+    full_ids, full_mask = roll.input_ids, roll.attention_mask
+    weights = torch.randn(roll.completion_ids.shape, device=device) * roll.completion_mask
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = {}
+    for group, packed in ((1, False), (GROUP, True)):
+        logp, _ = completion_logprobs(model, full_ids, full_mask, ids.shape[1], 0.7, group_size=group, padding_free=packed)
+        results[packed] = (logp.detach(), torch.autograd.grad((logp * weights).sum(), params))
+    model.eval()
+    real = roll.completion_mask.bool()
+    (plain_lp, plain_g), (packed_lp, packed_g) = results[False], results[True]
+    out["padding_free_logprob_max_diff"] = float((plain_lp - packed_lp)[real].abs().max())
+    out["padding_free_grad_max_rel_diff"] = max(float((a - b).norm() / (a.norm() + 1e-12)) for a, b in zip(plain_g, packed_g, strict=True))
+    return out
+
+
+def rollout_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
+    device = next(model.parameters()).device
+    ids, mask = grouped_prompts(model.config.vocab_size, device)
+    tokens = ids.shape[0] * NEW
+
+    def kit(compiled: bool = False) -> None:
+        sample(model, ids, mask, NEW, [], 0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP,
+               compiled=compiled)
+
+    def hf() -> None:
+        model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                       max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=0)
+
+    kit(), hf()  # warm-up
+    first_compiled, _ = timed(lambda: kit(True), 1)
+    out = {"compiled_first_rollout_s": first_compiled}
+    for name, fn in (("kit", kit), ("hf_generate", hf), ("kit_compiled", lambda: kit(True))):
+        median, times = timed(fn, repeats)
+        out[f"{name}_tokens_per_s"] = tokens / median
+        out[f"{name}_all_s"] = times
+    out["kit_speedup"] = out["kit_tokens_per_s"] / out["hf_generate_tokens_per_s"]
+    out["kit_compiled_speedup"] = out["kit_compiled_tokens_per_s"] / out["hf_generate_tokens_per_s"]
+    return out
+
+
+def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
+    """Forward + backward of the log-prob forward on sampled completions (mean length as sampled), per mode."""
+    device = next(model.parameters()).device
+    ids, mask = grouped_prompts(model.config.vocab_size, device)
+    roll = sample(model, ids, mask, NEW, list(range(1, 40)), 0, temperature=1.0, generator=torch.Generator().manual_seed(1),
+                  group_size=GROUP).trimmed()
+    full_ids, full_mask = roll.input_ids, roll.attention_mask
+    model.train()
+    out = {"completion_length_mean": float(roll.completion_mask.sum(1).float().mean()), "width": roll.completion_ids.shape[1]}
+    for name, group, packed in (("plain", 1, False), ("shared", GROUP, False), ("padding_free", GROUP, True)):
+        def step(group: int = group, packed: bool = packed) -> None:
+            logp, _ = completion_logprobs(model, full_ids, full_mask, ids.shape[1], 1.0, group_size=group, padding_free=packed)
+            logp.sum().backward()
+            model.zero_grad(set_to_none=True)
+
+        step()
+        out[f"{name}_s"], _ = timed(step, repeats)
+    model.eval()
+    return out
+
+
+def trainer_steps(steps: int) -> dict[str, object]:
+    """The demo's GRPO settings on the tiny Gemma, on the GPU, with the defaults (compiled sampler on CUDA)."""
+    from grpo_kit.config import load_demo_config
+    from grpo_kit.grpo import GRPOTrainer
+    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.tasks import ArithmeticTask
+
+    cfg = load_demo_config("cpu-tiny")
+    model, tokenizer = load_model(cfg.model, torch.device("cuda"))
+    grpo = cfg.grpo
+    grpo.output_dir, grpo.log_completions, grpo.reward_weights = None, 0, grpo.reward_weights or DEFAULT_WEIGHTS
+    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, ArithmeticTask().prompt_stream(seed=1), grpo)
+    rows = [trainer.train_step() for _ in range(steps)]
+    return {"compile_sampler": trainer.compile_sampler, "step_s": [round(r["step_seconds"], 3) for r in rows],
+            "rollout_s": [round(r["rollout_seconds"], 3) for r in rows], "reward_mean": [round(r["reward_mean"], 3) for r in rows]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--trainer-steps", type=int, default=8)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    tiny, _ = load_model(ModelConfig(), device)
+    big = gemma_270m_shaped(device)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "tiny": {"dtype": str(tiny.dtype), "checks_fp32": correctness(copy.deepcopy(tiny).float()), "checks": correctness(tiny), "rollouts": rollout_speed(tiny, args.repeats), "update": update_speed(tiny, args.repeats)},
+              "trainer": trainer_steps(args.trainer_steps),
+              "gemma_270m_shaped_bf16": {"rollouts": rollout_speed(big, args.repeats), "update": update_speed(big, args.repeats)}}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
