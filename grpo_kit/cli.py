@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed reload |logit diff| (default 1e-4)")
-    p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a temp dir)")
+    p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a temporary folder, removed at the end)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_smoke)
     p = sub.add_parser("bench", help="kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy per second")

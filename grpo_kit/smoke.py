@@ -63,12 +63,19 @@ def run_smoke(
     tolerance: float = 1e-4,
     merge_tolerance: float = 1e-3,
 ) -> dict[str, Any]:
-    """Run the smoke test; returns the report (`ok` False when a reload differs by more than `tolerance`)."""
+    """Run the smoke test; returns the report (`ok` False when a reload differs by more than `tolerance`).
+    The adapter and merged export are written to `out_dir`, or to a temporary folder (≈ 1 GB for Gemma 3
+    270M) that is removed at the end."""
+    if out_dir is None:
+        with tempfile.TemporaryDirectory(prefix="grpo_kit_smoke_") as tmp:
+            report = run_smoke(model_name, tmp, device, lora_r, group_size, prompts_per_step, max_new_tokens, tolerance,
+                               merge_tolerance)
+        return {**report, "out_dir": None}
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
-    work = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="grpo_kit_smoke_"))
+    work = Path(out_dir)
     dev = get_device(device)
     resolved = resolve_model(model_name)
     # float32 everywhere: the reload comparisons are exact up to summation order, not bf16 rounding.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +62,10 @@ def test_push_without_a_token_says_what_to_do(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_smoke_on_the_real_gemma_270m_offline():
-    """The command as the README gives it; the model comes from the PyPI package (no hub here)."""
+    """The command as the README gives it; the model comes from the PyPI package (no hub here). Its ≈ 1 GB
+    temporary folder is gone afterwards."""
+    leftovers = lambda: set(Path(tempfile.gettempdir()).glob("grpo_kit_smoke_*"))  # noqa: E731
+    before = leftovers()
     proc = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "smoke", "--model", "gemma-3-270m", "--json"],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -74,6 +79,7 @@ def test_smoke_on_the_real_gemma_270m_offline():
     assert report["merge_vs_lora_max_abs_diff"] <= 1e-3
     assert report["merged_chat_template"] and report["merged_eos_token_ids"] == [1, 106]
     assert report["seconds"] > 0
+    assert report["out_dir"] is None and leftovers() == before
 
 
 def test_smoke_fails_loudly_on_a_model_it_cannot_load():
