@@ -80,6 +80,11 @@ def attention_bias(key_mask: torch.Tensor, slots: torch.Tensor, window: int | No
     return torch.zeros(visible.shape, dtype=dtype, device=key_mask.device).masked_fill(~visible, torch.finfo(dtype).min)
 
 
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counting only real tokens (left padding gets position 0), as HF generate does."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def _layer_kinds(cfg: object) -> list[str]:
     kinds = getattr(cfg, "layer_types", None)
     return list(kinds) if kinds else ["full_attention"] * cfg.num_hidden_layers
@@ -109,7 +114,8 @@ class Constants:
     position only, so they are looked up in tables for positions 0 … length − 1 (the model's rotary module
     fills them, so the values are the model's); `sin` is stored sign-folded, so rotating is
     x·cos + roll(x, D/2)·sin′ with sin′ = (−sin₁, sin₂) — the same numbers as x·cos + rotate_half(x)·sin.
-    Built without gradients, so only for forwards that do not train the norms (rollouts, or LoRA updates).
+    Built without gradients: forwards that train the norms build it with `norms=False` (no cached scales,
+    no fused projections) and keep reading the live weights.
     """
 
     norm_scales: dict[int, torch.Tensor]
@@ -125,11 +131,11 @@ class Constants:
     def build(cls, hf: torch.nn.Module, length: int, norms: bool = True) -> Constants:
         with torch.no_grad():
             scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
-            weight = hf.model.embed_tokens.weight
-            positions = torch.arange(length, device=weight.device)[None]
+            embedding = hf.model.embed_tokens.weight
+            positions = torch.arange(length, device=embedding.device)[None]
             tables = {}
             for kind in set(_layer_kinds(hf.config)):
-                cos, sin = (t[0] for t in _rotary(hf, weight[:1], positions, kind))
+                cos, sin = (t[0] for t in _rotary(hf, embedding[:1], positions, kind))
                 half = sin.shape[-1] // 2
                 tables[kind] = (cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
             fused = {}
@@ -147,6 +153,11 @@ class Constants:
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
                 fused[id(attn)] = (weight, bias, qk_scale)
         return cls(scales, tables, fused)
+
+    def rope(self, kind: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin at `positions` (any shape) → (*positions.shape, head_dim) each."""
+        cos, sin = self.tables[kind]
+        return F.embedding(positions, cos), F.embedding(positions, sin)
 
 
 def _norm(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
@@ -229,8 +240,7 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     key_mask = cache.key_mask[:, :visible]
     tables, biases = {}, {}
     for kind in set(kinds):
-        cos, sin = consts.tables[kind]
-        tables[kind] = F.embedding(positions, cos), F.embedding(positions, sin)
+        tables[kind] = consts.rope(kind, positions)
         window = cfg.sliding_window if kind == "sliding_attention" else None
         biases[kind] = attention_bias(key_mask, slots, window, h.dtype)
     for index, layer in enumerate(model.layers[: cfg.num_hidden_layers]):
@@ -253,6 +263,8 @@ def compiled_forward() -> object:
     """`forward` under `torch.compile` (static shapes): inductor fuses the norms, rotary, softmax and sampling
     arithmetic around the matmuls. Compiles once per model and shape (prompt bucket, batch), then reuses."""
     return torch.compile(forward, dynamic=False)
+
+
 def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                              group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
@@ -276,7 +288,7 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
     prompt_mask, input_mask, target_mask = mask[::group_size, :plen], mask[:, plen:-1], mask[:, plen:]
     if (target_mask[:, 1:] & ~input_mask).any():
         raise ValueError("completion masks must be 1 up to the stop token and 0 after it (a gap was found)")
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids_from_mask(mask)
     prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)  # into (groups · P)
     input_index = input_mask.reshape(-1).nonzero().squeeze(1)  # into (B · (N − 1))
     n_prompt = prompt_index.numel()
@@ -290,8 +302,7 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
     tables, prompt_bias, completion_bias = {}, {}, {}
     h = model.embed_tokens(tokens)
     for kind in set(kinds):
-        cos, sin = consts.tables[kind]
-        tables[kind] = F.embedding(token_pos, cos).unsqueeze(1), F.embedding(token_pos, sin).unsqueeze(1)
+        tables[kind] = tuple(t.unsqueeze(1) for t in consts.rope(kind, token_pos))
         window = cfg.sliding_window if kind == "sliding_attention" else None
         prompt_bias[kind] = attention_bias(prompt_mask, torch.arange(plen, device=device), window, h.dtype)
         completion_bias[kind] = attention_bias(completion_keys, torch.arange(plen, total - 1, device=device), window, h.dtype)

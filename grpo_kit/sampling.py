@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from . import decoder
+from .decoder import position_ids_from_mask
 from .device import compile_monitor, host_syncs_are_cheap, mark_step, shard_batch
 from .losses import token_logprobs_and_entropy
 from .models import base_model
@@ -102,11 +103,6 @@ def check_grouped(prompt_ids: torch.Tensor, group_size: int) -> None:
     if group_size > 1 and (prompt_ids.shape[0] % group_size or (prompt_ids.device.type == "cpu" and not torch.equal(
             prompt_ids[::group_size].repeat_interleave(group_size, 0), prompt_ids))):
         raise ValueError(f"group_size={group_size}: prompt rows must come in runs of {group_size} identical rows")
-
-
-def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Positions counting only real tokens (left padding gets position 0), as HF generate does."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def choose_tokens(
