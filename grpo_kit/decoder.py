@@ -49,6 +49,9 @@ class KVCache:
     values: list[torch.Tensor]
     key_mask: torch.Tensor
     """(B, T) bool: slot j holds a real token (left padding and never-written slots are False)."""
+    key_bias: torch.Tensor | None = None
+    """(B, T) additive attention bias from `key_mask` (0 or the lowest float), made by the first decode step
+    that needs it and reused by the rest."""
 
     @classmethod
     def empty(cls, hf: torch.nn.Module, batch: int, length: int, key_mask: torch.Tensor) -> KVCache:
@@ -58,10 +61,19 @@ class KVCache:
         layers = range(cfg.num_hidden_layers)
         return cls([weight.new_zeros(shape) for _ in layers], [weight.new_zeros(shape) for _ in layers], key_mask.bool())
 
+    def decode_bias(self, visible: int, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, 1, visible) bias for one new token written at slot visible − 1 (no window cuts into it): it
+        sees every real key up to itself, so the bias depends on the key mask only."""
+        if self.key_bias is None or self.key_bias.dtype != dtype:
+            self.key_bias = torch.zeros(self.key_mask.shape, dtype=dtype, device=self.key_mask.device).masked_fill(
+                ~self.key_mask, torch.finfo(dtype).min)
+        return self.key_bias[:, None, None, :visible]
+
     def select_rows(self, rows: torch.Tensor) -> KVCache:
         """The cache of the given batch rows only (finished rows leaving an eager rollout)."""
         return KVCache([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values],
-                       self.key_mask.index_select(0, rows))
+                       self.key_mask.index_select(0, rows),
+                       self.key_bias.index_select(0, rows) if self.key_bias is not None else None)
 
     def repeat_interleave(self, repeats: int, key_mask: torch.Tensor) -> KVCache:
         """Each row `repeats` times in a row (a prompt's cache shared by its group), with a new key mask."""
@@ -163,12 +175,30 @@ class Constants:
 def _norm(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
     """Gemma's RMSNorm as one `F.rms_norm` (other norm classes: the module itself). Without a cached scale
     the scale is taken from the live weight, so gradients reach it."""
-    if type(module).__name__ not in GEMMA_NORMS:
-        return module(x)
     scale = consts.norm_scales.get(id(module)) if consts is not None else None
     if scale is None:
+        if type(module).__name__ not in GEMMA_NORMS:
+            return module(x)
         scale = 1.0 + module.weight.float()
+    if x.dtype == torch.float32:  # skips two no-op conversions: a rollout makes ~20 norm calls per token
+        return F.rms_norm(x, scale.shape, scale, module.eps)
     return F.rms_norm(x.float(), scale.shape, scale, module.eps).to(x.dtype)
+
+
+def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A plain `nn.Linear` as `F.linear` on its weights (no module call: a decode step makes ~25 of them, and
+    the call machinery costs as much as the small matmul itself); anything else (LoRA) through the module."""
+    if type(module) is torch.nn.Linear:
+        return F.linear(x, module.weight, module.bias)
+    return module(x)
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Gemma's gated MLP, down(act(gate(x)) · up(x)), as HF computes it; transformers' `GELUTanh` module is
+    called through the function it wraps."""
+    act = mlp.act_fn
+    act = act.act if type(act).__name__ == "GELUTanh" else act
+    return _linear(mlp.down_proj, act(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
@@ -181,9 +211,17 @@ def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: 
     head's keys, so keys are never copied per query head."""
     batch, heads, length, head_dim = q.shape
     kv_heads = keys.shape[1]
+    softcap = getattr(attn, "attn_logit_softcapping", None)
+    if length == 1 and softcap is None and not attn.training:
+        # one query per row (decode steps): the scaling and the bias ride on the score matmul (`baddbmm`)
+        rows = batch * kv_heads
+        scores = torch.baddbmm(bias.expand(batch, kv_heads, 1, -1).reshape(rows, 1, -1),
+                               q.reshape(rows, heads // kv_heads, head_dim), keys.reshape(rows, -1, head_dim).transpose(1, 2),
+                               alpha=attn.scaling)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.bmm(weights, values.reshape(rows, -1, head_dim)).view(batch, 1, heads * head_dim)
     q = q.reshape(batch, kv_heads, heads // kv_heads * length, head_dim)
     scores = torch.matmul(q, keys.transpose(2, 3)) * attn.scaling
-    softcap = getattr(attn, "attn_logit_softcapping", None)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(batch, kv_heads, heads // kv_heads, length, -1) + bias.unsqueeze(1)
@@ -209,9 +247,9 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
             qk = (F.rms_norm(qk.float(), (head_dim,), eps=attn.q_norm.eps) * qk_scale).to(x.dtype)
         qk = _rotate(qk, cos, sin)
         return qk[..., :-kv_heads, :], qk[..., -kv_heads:, :], v
-    q = attn.q_proj(x).unflatten(-1, (-1, head_dim))
-    k = attn.k_proj(x).unflatten(-1, (-1, head_dim))
-    v = attn.v_proj(x).unflatten(-1, (-1, head_dim))
+    q = _linear(attn.q_proj, x).unflatten(-1, (-1, head_dim))
+    k = _linear(attn.k_proj, x).unflatten(-1, (-1, head_dim))
+    v = _linear(attn.v_proj, x).unflatten(-1, (-1, head_dim))
     if getattr(attn, "q_norm", None) is not None:  # Gemma 3
         q, k = _norm(attn.q_norm, q, consts), _norm(attn.k_norm, k, consts)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
@@ -223,7 +261,7 @@ def _attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: 
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
     keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :visible]
     values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :visible]
-    return attn.o_proj(_attend(attn, q.transpose(1, 2), keys, values, bias))
+    return _linear(attn.o_proj, _attend(attn, q.transpose(1, 2), keys, values, bias))
 
 
 def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: torch.Tensor,
@@ -231,7 +269,7 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     """Run S new tokens (B, S) at RoPE positions (B, S), written to cache slots start … start + S − 1 (`start`
     a one-element device tensor, so every decode step is the same graph); returns logits (B, V) for the last
     token (or (B, S, V) for all). `visible` (a host int, eager cpu/cuda only) limits attention to the first
-    `visible` cache slots — the ones written so far — instead of all of them behind a mask."""
+    `visible` cache slots — the ones written so far, so `start` + S — instead of all of them behind a mask."""
     cfg = hf.config
     model = hf.model
     slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -242,16 +280,21 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     for kind in set(kinds):
         tables[kind] = consts.rope(kind, positions)
         window = cfg.sliding_window if kind == "sliding_attention" else None
-        biases[kind] = attention_bias(key_mask, slots, window, h.dtype)
-    for index, layer in enumerate(model.layers[: cfg.num_hidden_layers]):
+        if visible is not None and input_ids.shape[1] == 1 and (window is None or window >= visible):
+            biases[kind] = cache.decode_bias(visible, h.dtype)  # one op instead of ~8 per step
+        else:
+            biases[kind] = attention_bias(key_mask, slots, window, h.dtype)
+    layers = model.layers
+    for index in range(cfg.num_hidden_layers):
+        layer = layers[index]
         cos, sin = tables[kinds[index]]
         attended = _attention(layer, _norm(layer.input_layernorm, h, consts), cos, sin, cache, index, slots,
                               biases[kinds[index]], consts, visible)
         h = h + _norm(layer.post_attention_layernorm, attended, consts)
-        h = h + _norm(layer.post_feedforward_layernorm, layer.mlp(_norm(layer.pre_feedforward_layernorm, h, consts)), consts)
+        h = h + _norm(layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts)), consts)
     if logits_for_last:
         h = h[:, -1, :]
-    logits = hf.lm_head(_norm(model.norm, h, consts))
+    logits = _linear(hf.lm_head, _norm(model.norm, h, consts))
     softcap = getattr(cfg, "final_logit_softcapping", None)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
@@ -315,7 +358,9 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
     def repack(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return x.reshape(-1, x.shape[-1]).index_select(0, index)
 
-    for i, layer in enumerate(model.layers[: cfg.num_hidden_layers]):
+    layers = model.layers
+    for i in range(cfg.num_hidden_layers):
+        layer = layers[i]
         attn, kind = layer.self_attn, kinds[i]
         q, k, v = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], None)  # (M, heads, D)
         prompt_k, prompt_v = unpack(k[:n_prompt], prompt_index, groups, plen), unpack(v[:n_prompt], prompt_index, groups, plen)
@@ -326,8 +371,8 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
             values = torch.cat([prompt_v.repeat_interleave(group_size, 0), unpack(v[n_prompt:], input_index, batch, new - 1)], 2)
             queries = unpack(q[n_prompt:], input_index, batch, new - 1)
             out.append(repack(_attend(attn, queries, keys, values, completion_bias[kind]), input_index))
-        h = h + _norm(layer.post_attention_layernorm, attn.o_proj(torch.cat(out)))
-        h = h + _norm(layer.post_feedforward_layernorm, layer.mlp(_norm(layer.pre_feedforward_layernorm, h)))
+        h = h + _norm(layer.post_attention_layernorm, _linear(attn.o_proj, torch.cat(out)))
+        h = h + _norm(layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h)))
 
     # completion token 0 is predicted by its prompt's last token, token j > 0 by completion token j − 1
     target_index = target_mask.reshape(-1).nonzero().squeeze(1)

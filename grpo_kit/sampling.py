@@ -7,8 +7,8 @@ Static shapes everywhere, so XLA compiles a handful of graphs once and then only
   read and write it at a device-side position (no `.item()`, no Python `if` on device values);
 - Gemma runs through `decoder.forward`, a lean forward on the model's own modules (see there why).
 On CPU/GPU (cheap host checks) the loop stops early when every row has finished, and the eager lean
-sampler also drops finished rows from the batch and attends to the cache slots written so far only; on
-XLA it never looks at device values. Prefill and decode run inside the compile monitor's phases.
+sampler also drops finished rows from the batch, skips the left-padding columns that every prompt has and
+attends to the cache slots written so far only; on XLA it never looks at device values. Prefill and decode run inside the compile monitor's phases.
 """
 
 from __future__ import annotations
@@ -178,13 +178,20 @@ def sample(
     monitor = compile_monitor()
     was_training = model.training
     model.eval()
-    batch, plen = prompt_ids.shape
     check_grouped(prompt_ids, group_size)
-    total = plen + max_new_tokens
     prompt_ids, prompt_mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
-    shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
+    given_ids, given_mask = prompt_ids, prompt_mask
     hf = base_model(model)
     lean = decoder.supports(hf) if lean is None else lean
+    # eager lean cpu/cuda: finished rows leave the batch, attention reads the slots written so far only, and
+    # the left-padding columns that every prompt has are dropped (they would only be masked out)
+    compact = lean and can_peek and not compiled
+    if compact:
+        first = int(prompt_mask.any(0).int().argmax())
+        prompt_ids, prompt_mask = prompt_ids[:, first:], prompt_mask[:, first:]
+    batch, plen = prompt_ids.shape
+    total = plen + max_new_tokens
+    shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
     lean_forward = decoder.compiled_forward() if lean and compiled and can_peek else decoder.forward
     full_mask = torch.cat([prompt_mask, torch.ones(batch, max_new_tokens, dtype=prompt_mask.dtype, device=device)], 1)
     positions = position_ids_from_mask(prompt_mask)
@@ -227,9 +234,7 @@ def sample(
     pad = torch.full_like(token, pad_id)
     next_pos = positions[:, -1:] + 1
     cache_pos = torch.tensor([plen], device=device)
-    # eager lean cpu/cuda: finished rows leave the batch (`rows` = the batch rows still decoding)
-    compact = lean and can_peek and not compiled
-    rows = torch.arange(batch, device=device)
+    rows = torch.arange(batch, device=device)  # the batch rows still decoding (fewer once rows leave)
     with monitor.phase("decode", **shapes):
         for t in range(max_new_tokens):
             written = torch.where(alive, token, pad[: len(rows)])
@@ -279,7 +284,7 @@ def sample(
         mark_step(device)
     if was_training:
         model.train()
-    return Rollout(prompt_ids, prompt_mask, tokens, mask, logprobs, truncated)
+    return Rollout(given_ids, given_mask, tokens, mask, logprobs, truncated)
 
 
 def completion_logprobs(

@@ -18,10 +18,10 @@ from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 from grpo_kit.sampling import completion_logprobs, encode_prompts, sample
 
 
-def gemma3_sliding() -> torch.nn.Module:
-    """The tiny Gemma 3 with half its layers on a 6-token sliding window (shorter than the prompts)."""
+def gemma3_sliding(window: int = 6) -> torch.nn.Module:
+    """The tiny Gemma 3 with half its layers on a sliding window (6 tokens: shorter than the prompts)."""
     cfg = {k: v for k, v in TINY_CONFIG.items() if k != "architectures"}
-    cfg.update(sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2)
+    cfg.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"] * 2)
     config = AutoConfig.for_model(**cfg)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -113,6 +113,23 @@ def test_finished_rows_leaving_the_batch_change_nothing(name):
     assert (lengths <= 3).float().mean() >= 0.25 and lengths.max() > 6  # rows did leave while others ran on
     for field in ("completion_ids", "completion_mask", "truncated"):
         assert torch.equal(getattr(rolls[0], field), getattr(rolls[1], field)), field
+    assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
+
+
+def test_common_left_padding_and_a_window_the_rollout_outgrows():
+    """Prompts that all begin with padding columns (the eager sampler drops them) and sliding layers whose
+    window the rollout outgrows half-way (decode steps go from the cached key bias to the windowed one):
+    the same tokens, log-probs and masks as through HF's forward, and the rollout keeps the prompts as given."""
+    model = gemma3_sliding(window=24)
+    prompt_ids, prompt_mask, _, _ = grouped_batch()  # 20 columns, 11 to 20 real tokens
+    padding = torch.zeros(prompt_ids.shape[0], 5, dtype=torch.long)
+    prompt_ids, prompt_mask = torch.cat([padding, prompt_ids], 1), torch.cat([padding, prompt_mask], 1)
+    rolls = [sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(5),
+                    group_size=4, lean=lean) for lean in (True, False)]
+    assert torch.equal(rolls[0].prompt_ids, prompt_ids) and torch.equal(rolls[0].prompt_mask, prompt_mask)
+    for field in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(rolls[0], field), getattr(rolls[1], field)), field
+    assert rolls[1].completion_mask.sum(1).max() > 24 - 20  # some row decoded past the window
     assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
 
 
