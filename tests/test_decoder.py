@@ -6,6 +6,8 @@ than the prompt, Gemma 2's attention and final softcaps, LoRA layers, and prompt
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config
@@ -113,6 +115,45 @@ def test_finished_rows_leaving_the_batch_change_nothing(name):
     assert (lengths <= 3).float().mean() >= 0.25 and lengths.max() > 6  # rows did leave while others ran on
     for field in ("completion_ids", "completion_mask", "truncated"):
         assert torch.equal(getattr(rolls[0], field), getattr(rolls[1], field)), field
+    assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
+
+
+def lora_variant(variant: str) -> torch.nn.Module:
+    """The working LoRA model in a state the rollout's `LinearParts` must respect (or leave to peft)."""
+    if variant == "dora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(gemma3_sliding(), LoraConfig(r=4, target_modules=["q_proj", "o_proj", "up_proj"], use_dora=True))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+        return model.eval()
+    model = lora_gemma3()
+    if variant == "merged":
+        model.merge_adapter()
+    return model
+
+
+@pytest.mark.parametrize("variant", ["active", "disabled", "merged", "dora"])
+def test_rollout_lora_parts_follow_peft(variant):
+    """Rollouts apply LoRA layers as W x + (A x)(s·B) — one matmul for q, k and v together — with adapters
+    active; the base weights alone when they are disabled or merged; a DoRA layer through peft. Each way the
+    lean sampler gives the HF-forward sampler's tokens and log-probs, and the fused q/k/v carries the LoRA."""
+    model = lora_variant(variant)
+    hf = model.get_base_model()
+    attn = hf.model.layers[0].self_attn
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    with model.disable_adapter() if variant == "disabled" else contextlib.nullcontext():
+        consts = decoder.Constants.build(hf, 8)
+        if variant == "dora":
+            assert id(attn.q_proj) not in consts.linears and id(attn) not in consts.fused_qkv
+        else:
+            assert id(attn) in consts.fused_qkv and len(consts.linears) == 7 * len(hf.model.layers)
+            assert (consts.fused_qkv[id(attn)][0][2] is not None) == (variant == "active")
+        rolls = [sample(model, prompt_ids, prompt_mask, 12, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(6),
+                        group_size=4, lean=lean) for lean in (True, False)]
+    assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
     assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
 
 
