@@ -164,10 +164,10 @@ def _stacked(parts: list[LinearParts]) -> LinearParts:
 
 
 def _apply(parts: LinearParts, x: torch.Tensor) -> torch.Tensor:
+    """x Wᵀ + b (+ (x Aᵀ)(s·B)ᵀ with LoRA)."""
     weight, bias, lora_a, lora_b = parts
     y = F.linear(x, weight, bias)
     return y if lora_a is None else y + F.linear(F.linear(x, lora_a), lora_b)
-
 
 
 @dataclasses.dataclass

@@ -111,3 +111,43 @@ def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
             mark_step(xla)
     assert monitor.recompiles_after_warmup >= 1
     assert monitor.metrics()["xla_recompiles_after_warmup"] == monitor.recompiles_after_warmup
+
+
+def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
+    """The TPU path trains LoRA: its rollouts apply the adapters from their tensors (`decoder.linear_parts`,
+    q/k/v fused with the LoRA inside). On XLA that compiles a fixed set of graphs once — none on the next
+    rollout, nothing falls back to the CPU — and draws the eager CPU sampler's tokens."""
+    import torch_xla.debug.metrics as met
+
+    from grpo_kit.config import ModelConfig
+    from grpo_kit.models import load_model, stop_token_ids
+    from grpo_kit.sampling import encode_prompts, sample
+
+    model, tok = load_model(ModelConfig(dtype="float32", lora=True), torch.device("cpu"))
+    with torch.no_grad():  # a LoRA that does something (B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:4]), bucket=16)
+    ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
+    args = (16, stop_token_ids(tok), tok.pad_token_id)
+    eager = sample(model, ids, mask, *args, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=4)
+    model = move_model(model, get_device("xla"))
+
+    def compiles() -> int:
+        data = met.metric_data("CompileTime")
+        return data[0] if data else 0
+
+    def fallbacks() -> dict[str, int]:  # ops run on the CPU instead (counters are per process: compare)
+        return {name: met.counter_value(name) for name in met.counter_names() if name.startswith("aten::")}
+
+    counts, fallbacks_before = [], fallbacks()
+    for _ in range(2):
+        before = compiles()
+        roll = sample(model, ids, mask, *args, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=4)
+        tokens, logprobs = roll.completion_ids.cpu(), roll.sampling_logprobs.cpu()
+        counts.append(compiles() - before)
+    assert counts[0] > 0 and counts[1] == 0, counts
+    assert fallbacks() == fallbacks_before
+    assert torch.equal(tokens, eager.completion_ids)
+    assert (logprobs - eager.sampling_logprobs).abs().max() < 1e-5
