@@ -17,9 +17,12 @@ Per device, in bytes (n = devices sharing the batch, b = bytes per weight elemen
     kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n)
     rollout      R · V · 4 · 3                    the last position's logits while sampling
     prefill      R · P · (4h + 3i + 2·H·T) · b    one layer's transient tensors during the prompt forward
+    qkv stacked  L · (H + 2K) · d · h · b         each layer's q, k and v weights stacked for the rollout's
+                                                  one-matmul projection (decoder.Constants), rebuilt per rollout
 
     peak = weights + trainable + gradients + optimizer + reference + fsdp gather
-           + max(training: activations + logits,  rollout: kv cache + rollout + prefill)  + 10 % margin
+           + max(training: activations + logits,  rollout: kv cache + rollout + prefill + qkv stacked)
+           + 10 % margin
 
 The activation coefficients (c_h = 22, c_i = 4, c_a = 2.5: Gemma's four RMSNorms per layer, q/k norms,
 gated GELU MLP and eager attention keep more than the textbook 16·h) were fitted to measured peaks on
@@ -178,10 +181,11 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         "kv_cache": rollout_rows * seq * spec.layers * 2 * spec.kv_heads * spec.head_dim * b,
         "rollout_logits": rollout_rows * spec.vocab * 4 * 3,
         "prefill_transient": rollout_rows * p.prompt_length * (4 * spec.hidden + 3 * spec.intermediate + 2 * spec.heads * seq) * b,
+        "qkv_stacked": spec.layers * (spec.heads + 2 * spec.kv_heads) * spec.head_dim * spec.hidden * b,
     }
     persistent = sum(out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer"))
     out["training_phase"] = out["activations"] + out["logits"]
-    out["rollout_phase"] = out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"]
+    out["rollout_phase"] = out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"] + out["qkv_stacked"]
     peak = persistent + max(out["training_phase"], out["rollout_phase"])
     out["margin"] = XLA_MARGIN * peak
     out["total"] = peak + out["margin"]
