@@ -2,7 +2,8 @@
 
 CI has no GPU, so this script checks there what the CPU tests check here, then times the same work as
 `grpo-kit bench`'s rollout part, on two models: the demo's tiny Gemma 3 (fp32) and a randomly initialised
-Gemma 3 with gemma-3-270m's shapes (bf16; 262k vocabulary, sliding-window layers). Prints one JSON object.
+Gemma 3 with gemma-3-270m's shapes (bf16; 262k vocabulary, sliding-window layers), the latter also under the
+kit's default LoRA. Prints one JSON object.
 
     python benchmarks/gpu_check.py [--repeats 3] [--out result.json]
 """
@@ -19,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from grpo_kit.config import ModelConfig
-from grpo_kit.models import load_model
+from grpo_kit.models import add_lora, load_model
 from grpo_kit.sampling import completion_logprobs, sample
 
 PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
@@ -90,6 +91,35 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     out["padding_free_logprob_max_diff"] = float((plain_lp - packed_lp)[real].abs().max())
     out["padding_free_grad_max_rel_diff"] = max(float((a - b).norm() / (a.norm() + 1e-12)) for a, b in zip(plain_g, packed_g, strict=True))
     return out
+
+
+def with_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under the kit's default LoRA (r 8 on every projection), B drawn so the adapter does something."""
+    model = add_lora(model, ModelConfig(lora=True))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    return model.eval()
+
+
+def lora_checks(model: torch.nn.Module) -> dict[str, float]:
+    """LoRA rollouts (adapters applied from their tensors) against HF's forward through peft, fp32 matmuls. With
+    a 262k vocabulary, T = 1 inverse-CDF sampling flips at float rounding on a few tokens, so greedy tokens are
+    compared, and the sampled tokens' log-probs against the model's own log-probs of those tokens."""
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        device = next(model.parameters()).device
+        ids, mask = grouped_prompts(model.config.vocab_size, device)
+        greedy = [sample(model, ids, mask, 16, [1], 0, greedy=True, group_size=GROUP, lean=lean) for lean in (True, False)]
+        roll = sample(model, ids, mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP)
+        with torch.no_grad():
+            scored, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1])
+        return {"greedy_same_tokens": float(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
+                "sampled_logprob_vs_scored_max_diff": float(((roll.sampling_logprobs - scored) * roll.completion_mask).abs().max())}
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 def rollout_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
@@ -168,6 +198,9 @@ def main() -> None:
               "tiny": {"dtype": str(tiny.dtype), "checks_fp32": correctness(copy.deepcopy(tiny).float()), "checks": correctness(tiny), "rollouts": rollout_speed(tiny, args.repeats), "update": update_speed(tiny, args.repeats)},
               "trainer": trainer_steps(args.trainer_steps),
               "gemma_270m_shaped_bf16": {"rollouts": rollout_speed(big, args.repeats), "update": update_speed(big, args.repeats)}}
+    del big
+    result["gemma_270m_shaped_lora"] = {"checks_fp32": lora_checks(with_lora(gemma_270m_shaped(device).float())),
+                                        "rollouts_bf16": rollout_speed(with_lora(gemma_270m_shaped(device)), args.repeats)}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
