@@ -218,7 +218,7 @@ class Constants:
                     continue
                 qk_scale = None
                 if q_norm is not None:
-                    heads, kv_heads = qkv[0][0].shape[0] // attn.head_dim, qkv[1][0].shape[0] // attn.head_dim
+                    heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
         return cls(scales, tables, linears, fused)
@@ -303,7 +303,7 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     if fused is not None:
         parts, qk_scale = fused
         qkv = _apply(parts, x).unflatten(-1, (-1, head_dim))
-        kv_heads = consts.linears[id(attn.k_proj)][0].shape[0] // head_dim
+        kv_heads = attn.k_proj.out_features // head_dim  # peft's LoRA layers carry out_features too
         qk, v = qkv[..., :-kv_heads, :], qkv[..., -kv_heads:, :]
         if qk_scale is not None:
             qk = (F.rms_norm(qk.float(), (head_dim,), eps=attn.q_norm.eps) * qk_scale).to(x.dtype)

@@ -8,7 +8,8 @@ Static shapes everywhere, so XLA compiles a handful of graphs once and then only
 - Gemma runs through `decoder.forward`, a lean forward on the model's own modules (see there why).
 On CPU/GPU (cheap host checks) the loop stops early when every row has finished, and the eager lean
 sampler also drops finished rows from the batch, skips the left-padding columns that every prompt has and
-attends to the cache slots written so far only; on XLA it never looks at device values. Prefill and decode run inside the compile monitor's phases.
+attends to the cache slots written so far only; on XLA it never looks at device values. Prefill and decode
+run inside the compile monitor's phases.
 """
 
 from __future__ import annotations

@@ -40,13 +40,17 @@ def gemma2_softcapped() -> torch.nn.Module:
     return model
 
 
-def lora_gemma3() -> torch.nn.Module:
-    model = add_lora(gemma3_sliding(), ModelConfig(lora=True))
-    with torch.no_grad():  # a LoRA that does something (B starts at zero)
+def working_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """A LoRA that does something: peft starts B at zero."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)
     return model.eval()
+
+
+def lora_gemma3() -> torch.nn.Module:
+    return working_lora(add_lora(gemma3_sliding(), ModelConfig(lora=True)))
 
 
 MODELS = {"gemma3-sliding": gemma3_sliding, "gemma2-softcap": gemma2_softcapped, "gemma3-lora": lora_gemma3}
@@ -123,12 +127,8 @@ def lora_variant(variant: str) -> torch.nn.Module:
     if variant == "dora":
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(gemma3_sliding(), LoraConfig(r=4, target_modules=["q_proj", "o_proj", "up_proj"], use_dora=True))
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.05)
-        return model.eval()
+        return working_lora(get_peft_model(gemma3_sliding(), LoraConfig(r=4, target_modules=["q_proj", "o_proj", "up_proj"],
+                                                                        use_dora=True)))
     model = lora_gemma3()
     if variant == "merged":
         model.merge_adapter()
