@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := xla,notebooks,dev,gemma-offline,bench
 
+CLASSIC := .venv-classic
+CLASSIC_STAMP := $(CLASSIC)/.installed
+
 .PHONY: demo test setup browser bench lint clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
@@ -29,8 +32,17 @@ browser:
 	      || { tail -20 $(VENV)/apt.log; exit 1; }; \
 	  else echo "WARNING: no chromium and no apt here: tests/browser will fail. Install Chromium, or set GRPO_KIT_SKIP_BROWSER=1."; fi; }
 
+# Colab's Jupyter versions (classic Notebook 6.5.7, ipywidgets 7.7.1, ipykernel 6.17.1) for the browser test;
+# torch, transformers and the kit come from .venv.
+$(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
+	rm -rf $(CLASSIC)
+	$(PYTHON) -m venv $(CLASSIC)
+	$(CLASSIC)/bin/python -m pip install --quiet -r requirements/colab-frontend.txt
+	$(CLASSIC)/bin/python scripts/link_venv.py $(VENV)
+	touch $@
+
 # Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code).
-test: $(STAMP) browser
+test: $(STAMP) $(CLASSIC_STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
 
@@ -42,4 +54,4 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache

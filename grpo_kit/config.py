@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -391,8 +393,19 @@ class Controls:
             asked, self.save_requested = self.save_requested, False
             return asked
 
-    def wait_while_paused(self, poll_s: float = 0.2) -> None:
-        """Block while paused (returns at once when not paused or when stop is requested)."""
-        with self._changed:
-            while self.paused and not self.stop_requested:
-                self._changed.wait(poll_s)
+    def wait_while_paused(self, poll_s: float = 0.2, idle: Callable[[], None] | None = None) -> None:
+        """Block while paused (returns at once when not paused or when stop is requested).
+
+        `idle` is called every `poll_s` seconds while waiting, without the lock held: a foreground loop
+        processes the browser's widget messages there, which is how a resume click arrives at all."""
+        if idle is None:
+            with self._changed:
+                while self.paused and not self.stop_requested:
+                    self._changed.wait(poll_s)
+            return
+        while True:
+            with self._lock:
+                if not self.paused or self.stop_requested:
+                    return
+            idle()
+            time.sleep(poll_s)

@@ -4,18 +4,31 @@ It only reads metrics rows (from the trainer's step callback) and writes `Contro
 applies a change at its next step boundary and records the values it used in that step's row, so every
 change shows up in the metrics and as a dotted marker on the plots.
 
-Plain ipywidgets 8 plus matplotlib rendered in the kernel to a PNG (`widgets.Image`): nothing needs a
-front-end extension, so it renders the same in Colab, Kaggle, JupyterLab, classic Notebook and VS Code.
-Training runs in a background thread so the widgets stay live; redraws are rate-limited so plotting costs
-at most `max_plot_fraction` of the wall time (after each redraw, the next waits cost / fraction seconds).
+Core ipywidgets (sliders, buttons, HTML, Image; the same in ipywidgets 7.7 and 8) plus matplotlib rendered in
+the kernel to a PNG: nothing needs a front-end extension, so it renders the same in Colab, Kaggle, JupyterLab,
+classic Notebook and VS Code.
+
+Two ways to run:
+- `run(steps)`, the default: training runs in the executing cell, on the main thread. Between steps the loop
+  lets the kernel handle the browser's pending widget messages (`jupyter_ui_poll`), so slider moves and
+  button clicks act during the run, under Run All too, and every widget update comes from the main thread,
+  which is what Colab renders (it does not render updates made from other threads).
+- `start(steps)`: a background thread; the cell returns at once. Works in JupyterLab, classic Notebook and
+  VS Code; refused in Colab, whose front end never shows a background thread's widget updates.
+Redraws are rate-limited so plotting costs at most `max_plot_fraction` of the wall time (after a redraw that
+took c seconds, the next waits c / fraction); the first step always draws.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
+import signal
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -122,13 +135,16 @@ class Dashboard:
     """Live plots and controls for a `GRPOTrainer`.
 
         dash = Dashboard(trainer)
-        dash.start(steps=40)   # returns at once; training runs in a background thread
-        dash                   # (last expression of a cell) shows the widgets
-        ...
-        dash.wait()            # a later cell: block until the run ends
+        dash.run(steps=40)     # trains in this cell; the widgets shown above it steer the run as it goes
+
+    Stop, an interrupt (Jupyter's stop button) or an error inside a step end the loop at a step boundary: stop
+    lets the next cells run, an interrupt or an error is shown in the status line and raised in the cell.
     """
 
     def __init__(self, trainer: Any, redraw_seconds: float = 2.0, max_plot_fraction: float = 0.1) -> None:
+        if getattr(trainer, "is_training", False):
+            raise RuntimeError("this trainer is being trained by another loop right now (a running Dashboard or "
+                               "thread): stop that run first instead of attaching a second dashboard")
         self.trainer = trainer
         self.controls = trainer.controls
         self.rows: list[dict[str, Any]] = list(trainer.logger.rows)
@@ -139,9 +155,11 @@ class Dashboard:
         self._last_draw = 0.0
         self._last_cost = 0.0
         self._thread: threading.Thread | None = None
+        self._foreground = False
+        self._interrupted = False
+        self._shown_in: int | None = None
         self.error: BaseException | None = None
         self._build_widgets()
-
     # ---- the widgets ------------------------------------------------------------------------------------
     def _build_widgets(self) -> None:
         import ipywidgets as w
@@ -152,7 +170,7 @@ class Dashboard:
         self.sliders: dict[str, Any] = {
             "learning_rate": w.FloatLogSlider(value=c["learning_rate"], base=10, min=-6, max=-2, step=0.1,
                                               description="learning rate", readout_format=".1e", style=style, layout=layout),
-            "beta": w.FloatSlider(value=c["beta"], min=0.0, max=0.5, step=0.01, description="β (KL weight)", style=style, layout=layout),
+            "beta": w.FloatSlider(value=c["beta"], min=0.0, max=1.0, step=0.01, description="β (KL weight)", style=style, layout=layout),
             "temperature": w.FloatSlider(value=c["temperature"], min=0.1, max=1.5, step=0.05, description="temperature", style=style, layout=layout),
             "top_p": w.FloatSlider(value=c["top_p"], min=0.1, max=1.0, step=0.05, description="top-p", style=style, layout=layout),
             "epsilon": w.FloatSlider(value=c["epsilon"], min=0.05, max=0.5, step=0.01, description="ε (clip)", style=style, layout=layout),
@@ -192,6 +210,20 @@ class Dashboard:
 
     def set_reward_weight(self, name: str, value: float) -> None:
         self.controls.update(reward_weights={name: float(value)})
+
+    def move(self, **values: float) -> None:
+        """Move sliders as a drag would (the control changes through the slider, so both agree): a control
+        (learning_rate, beta, temperature, top_p, epsilon) or a reward function's name for its weight."""
+        sliders = {name: self._slider(name) for name in values}  # all names checked before anything moves
+        for name, value in values.items():
+            sliders[name].value = value
+
+    def _slider(self, name: str) -> Any:
+        slider = self.sliders.get(name) or self.weight_sliders.get(name)
+        if slider is None:
+            raise ValueError(f"no control named {name!r}; controls: {sorted(self.sliders)}, "
+                             f"reward weights: {sorted(self.weight_sliders)}")
+        return slider
 
     def pause(self) -> None:
         self.controls.update(paused=True)
@@ -233,19 +265,117 @@ class Dashboard:
         self._last_draw = time.perf_counter()
         self.redraws += 1
 
-    # ---- running --------------------------------------------------------------------------------------------
+    # ---- running in the foreground (the default) ---------------------------------------------------------
+    def run(self, steps: int | None = None) -> list[dict[str, Any]]:
+        """Train in this cell up to `steps` total steps (default: the config's) and return the metrics rows.
+
+        Shows the dashboard in this cell's output (once per cell) and keeps it live: between steps, and while
+        paused, the kernel handles the browser's widget messages. The first interrupt stops after the running
+        step and raises KeyboardInterrupt; a second one interrupts the step itself."""
+        if self.running:
+            raise RuntimeError("this dashboard is already training in the background: stop it first")
+        self._show_here()
+        self.controls.update(stop_requested=False, paused=False)
+        self._interrupted = False
+        self.error = None
+        self.status.value = "running"
+        try:
+            with self.trainer.exclusive(), _widget_events() as pump, self._interrupt_stops():
+                self._foreground = True
+                self.trainer.train(steps, progress=False, callback=self.on_step, poll=lambda: self._between_steps(pump))
+        except BaseException as e:
+            self.error = e
+            self.status.value = _error_html(e, self.trainer.step)
+            raise
+        finally:
+            self._foreground = False
+            self.redraw()
+        if self._interrupted:
+            self.status.value = f"interrupted: stopped after step {self.trainer.step}"
+            raise KeyboardInterrupt(f"training interrupted; stopped cleanly after step {self.trainer.step}")
+        stopped = self.controls.snapshot()["stop_requested"]
+        self.status.value = f"{'stopped' if stopped else 'finished'} at step {self.trainer.step}"
+        return self.rows
+
+    def _show_here(self) -> None:
+        """Display the widgets in the running cell's output, unless this cell shows them already."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None or not hasattr(shell, "kernel"):
+            return
+        if self._shown_in != shell.execution_count:
+            self._shown_in = shell.execution_count
+            from IPython.display import display
+
+            display(self.widget)
+
+    def _between_steps(self, pump: Callable[[], None]) -> None:
+        pump()
+        if self._interrupted and not self.controls.snapshot()["stop_requested"]:
+            self.controls.update(stop_requested=True, paused=False)
+        if self.controls.snapshot()["paused"]:
+            self.status.value = f"paused after step {self.trainer.step}: press resume (or stop)"
+
+    @contextlib.contextmanager
+    def _interrupt_stops(self) -> Iterator[None]:
+        """The first SIGINT asks for a stop at the next step boundary; the second raises as usual.
+
+        The handler only sets a flag: it runs between two bytecodes of the main thread, which may be holding
+        the controls' lock at that moment."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._interrupted:
+                signal.signal(signal.SIGINT, previous)
+                raise KeyboardInterrupt("interrupted twice: stopped inside a step")
+            self._interrupted = True
+
+        signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def experiment(self, change: dict[str, float], steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Run `steps` steps as they are, move the sliders named in `change` (as a drag would), run `steps` more.
+
+        `change` maps a control (learning_rate, beta, temperature, top_p, epsilon) or a reward function's name
+        to its new value. Returns the rows before and after the change."""
+        for name in change:
+            self._slider(name)
+        first = self.trainer.step
+        self.run(first + steps)
+        self.move(**change)
+        middle = self.trainer.step
+        self.run(middle + steps)
+        rows = [r for r in self.rows if r["step"] > first]
+        return [r for r in rows if r["step"] <= middle], [r for r in rows if r["step"] > middle]
+
+    # ---- running in a background thread (not in Colab) -----------------------------------------------------
     def start(self, steps: int | None = None) -> Dashboard:
-        """Train in a background thread (to `steps` total, default the config's); returns self at once."""
-        if self._thread is not None and self._thread.is_alive():
+        """Train in a background thread (to `steps` total, default the config's); returns self at once.
+
+        Refused in Colab, which does not render widget updates made from a background thread (use `run`)."""
+        if "google.colab" in sys.modules:
+            raise RuntimeError("Colab does not show widget updates made from a background thread: "
+                               "use dash.run(steps), which trains in the cell and keeps the controls live")
+        if self.running or self.trainer.is_training:
             raise RuntimeError("training is already running; stop() it or wait() for it first")
         self.controls.update(stop_requested=False, paused=False)
+        self.error = None
 
         def run() -> None:
             try:
                 self.trainer.train(steps, progress=False, callback=self.on_step)
             except BaseException as e:  # noqa: BLE001 - shown in the status line and re-raised by wait()
                 self.error = e
-                self.status.value = f"<span style='color:red'>stopped by an error: {html.escape(repr(e))}</span>"
+                self.status.value = _error_html(e, self.trainer.step)
             else:
                 self.status.value = f"finished at step {self.trainer.step}"
             finally:
@@ -258,15 +388,47 @@ class Dashboard:
 
     @property
     def running(self) -> bool:
+        """True while a background run (`start`) is alive."""
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Block until training ends (or `timeout` seconds); re-raise its error; return the metrics rows.
+        """Block until a background run ends (or `timeout` seconds); re-raise its error; return the rows.
 
-        While any cell runs — this one too — Jupyter holds the browser's widget messages until it ends, so
-        slider moves made during `wait()` reach the run only afterwards. Steer first, then wait."""
+        While this waits, the kernel does not handle widget messages: the controls act again once it returns."""
         if self._thread is not None:
             self._thread.join(timeout)
         if self.error is not None:
             raise self.error
         return self.rows
+
+
+def _error_html(error: BaseException, step: int) -> str:
+    return (f"<span style='color:red'>stopped by an error during step {step + 1} (nothing of that step was saved): "
+            f"{html.escape(type(error).__name__)}: {html.escape(str(error))}</span>")
+
+
+@contextlib.contextmanager
+def _widget_events() -> Iterator[Callable[[], None]]:
+    """A function that lets the kernel handle the pending widget messages; a no-op outside a Jupyter kernel."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        get_ipython = None  # noqa: N806
+    shell = get_ipython() if get_ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        yield lambda: None
+        return
+    import ipykernel
+
+    if int(ipykernel.__version__.split(".")[0]) >= 7:
+        # jupyter_ui_poll's pump does not reach ipykernel 7's shell messages (measured: a slider update sent
+        # during the loop arrives only after the cell), so say so instead of pretending the controls are live.
+        print(f"ipykernel {ipykernel.__version__}: the controls act only after this cell ends (jupyter-ui-poll cannot "
+              "take widget messages during a cell under ipykernel 7 yet); Jupyter's interrupt button still stops the "
+              "run after the current step. ipykernel 6 (as on Colab) keeps them live.")
+        yield lambda: None
+        return
+    from jupyter_ui_poll import ui_events
+
+    with ui_events() as poll:
+        yield lambda: poll(100)  # up to 100 messages: a slider drag sends one per position

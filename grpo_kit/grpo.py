@@ -13,10 +13,12 @@ at the start of each step and the values used are recorded in that step's metric
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,32 @@ class GRPOTrainer:
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
         self.step = 0
         self.adaptive_beta: float | None = None
+        # One training loop per trainer: a second loop (another dashboard, a background thread, a re-run cell)
+        # on the same model would interleave optimizer steps. The thread holding it may re-enter.
+        self._training = threading.Lock()
+        self._training_thread: int | None = None
+
+    @property
+    def is_training(self) -> bool:
+        """True while a `train()` loop or a `train_step()` runs on this trainer (in any thread)."""
+        return self._training_thread is not None
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the trainer for one training loop; refuse (RuntimeError) while another loop holds it."""
+        me = threading.get_ident()
+        if self._training_thread == me:
+            yield
+            return
+        if not self._training.acquire(blocking=False):
+            raise RuntimeError("this GRPOTrainer is already training in another loop (a running Dashboard or thread); "
+                               "stop that run first (the dashboard's stop button, or dash.stop() then dash.wait())")
+        self._training_thread = me
+        try:
+            yield
+        finally:
+            self._training_thread = None
+            self._training.release()
 
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
@@ -210,6 +238,11 @@ class GRPOTrainer:
 
     # ---- one step: the six stages ---------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
+        """One GRPO step (the six stages); refused while another loop is training this trainer."""
+        with self.exclusive():
+            return self._train_step()
+
+    def _train_step(self) -> dict[str, Any]:
         cfg = self.config
         start = time.perf_counter()
         compiles_before = compile_monitor().total()
@@ -285,24 +318,36 @@ class GRPOTrainer:
             out["accuracy"] = float((col == 1.0).float().mean())
         return out
 
-    def train(self, steps: int | None = None, progress: bool = True, callback: Any = None) -> list[dict[str, Any]]:
-        """Run until `steps` (default config.steps) total steps, a stop request, or max_seconds."""
+    def train(
+        self,
+        steps: int | None = None,
+        progress: bool = True,
+        callback: Callable[[GRPOTrainer, dict[str, Any]], None] | None = None,
+        poll: Callable[[], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run until `steps` (default config.steps) total steps, a stop request, or max_seconds.
+
+        `callback(trainer, row)` runs after each step; `poll()` runs before each step and while paused (the
+        dashboard's foreground loop processes widget events there). Refused while another loop trains."""
         cfg = self.config
         target = steps if steps is not None else cfg.steps
         t0 = time.perf_counter()
-        bar = tqdm(total=target, initial=self.step, desc="GRPO", disable=not progress)
-        while self.step < target:
-            self.controls.wait_while_paused()
-            if self.controls.snapshot()["stop_requested"]:
-                break
-            row = self.train_step()
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row.get('accuracy', float('nan')):.2f}")
-            if callback is not None:
-                callback(self, row)
-            if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
-                break
-        bar.close()
+        with self.exclusive():
+            bar = tqdm(total=target, initial=self.step, desc="GRPO", disable=not progress)
+            while self.step < target:
+                if poll is not None:
+                    poll()
+                self.controls.wait_while_paused(idle=poll)
+                if self.controls.snapshot()["stop_requested"]:
+                    break
+                row = self.train_step()
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row.get('accuracy', float('nan')):.2f}")
+                if callback is not None:
+                    callback(self, row)
+                if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
+                    break
+            bar.close()
         return self.logger.rows
 
     def save(self, path: str | Path) -> Path:

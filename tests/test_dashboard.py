@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 import time
 
 import pytest
 
+import grpo_kit.dashboard as dashboard_module
 from grpo_kit.config import GRPOConfig
 from grpo_kit.dashboard import Dashboard, completions_html, control_changes, draw, series
 from grpo_kit.grpo import GRPOTrainer
@@ -94,3 +99,116 @@ def test_xla_and_memory_panels_appear_when_the_rows_carry_them():
     memory = {line.get_label(): list(line.get_ydata()) for line in titles["memory"].lines}
     assert memory == {"bytes_in_use": [3.0] * 3, "peak_bytes": [4.0] * 3, "host_peak_bytes": [1.0] * 3}
     assert "memory" not in {ax.get_title().split("\n")[0] for ax in draw([{"step": 1, "reward_mean": 1.0}]).axes}
+
+
+class ScriptedBrowser:
+    """Stands in for the browser: the foreground loop's event pump, which acts out `script[k]` on its k-th call.
+
+    The real pump (jupyter_ui_poll) lets the kernel run the widget message handlers between steps; this one
+    runs the same handlers (slider values, button clicks) at the same place, so the loop's own logic is what
+    is tested here. tests/browser drives the real thing."""
+
+    def __init__(self, monkeypatch, script):
+        self.calls, self.script, self.steps_seen = 0, script, []
+
+        @contextlib.contextmanager
+        def events():
+            yield self.pump
+
+        monkeypatch.setattr(dashboard_module, "_widget_events", events)
+
+    def pump(self):
+        self.calls += 1
+        action = self.script.get(self.calls)
+        if action is not None:
+            action()
+
+
+def test_run_trains_in_the_foreground_and_draws_at_the_first_step(dashboard):
+    rows = dashboard.run(steps=3)
+    assert [r["step"] for r in rows] == [1, 2, 3] and dashboard.trainer.step == 3
+    assert dashboard.redraws >= 2 and dashboard.image.value[:4] == b"\x89PNG"  # step 1, then the final redraw
+    assert "finished at step 3" in dashboard.status.value and not dashboard.trainer.is_training
+    assert dashboard.run(steps=3) == rows  # already there: nothing more to train
+
+
+def test_foreground_controls_act_between_steps_pause_holds_and_stop_ends(dashboard, monkeypatch):
+    clock = {}
+    browser = ScriptedBrowser(monkeypatch, {})
+    browser.script = {
+        2: lambda: setattr(dashboard.sliders["beta"], "value", 0.3),  # before step 2
+        3: lambda: (dashboard.buttons["pause"].click(), clock.setdefault("paused", dashboard.trainer.step)),
+        # calls 4..8 happen while paused (one per poll interval): the step count must not move
+        8: lambda: (clock.setdefault("still", dashboard.trainer.step), dashboard.buttons["resume"].click()),
+        10: lambda: dashboard.buttons["stop"].click(),
+    }
+    rows = dashboard.run(steps=50)
+    betas = [r["beta"] for r in rows]
+    assert betas[0] == 0.0 and all(b == pytest.approx(0.3) for b in betas[1:])
+    assert clock == {"paused": 2, "still": 2}
+    assert len(rows) < 50 and "stopped at step" in dashboard.status.value
+    assert control_changes(rows)[0][0] == 2
+
+
+def test_an_error_inside_a_step_is_shown_raised_and_frees_the_trainer(tiny, task, tmp_path):
+    model, tok = tiny
+    calls = []
+
+    def flaky_reward(prompts, completions, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ZeroDivisionError("reward broke")
+        return [1.0] * len(completions)
+
+    trainer = GRPOTrainer(model, tok, [flaky_reward], task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=str(tmp_path), save_every=1, reward_on_error="raise"))
+    dash = Dashboard(trainer, redraw_seconds=0.0, max_plot_fraction=1.0)
+    with pytest.raises(Exception, match="reward broke"):
+        dash.run(steps=5)
+    assert "stopped by an error during step 2" in dash.status.value and "reward broke" in dash.status.value
+    assert trainer.step == 1 and not trainer.is_training
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1  # the failed step logged nothing and saved nothing
+
+
+def test_an_interrupt_stops_at_the_step_boundary_and_is_raised(dashboard, monkeypatch):
+    browser = ScriptedBrowser(monkeypatch, {})
+    browser.script = {2: lambda: os.kill(os.getpid(), signal.SIGINT)}
+    with pytest.raises(KeyboardInterrupt, match="stopped cleanly after step"):
+        dashboard.run(steps=20)
+    assert dashboard.trainer.step == len(dashboard.rows) <= 3 and "interrupted" in dashboard.status.value
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+def test_a_second_loop_on_a_training_trainer_is_refused(dashboard):
+    dashboard.start(steps=200)
+    try:
+        while not dashboard.trainer.is_training:
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match="another loop"):
+            Dashboard(dashboard.trainer)
+        with pytest.raises(RuntimeError, match="already training"):
+            dashboard.trainer.train(steps=300, progress=False)
+        with pytest.raises(RuntimeError, match="already training"):
+            dashboard.run(steps=300)
+    finally:
+        dashboard.stop()
+        dashboard.wait(timeout=300)
+    assert not dashboard.trainer.is_training
+    Dashboard(dashboard.trainer)  # allowed again once the run has ended
+
+
+def test_background_mode_is_refused_in_colab(dashboard, monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.colab", object())
+    with pytest.raises(RuntimeError, match="Colab.*dash.run"):
+        dashboard.start(steps=2)
+
+
+def test_experiment_moves_the_slider_between_two_runs(dashboard):
+    before, after = dashboard.experiment({"temperature": 0.3, "strict_format_reward": 0.0}, steps=2)
+    assert [r["step"] for r in before] == [1, 2] and [r["step"] for r in after] == [3, 4]
+    assert dashboard.sliders["temperature"].value == pytest.approx(0.3)
+    assert all(r["temperature"] == pytest.approx(GRPOConfig().temperature) != 0.3 for r in before)
+    assert all(r["temperature"] == pytest.approx(0.3) and r["reward_weights"]["strict_format_reward"] == 0.0 for r in after)
+    with pytest.raises(ValueError, match="no control named 'bogus'"):
+        dashboard.experiment({"bogus": 1.0}, steps=0)
