@@ -157,7 +157,8 @@ class GRPOConfig:
     micro_batch_size: int = 128
     """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
     compile_sampler: bool | None = None
-    """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on CUDA, off elsewhere.
+    """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
+    (compute capability ≥ 7.0 with triton installed), off elsewhere.
     On an H100 (benchmarks/gpu_check.py) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0× HF
     generate) after a first rollout that compiled for 15–24 s; on 2 CPU cores 1.4× after ≈ 26 s, which the
     CPU demo would not earn back (and inductor needs a C++ compiler there). XLA compiles its graphs anyway.

@@ -13,8 +13,8 @@ Two ways to run:
   lets the kernel handle the browser's pending widget messages (`jupyter_ui_poll`), so slider moves and
   button clicks act during the run, under Run All too, and every widget update comes from the main thread,
   which is what Colab renders (it does not render updates made from other threads).
-- `start(steps)`: a background thread; the cell returns at once. Works in JupyterLab, classic Notebook and
-  VS Code; refused in Colab, whose front end never shows a background thread's widget updates.
+- `start(steps)`: a background thread; the cell returns at once. Needs a front end that renders widget updates
+  sent from another thread, as JupyterLab does; refused in Colab, whose front end never shows them.
 Redraws are rate-limited so plotting costs at most `max_plot_fraction` of the wall time (after a redraw that
 took c seconds, the next waits c / fraction); the first step always draws.
 """

@@ -89,8 +89,24 @@ def is_xla(device: torch.device | str) -> bool:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on TPU and GPU (Gemma overflows in fp16), fp32 on CPU (no fast bf16 on most CPUs)."""
-    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    """bf16 on TPU and on GPUs that have it (Gemma overflows in fp16); fp32 on CPU (no fast bf16 on most CPUs)
+    and on GPUs without bf16 (T4, P100, V100)."""
+    kind = torch.device(device).type
+    if kind == "cpu" or (kind == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False)):
+        return torch.float32
+    return torch.bfloat16
+
+
+def compile_supported(device: torch.device) -> bool:
+    """Can `torch.compile` (inductor → Triton) build kernels for this GPU? Triton needs compute capability
+    7.0 or newer (P100 is 6.0) and the triton package; elsewhere the eager sampler is used."""
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device) >= (7, 0)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

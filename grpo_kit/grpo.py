@@ -18,6 +18,7 @@ import itertools
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import Controls, GRPOConfig
 from .device import (
     compile_monitor,
+    compile_supported,
     host_syncs_are_cheap,
     is_xla,
     manual_seed,
@@ -42,6 +44,11 @@ from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, is_lora, stop_token_ids
 from .rewards import RewardFunc, compute_rewards, reward_name
 from .sampling import Rollout, completion_logprobs, encode_prompts, sample
+
+# The models a GRPOTrainer loop is training right now, so a second trainer built on the same model (a re-run cell)
+# cannot interleave its optimizer steps with the first's.
+_MODELS_IN_TRAINING: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+_MODELS_LOCK = threading.Lock()
 
 
 def _cycle(dataset: Any, seed: int) -> Iterator[dict[str, Any]]:
@@ -84,7 +91,7 @@ class GRPOTrainer:
         if cfg.ema_reference > 0 and is_lora(model):
             raise ValueError("GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
         self.stop_ids = stop_token_ids(tokenizer)
-        self.compile_sampler = cfg.compile_sampler if cfg.compile_sampler is not None else self.device.type == "cuda"
+        self.compile_sampler = cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         manual_seed(cfg.seed, self.device)
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
@@ -110,11 +117,21 @@ class GRPOTrainer:
         if not self._training.acquire(blocking=False):
             raise RuntimeError("this GRPOTrainer is already training in another loop (a running Dashboard or thread); "
                                "stop that run first (the dashboard's stop button, or dash.stop() then dash.wait())")
-        self._training_thread = me
         try:
-            yield
+            with _MODELS_LOCK:
+                other = _MODELS_IN_TRAINING.get(self.model)
+                if other is not None and other is not self:
+                    raise RuntimeError("this model is already being trained by another GRPOTrainer's loop (a cell run "
+                                       "again while its dashboard trains in the background?): stop that run first")
+                _MODELS_IN_TRAINING[self.model] = self
+            self._training_thread = me
+            try:
+                yield
+            finally:
+                self._training_thread = None
+                with _MODELS_LOCK:
+                    _MODELS_IN_TRAINING.pop(self.model, None)
         finally:
-            self._training_thread = None
             self._training.release()
 
     # ---- 1. rollout ---------------------------------------------------------------------------------

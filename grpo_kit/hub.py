@@ -61,7 +61,7 @@ def cache_dir() -> Path:
 
 
 def hf_token(explicit: str | None = None) -> str | None:
-    """Token for gated checkpoints: the argument, HF_TOKEN, or the Colab secret named HF_TOKEN."""
+    """Token for gated checkpoints: the argument, HF_TOKEN, or the Colab / Kaggle secret named HF_TOKEN."""
     if explicit:
         return explicit
     if os.environ.get("HF_TOKEN"):
@@ -70,6 +70,12 @@ def hf_token(explicit: str | None = None) -> str | None:
         from google.colab import userdata  # type: ignore[import-not-found]
 
         return userdata.get("HF_TOKEN")
+    if on_kaggle():
+        # Kaggle hands secrets out through its client, never as environment variables (Add-ons → Secrets).
+        with contextlib.suppress(Exception):
+            from kaggle_secrets import UserSecretsClient  # type: ignore[import-not-found]
+
+            return UserSecretsClient().get_secret("HF_TOKEN") or None
     return None
 
 

@@ -125,6 +125,9 @@ class ScriptedBrowser:
 
 
 def test_run_trains_in_the_foreground_and_draws_at_the_first_step(dashboard):
+    dashboard.redraw_seconds, dashboard.max_plot_fraction = 2.0, 0.1  # the defaults
+    dashboard.run(steps=1)
+    assert dashboard.redraws == 2  # the first step's draw, then the closing one
     rows = dashboard.run(steps=3)
     assert [r["step"] for r in rows] == [1, 2, 3] and dashboard.trainer.step == 3
     assert dashboard.redraws >= 2 and dashboard.image.value[:4] == b"\x89PNG"  # step 1, then the final redraw
@@ -174,10 +177,11 @@ def test_an_error_inside_a_step_is_shown_raised_and_frees_the_trainer(tiny, task
 def test_an_interrupt_stops_at_the_step_boundary_and_is_raised(dashboard, monkeypatch):
     browser = ScriptedBrowser(monkeypatch, {})
     browser.script = {2: lambda: os.kill(os.getpid(), signal.SIGINT)}
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the test runs as a shell's background job
     with pytest.raises(KeyboardInterrupt, match="stopped cleanly after step"):
         dashboard.run(steps=20)
     assert dashboard.trainer.step == len(dashboard.rows) <= 3 and "interrupted" in dashboard.status.value
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
 
 
 def test_a_second_loop_on_a_training_trainer_is_refused(dashboard):
@@ -196,6 +200,23 @@ def test_a_second_loop_on_a_training_trainer_is_refused(dashboard):
         dashboard.wait(timeout=300)
     assert not dashboard.trainer.is_training
     Dashboard(dashboard.trainer)  # allowed again once the run has ended
+
+
+def test_a_second_trainer_on_a_model_in_training_is_refused(dashboard, task):
+    trainer = dashboard.trainer
+    again = GRPOTrainer(trainer.model, trainer.tokenizer, DEFAULT_REWARDS, task.prompt_stream(),
+                        GRPOConfig(**SMALL, output_dir=None, reward_weights=DEFAULT_WEIGHTS))  # the cell run again
+    dashboard.start(steps=200)
+    try:
+        while not trainer.is_training:
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match="already being trained by another GRPOTrainer"):
+            Dashboard(again).run(steps=3)
+        assert again.step == 0
+    finally:
+        dashboard.stop()
+        dashboard.wait(timeout=300)
+    assert again.train_step()["step"] == 1  # free once the first loop has ended
 
 
 def test_background_mode_is_refused_in_colab(dashboard, monkeypatch):

@@ -122,6 +122,21 @@ def test_hf_token_order(monkeypatch):
     assert hub.hf_token() == "from-colab-secret"
 
 
+def test_hf_token_from_a_kaggle_secret(monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setitem(sys.modules, "google.colab", None)  # not Colab: its import fails
+    secrets = types.ModuleType("kaggle_secrets")
+    asked = []
+    secrets.UserSecretsClient = lambda: types.SimpleNamespace(get_secret=lambda key: asked.append(key) or "from-kaggle")
+    monkeypatch.setitem(sys.modules, "kaggle_secrets", secrets)
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    assert hub.hf_token() is None and asked == []  # only asked on Kaggle
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    assert hub.hf_token() == "from-kaggle" and asked == ["HF_TOKEN"]
+    monkeypatch.setenv("HF_TOKEN", "from-env")
+    assert hub.hf_token() == "from-env"  # the environment still wins
+
+
 def test_choose_config_falls_back_to_tiny_and_says_why(offline, capsys):
     from grpo_kit.notebook import choose_config
 

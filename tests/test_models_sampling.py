@@ -134,3 +134,22 @@ def test_reference_policy_frozen_copy_and_lora(cpu):
     assert ref.frozen is None  # adapter disabled, no second copy
     with pytest.raises(ValueError, match="EMA"):
         ref.ema_update(0.1)
+
+
+@pytest.mark.parametrize(("bf16", "capability", "triton", "dtype", "compiles"), [
+    (True, (9, 0), True, torch.bfloat16, True),     # H100
+    (False, (7, 5), True, torch.float32, True),     # T4: no bf16 → fp32 (Gemma NaNs in fp16), Triton runs
+    (False, (6, 0), True, torch.float32, False),    # P100: Triton needs compute capability ≥ 7.0
+    (True, (8, 0), False, torch.bfloat16, False),   # no triton package: eager sampler
+])
+def test_gpu_dtype_and_compile_follow_what_the_gpu_supports(monkeypatch, bf16, capability, triton, dtype, compiles):
+    from grpo_kit import device as device_module
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setitem(sys.modules, "triton", object() if triton else None)
+    cuda = torch.device("cuda")
+    assert device_module.default_dtype(cuda) == dtype and device_module.resolve_dtype("auto", cuda) == dtype
+    assert device_module.compile_supported(cuda) is compiles
+    assert device_module.default_dtype(torch.device("cpu")) == torch.float32
+    assert not device_module.compile_supported(torch.device("cpu"))
