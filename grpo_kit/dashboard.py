@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -155,7 +156,6 @@ class Dashboard:
         self._last_draw = 0.0
         self._last_cost = 0.0
         self._thread: threading.Thread | None = None
-        self._foreground = False
         self._interrupted = False
         self._shown_in: int | None = None
         self.error: BaseException | None = None
@@ -281,14 +281,12 @@ class Dashboard:
         self.status.value = "running"
         try:
             with self.trainer.exclusive(), _widget_events() as pump, self._interrupt_stops():
-                self._foreground = True
                 self.trainer.train(steps, progress=False, callback=self.on_step, poll=lambda: self._between_steps(pump))
         except BaseException as e:
             self.error = e
             self.status.value = _error_html(e, self.trainer.step)
             raise
         finally:
-            self._foreground = False
             self.redraw()
         if self._interrupted:
             self.status.value = f"interrupted: stopped after step {self.trainer.step}"
@@ -403,7 +401,7 @@ class Dashboard:
 
 
 def _error_html(error: BaseException, step: int) -> str:
-    return (f"<span style='color:red'>stopped by an error during step {step + 1} (nothing of that step was saved): "
+    return (f"<span style='color:red'>stopped by an error after step {step}, the last step logged: "
             f"{html.escape(type(error).__name__)}: {html.escape(str(error))}</span>")
 
 
@@ -423,9 +421,10 @@ def _widget_events() -> Iterator[Callable[[], None]]:
     if int(ipykernel.__version__.split(".")[0]) >= 7:
         # jupyter_ui_poll's pump does not reach ipykernel 7's shell messages (measured: a slider update sent
         # during the loop arrives only after the cell), so say so instead of pretending the controls are live.
-        print(f"ipykernel {ipykernel.__version__}: the controls act only after this cell ends (jupyter-ui-poll cannot "
-              "take widget messages during a cell under ipykernel 7 yet); Jupyter's interrupt button still stops the "
-              "run after the current step. ipykernel 6 (as on Colab) keeps them live.")
+        warnings.warn(f"ipykernel {ipykernel.__version__}: the controls act only after this cell ends (jupyter-ui-poll "
+                      "cannot take widget messages during a cell under ipykernel 7 yet); Jupyter's interrupt button "
+                      "still stops the run after the current step. ipykernel 6 (as on Colab) keeps them live.",
+                      RuntimeWarning, stacklevel=4)
         yield lambda: None
         return
     from jupyter_ui_poll import ui_events

@@ -168,7 +168,7 @@ def test_an_error_inside_a_step_is_shown_raised_and_frees_the_trainer(tiny, task
     dash = Dashboard(trainer, redraw_seconds=0.0, max_plot_fraction=1.0)
     with pytest.raises(Exception, match="reward broke"):
         dash.run(steps=5)
-    assert "stopped by an error during step 2" in dash.status.value and "reward broke" in dash.status.value
+    assert "stopped by an error after step 1" in dash.status.value and "reward broke" in dash.status.value
     assert trainer.step == 1 and not trainer.is_training
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1  # the failed step logged nothing and saved nothing
