@@ -45,8 +45,8 @@ from .models import ReferencePolicy, is_lora, stop_token_ids
 from .rewards import RewardFunc, compute_rewards, reward_name
 from .sampling import Rollout, completion_logprobs, encode_prompts, sample
 
-# The models a GRPOTrainer loop is training right now, so a second trainer built on the same model (a re-run cell)
-# cannot interleave its optimizer steps with the first's.
+# The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
+# dashboard, a background thread, a re-run cell's new trainer on the same model — would interleave optimizer steps.
 _MODELS_IN_TRAINING: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
 _MODELS_LOCK = threading.Lock()
 
@@ -97,42 +97,38 @@ class GRPOTrainer:
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
         self.step = 0
         self.adaptive_beta: float | None = None
-        # One training loop per trainer: a second loop (another dashboard, a background thread, a re-run cell)
-        # on the same model would interleave optimizer steps. The thread holding it may re-enter.
-        self._training = threading.Lock()
-        self._training_thread: int | None = None
 
     @property
     def is_training(self) -> bool:
         """True while a `train()` loop or a `train_step()` runs on this trainer (in any thread)."""
-        return self._training_thread is not None
+        with _MODELS_LOCK:
+            owner = _MODELS_IN_TRAINING.get(self.model)
+        return owner is not None and owner[0] is self
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """Hold the trainer for one training loop; refuse (RuntimeError) while another loop holds it."""
+        """Hold the model for one training loop; refuse (RuntimeError) while another loop holds it — this
+        trainer's from another thread, or another GRPOTrainer's on the same model. The holding thread may re-enter."""
         me = threading.get_ident()
-        if self._training_thread == me:
+        with _MODELS_LOCK:
+            owner = _MODELS_IN_TRAINING.get(self.model)
+            reentry = owner is not None and owner[0] is self and owner[1] == me
+            if owner is not None and not reentry:
+                if owner[0] is self:
+                    raise RuntimeError("this GRPOTrainer is already training in another loop (a running Dashboard or "
+                                       "thread); stop that run first (the dashboard's stop button, or dash.stop() then "
+                                       "dash.wait())")
+                raise RuntimeError("this model is already being trained by another GRPOTrainer's loop (a cell run "
+                                   "again while its dashboard trains in the background?): stop that run first")
+            _MODELS_IN_TRAINING[self.model] = (self, me)
+        if reentry:
             yield
             return
-        if not self._training.acquire(blocking=False):
-            raise RuntimeError("this GRPOTrainer is already training in another loop (a running Dashboard or thread); "
-                               "stop that run first (the dashboard's stop button, or dash.stop() then dash.wait())")
         try:
-            with _MODELS_LOCK:
-                other = _MODELS_IN_TRAINING.get(self.model)
-                if other is not None and other is not self:
-                    raise RuntimeError("this model is already being trained by another GRPOTrainer's loop (a cell run "
-                                       "again while its dashboard trains in the background?): stop that run first")
-                _MODELS_IN_TRAINING[self.model] = self
-            self._training_thread = me
-            try:
-                yield
-            finally:
-                self._training_thread = None
-                with _MODELS_LOCK:
-                    _MODELS_IN_TRAINING.pop(self.model, None)
+            yield
         finally:
-            self._training.release()
+            with _MODELS_LOCK:
+                _MODELS_IN_TRAINING.pop(self.model, None)
 
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
