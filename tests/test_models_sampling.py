@@ -16,7 +16,7 @@ from grpo_kit.models import (
     load_model,
     stop_token_ids,
 )
-from grpo_kit.sampling import choose_tokens, completion_logprobs, encode_prompts, sample
+from grpo_kit.sampling import choose_tokens, completion_logprobs, encode_prompts, inverse_cdf, sample
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +118,19 @@ def test_choose_tokens_filters():
     assert greedy.item() == 0
 
 
+@pytest.mark.parametrize("vocab", [5, 106, 512, 1000, 262_144])
+def test_two_level_inverse_cdf_picks_what_one_prefix_sum_picks(vocab):
+    """The block search equals the textbook inverse CDF (one prefix sum over the vocabulary, in float64 so that
+    rounding cannot decide), for vocabularies smaller than, equal to and many times a block (Gemma's 262k)."""
+    torch.manual_seed(vocab)
+    probs = torch.softmax(torch.randn(64, vocab) * 3, -1)
+    u = torch.rand(64)
+    wide = probs.double()
+    expected = (wide.cumsum(-1) < (u.double() * wide.sum(-1)).unsqueeze(-1)).sum(-1).clamp(max=vocab - 1)
+    assert torch.equal(inverse_cdf(probs, u), expected)
+    assert torch.equal(inverse_cdf(probs.view(8, 8, vocab), u.view(8, 8)), expected.view(8, 8))
+
+
 def test_reference_policy_frozen_copy_and_lora(cpu):
     model, _ = load_model(ModelConfig(), cpu)
     ref = ReferencePolicy(model)
@@ -153,3 +166,28 @@ def test_gpu_dtype_and_compile_follow_what_the_gpu_supports(monkeypatch, bf16, c
     assert device_module.compile_supported(cuda) is compiles
     assert device_module.default_dtype(torch.device("cpu")) == torch.float32
     assert not device_module.compile_supported(torch.device("cpu"))
+
+
+def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_model, task):
+    """Under SPMD every device takes an equal share of the rows: 3 prompts on 4 devices become 4 rows (the last
+    prompt twice), and only the 3 asked for come back, each as it would alone."""
+    import grpo_kit.sampling as sampling
+    from grpo_kit.evaluate import generate_completions
+
+    model, tokenizer = sft_model
+    prompts = [row["prompt"] for row in task.test_set().select(range(3))]
+    alone = [generate_completions(model, tokenizer, [p], max_new_tokens=12)[0] for p in prompts]
+    seen = []
+    real_sample = sampling.sample
+
+    def spy(model, prompt_ids, *args, **kwargs):
+        seen.append(prompt_ids.shape[0])
+        return real_sample(model, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "padded_rows", lambda rows, device: -(-rows // 4) * 4)
+    monkeypatch.setattr(sampling, "sample", spy)
+    import grpo_kit.evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "sample", spy)
+    assert generate_completions(model, tokenizer, prompts, max_new_tokens=12) == alone
+    assert seen == [3, 4]  # asked with 3 rows, sampled with 4

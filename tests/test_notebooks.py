@@ -6,12 +6,16 @@ Running them is nbmake's job: `make test` collects `notebooks/*.ipynb` with `--n
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_the_course_arc_is_there():
@@ -29,18 +33,44 @@ def test_objectives_and_a_checked_exercise(path):
     assert "### Exercise" in text and "nbk.check(" in text, f"{path.name}: needs an exercise and a cell that checks it"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_the_install_cell_asks_pip_for_the_notebooks_extra(path):
-    """pip reads `git+https://…[extra]` as part of the URL (no extra at all): the line must be `name[extra] @ URL`."""
+def install_cell(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    return next(c.source for c in nb.cells if c.cell_type == "code" and "GRPO_KIT_SOURCE" in c.source)
+
+
+def test_every_notebook_has_the_same_install_cell():
+    assert len({install_cell(path) for path in NOTEBOOKS}) == 1
+
+
+def test_the_install_cell_asks_pip_for_the_notebooks_extra_at_this_release():
+    """pip reads `git+https://…[extra]` as part of the URL (no extra at all): the line must be `name[extra] @ URL`,
+    and the URL pins the release tag of this version, so a notebook opened from GitHub installs its own kit."""
+    import tomllib
+
     from packaging.requirements import Requirement
 
-    nb = nbformat.read(path, as_version=4)
-    install = next(c.source for c in nb.cells if c.cell_type == "code" and "GRPO_KIT_SOURCE" in c.source)
+    install = install_cell(NOTEBOOKS[0])
     default = install.split('os.environ.get("GRPO_KIT_SOURCE", "', 1)[1].split('"', 1)[0]
-    line = install.split("install -q '", 1)[1].split("'", 1)[0].replace("{KIT}", default)
+    assert 'f"grpo-kit[notebooks] @ {KIT}"' in install
+    line = "grpo-kit[notebooks] @ " + default
     requirement = Requirement(line)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert requirement.name == "grpo-kit" and requirement.extras == {"notebooks"}, line
-    assert requirement.url == "git+https://github.com/grpo-kit/grpo_kit", line
+    assert requirement.url == f"git+https://github.com/grpo-kit/grpo_kit@v{version}", line
+
+
+def test_a_wrong_source_stops_the_install_cell_with_the_fix(tmp_path):
+    """Run as on a fresh runtime (no kit importable: python -S, an empty directory): pip fails on the bad URL and
+    the cell ends with one message naming the source and the fix, not a ModuleNotFoundError further down."""
+    cell = install_cell(NOTEBOOKS[0]).replace("from grpo_kit import notebook as nbk", "")
+    env = {**os.environ, "GRPO_KIT_SOURCE": f"file://{tmp_path}/no-such-checkout"}
+    done = subprocess.run([sys.executable, "-S", "-c", cell], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0
+    message = done.stderr.strip().splitlines()
+    assert message[0].startswith(f"pip could not install grpo-kit from file://{tmp_path}/no-such-checkout"), done.stderr
+    assert message[-1].startswith("Fix: unset GRPO_KIT_SOURCE"), done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -51,3 +81,27 @@ def test_evaluation_generates_as_many_tokens_as_training(path):
     for call in text.split("evaluate(")[1:]:
         args = call.split(")", 1)[0]
         assert "max_new_tokens=cfg.grpo.max_new_tokens" in args, f"{path.name}: evaluate({args})"
+
+
+TRAINS_ON_THE_DEVICE = {"00", "01", "02", "05", "06", "07"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_notebook_opens_on_its_runtime_with_its_own_badges(path):
+    """Colab and Kaggle read the accelerator from the notebook's metadata: a notebook that runs a model opens on a
+    TPU (Colab v5e-1, Kaggle v5e-8); the badges open this very notebook at this release's tag."""
+    import tomllib
+
+    nb = nbformat.read(path, as_version=4)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    at_tag = f"grpo-kit/grpo_kit/blob/v{version}/notebooks/{path.name}"
+    intro = nb.cells[0].source
+    assert f"(https://colab.research.google.com/github/{at_tag})" in intro
+    assert f"(https://kaggle.com/kernels/welcome?src=https://github.com/{at_tag})" in intro
+    uses_device = any(word in c.source for c in nb.cells if c.cell_type == "code" for word in ("get_device", "xla-check", "choose_config"))
+    assert uses_device == (path.name[:2] in TRAINS_ON_THE_DEVICE)
+    if uses_device:
+        assert nb.metadata["accelerator"] == "TPU" and nb.metadata["colab"]["gpuType"] == "V5E1"
+        assert nb.metadata["kaggle"]["accelerator"] == "tpuV5e8"
+    else:
+        assert "accelerator" not in nb.metadata and nb.metadata["kaggle"]["accelerator"] == "none"

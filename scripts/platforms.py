@@ -1,0 +1,300 @@
+"""Platform replicas: every notebook run the way a user runs it on Colab or Kaggle (`make platforms`).
+
+A replica is a virtualenv holding the package versions a hosted runtime ships (requirements/platforms/NAME.txt,
+read from the runtime's published list) and the environment variables it sets. Each notebook then gets what a
+user gets there: its own machine (a fresh copy of that virtualenv, hard-linked, and a fresh working directory
+with only the .ipynb in it), a fresh Jupyter kernel, and a first cell that installs the kit from
+GRPO_KIT_SOURCE — a `git+file://` URL of this checkout, the same pip code path as the GitHub URL. A TPU is
+stood in for by the XLA CPU client (PJRT_DEVICE=CPU, CPU_NUM_DEVICES chips, TPU_ACCELERATOR_TYPE as the
+runtime sets it), so the kit takes its TPU code path; only PJRT's device type differs.
+
+    python scripts/platforms.py [--replica NAME ...] [--notebook GLOB] [--full]
+
+prints one JSON line per replica (platform, notebooks_passed, notebooks_total, seconds, xla_devices,
+recompiles_after_warmup, preinstalled_unchanged, failures), then one for the broken runtimes in BAD_INPUTS
+(a wrong GRPO_KIT_SOURCE, a TPU without torch_xla, torch_xla of another torch: each must stop with one message
+naming the fix), and exits non-zero if a notebook failed, a preinstalled package changed version, a TPU replica
+saw the wrong device count or recompiled after warm-up, or a broken runtime did not stop as expected.
+Executed notebooks and logs are kept in .platforms/NAME/runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".platforms"
+# The interpreter the replicas are built from: this machine's python3 (the runtimes use 3.12 / 3.13; the
+# packages pinned in the requirement files have wheels for every one of them).
+def _real_python(command: str) -> str:
+    """The interpreter behind `command` (a pyenv shim or a venv's python names another file)."""
+    found = subprocess.run([command, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+    if found.returncode or not found.stdout.strip():
+        raise SystemExit(f"platforms: cannot run {command!r} to build the replicas; set PLATFORM_PYTHON to a Python 3.10+")
+    return os.path.realpath(found.stdout.strip())
+
+
+BASE_PYTHON = _real_python(os.environ.get("PLATFORM_PYTHON", "python3"))
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    xla_devices: int = 0  # XLA devices the notebooks must see (0: no TPU on this runtime)
+
+    @property
+    def requirements(self) -> Path:
+        return ROOT / "requirements" / "platforms" / f"{self.name}.txt"
+
+
+REPLICAS = {
+    r.name: r for r in [
+        Replica("colab-tpu", {"COLAB_RELEASE_TAG": "replica", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+                              "TPU_ACCELERATOR_TYPE": "v5litepod-1"}, xla_devices=1),
+        Replica("kaggle-tpu", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8",
+                               "TPU_ACCELERATOR_TYPE": "v5litepod-8"}, xla_devices=8),
+        # No GPU on this machine: Colab's GPU package set and install path, run by the CPU.
+        Replica("colab-gpu", {"COLAB_RELEASE_TAG": "replica", "CUDA_VISIBLE_DEVICES": ""}),
+    ]
+}
+
+
+def _run(cmd: list[str], log: Path, **kwargs) -> None:
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(map(str, cmd))}\n")
+        out.flush()
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+    if done.returncode:
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise SystemExit(f"platforms: `{' '.join(map(str, cmd))}` failed (exit {done.returncode}); end of {log}:\n{tail}")
+
+
+def base_venv(replica: Replica) -> Path:
+    """The replica's preinstalled packages in .platforms/NAME/base (rebuilt when its requirement file changes);
+    base/preinstalled.json records every distribution's version right after the install."""
+    base = WORK / replica.name / "base"
+    digest = hashlib.sha256(replica.requirements.read_bytes() + BASE_PYTHON.encode()).hexdigest()
+    stamp = base / ".requirements.sha256"
+    if stamp.exists() and stamp.read_text() == digest:
+        return base
+    shutil.rmtree(base, ignore_errors=True)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    log = WORK / replica.name / "build.log"
+    log.write_text("")
+    print(f"[{replica.name}] building the runtime's package set (log: {log.relative_to(ROOT)})", file=sys.stderr)
+    _run([BASE_PYTHON, "-m", "venv", str(base)], log)
+    python = str(base / "bin" / "python")
+    _run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"], log)
+    _run([python, "-m", "pip", "install", "-r", str(replica.requirements)], log)
+    (base / "preinstalled.json").write_text(json.dumps(installed_versions(base / "bin" / "python"), indent=1))
+    stamp.write_text(digest)
+    return base
+
+
+VERSIONS_SCRIPT = (
+    "import importlib.metadata as m, json, re\n"
+    "seen = {}\n"
+    "for d in m.distributions():\n"
+    "    name = re.sub(r'[-_.]+', '-', d.metadata['Name']).lower()\n"
+    "    seen.setdefault(name, d.version)  # the first on sys.path is the one imported\n"
+    "print(json.dumps(seen))\n"
+)
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    out = subprocess.run([str(python), "-c", VERSIONS_SCRIPT], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> tuple[Path, Path, dict[str, str]]:
+    """One notebook's machine: a hard-linked copy of the replica's virtualenv (pip may change it freely; the
+    base stays as built), an empty working directory holding only the notebook, fresh caches, the runtime's
+    environment variables. Returns (venv, workdir, env)."""
+    home = WORK / replica.name / "runs" / label
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    venv = home / "venv"
+    subprocess.run(["cp", "-al", str(base), str(venv)], check=True)
+    workdir = home / "content"
+    workdir.mkdir()
+    (home / "home").mkdir()
+    shutil.copy(notebook, workdir / notebook.name)
+    kernel_dir = home / "jupyter" / "kernels" / "replica"
+    kernel_dir.mkdir(parents=True)
+    kernel = {"argv": [str(venv / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+              "display_name": replica.name, "language": "python"}
+    (kernel_dir / "kernel.json").write_text(json.dumps(kernel))
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home / "home"),
+        "LANG": "C.UTF-8", "VIRTUAL_ENV": str(venv), "JUPYTER_PATH": str(home / "jupyter"),
+        "JUPYTER_DATA_DIR": str(home / "jupyter"), "JUPYTER_CONFIG_DIR": str(home / "jupyter" / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"), "HF_HOME": str(home / "cache" / "huggingface"),
+        "MPLCONFIGDIR": str(home / "cache" / "matplotlib"), "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        # pip's download cache is kept, as a fast mirror of PyPI; what it installs is still decided afresh
+        "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
+        "GRPO_KIT_QUICK": os.environ.get("GRPO_KIT_QUICK", "1"), "GRPO_KIT_SOURCE": source_url(),
+        "TF_CPP_MIN_LOG_LEVEL": "2", "PYDEVD_DISABLE_FILE_VALIDATION": "1", **replica.env,
+    }
+    for keep in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "http_proxy", "https_proxy"):
+        if keep in os.environ:
+            env[keep] = os.environ[keep]
+    return venv, workdir, env
+
+
+def source_url() -> str:
+    """GRPO_KIT_SOURCE for the notebooks' install cell: this checkout's committed HEAD, as pip installs a GitHub URL."""
+    return os.environ.get("PLATFORM_KIT_SOURCE", f"git+file://{ROOT}")
+
+
+def grpo_runs(workdir: Path) -> list[list[dict]]:
+    """The metrics.jsonl of every GRPO run a notebook left (rows with a reward_mean)."""
+    runs = []
+    for path in sorted(workdir.rglob("metrics.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if rows and "reward_mean" in rows[0]:
+            runs.append(rows)
+    return runs
+
+
+def run_notebook(replica: Replica, base: Path, notebook: Path, timeout: int, *, env_extra: dict | None = None,
+                 preinstall: list[str] | None = None, label: str | None = None) -> dict:
+    """Run one notebook on a fresh machine of `replica` (after `pip install *preinstall` there, to set up a broken
+    runtime) and report what happened: ok / the error the user saw, seconds, changed preinstalled packages, the
+    GRPO runs' recompiles and XLA device counts."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    venv, workdir, env = fresh_machine(replica, base, notebook, label or notebook.stem)
+    env.update(env_extra or {})
+    if preinstall:
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *preinstall], workdir.parent / "preinstall.log")
+    nb = nbformat.read(workdir / notebook.name, as_version=4)
+    client = NotebookClient(nb, kernel_name="replica", timeout=timeout, resources={"metadata": {"path": str(workdir)}})
+    start = time.time()
+    error = None
+    os.environ["JUPYTER_PATH"] = env["JUPYTER_PATH"]  # where nbclient looks the kernel up
+    kernel_log = (workdir.parent / "kernel.log").open("w")  # XLA's and the kernel's own stderr
+    try:
+        client.execute(env=env, cwd=str(workdir), stdout=kernel_log, stderr=kernel_log)
+    except (CellExecutionError, CellTimeoutError) as exc:
+        error = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - a kernel that died is a failed notebook, reported with its reason
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    seconds = time.time() - start
+    kernel_log.close()
+    nbformat.write(nb, workdir.parent / f"executed-{notebook.name}")
+    preinstalled = json.loads((base / "preinstalled.json").read_text())
+    now = installed_versions(venv / "bin" / "python")
+    changed = {k: f"{v} → {now.get(k, 'removed')}" for k, v in preinstalled.items() if now.get(k) != v}
+    runs = grpo_runs(workdir)
+    recompiles = sum(int(rows[-1].get("xla_recompiles_after_warmup", 0)) for rows in runs)
+    devices = sorted({int(r["xla_devices"]) for rows in runs for r in rows if "xla_devices" in r})
+    shown = next((o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"), None)
+    if shown is not None:
+        error = f"{shown.ename}: {shown.evalue}"
+    return {"notebook": notebook.name, "ok": error is None, "error": error, "seconds": round(seconds, 1),
+            "traceback_lines": len("\n".join(shown.traceback).splitlines()) if shown is not None else 0,
+            "changed": changed, "grpo_runs": len(runs), "recompiles_after_warmup": recompiles, "xla_devices": devices,
+            "kit_installed": now.get("grpo-kit")}
+
+
+def run_replica(replica: Replica, notebooks: list[Path], timeout: int) -> dict:
+    base = base_venv(replica)
+    start = time.time()
+    results = []
+    for notebook in notebooks:
+        print(f"[{replica.name}] {notebook.name} …", file=sys.stderr, flush=True)
+        result = run_notebook(replica, base, notebook, timeout)
+        status = "ok" if result["ok"] else f"FAILED: {result['error']}"
+        print(f"[{replica.name}] {notebook.name} {status} ({result['seconds']:.0f} s)", file=sys.stderr, flush=True)
+        results.append(result)
+    (WORK / replica.name / "report.json").write_text(json.dumps(results, indent=1))
+    devices = sorted({d for r in results for d in r["xla_devices"]})
+    return {
+        "platform": replica.name,
+        "notebooks_passed": sum(r["ok"] for r in results),
+        "notebooks_total": len(results),
+        "seconds": round(time.time() - start),
+        "xla_devices": devices[0] if len(devices) == 1 else devices,
+        "recompiles_after_warmup": sum(r["recompiles_after_warmup"] for r in results),
+        "preinstalled_unchanged": not any(r["changed"] for r in results),
+        "failures": {r["notebook"]: r["error"] or r["changed"] for r in results if not r["ok"] or r["changed"]},
+    }
+
+
+# A broken runtime must stop in the first cell that needs what is missing, with one message naming the fix.
+BAD_INPUTS = [
+    {"case": "wrong GRPO_KIT_SOURCE", "replica": "colab-tpu", "notebook": "00_setup",
+     "env": {"GRPO_KIT_SOURCE": "git+file:///nonexistent/grpo_kit"},
+     "expect": "SystemExit: pip could not install grpo-kit from git+file:///nonexistent/grpo_kit"},
+    {"case": "TPU runtime without torch_xla", "replica": "colab-gpu", "notebook": "02_sft_warmup",
+     "env": {"TPU_ACCELERATOR_TYPE": "v5litepod-1", "PJRT_DEVICE": "CPU"},
+     "expect": "SetupError: this is a TPU runtime, but torch_xla is not installed: run  %pip install 'torch_xla[tpu]~=2.11.0'"},
+    {"case": "torch_xla of another torch release", "replica": "kaggle-tpu", "notebook": "02_sft_warmup",
+     "preinstall": ["--no-deps", "torch_xla==2.9.0"],
+     "expect": "SetupError: this is a TPU runtime, but torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla[tpu]~=2.8.0'"},
+]
+MAX_ERROR_LINES = 4  # the message (and IPython's one-line note for SystemExit), not a wall of frames
+
+
+def run_bad_inputs(names: list[str], timeout: int) -> dict:
+    results = []
+    for case in BAD_INPUTS:
+        if case["replica"] not in names:
+            continue
+        replica = REPLICAS[case["replica"]]
+        notebook = ROOT / "notebooks" / f"{case['notebook']}.ipynb"
+        result = run_notebook(replica, base_venv(replica), notebook, timeout, env_extra=case.get("env"),
+                              preinstall=case.get("preinstall"), label=f"bad-input-{notebook.stem}")
+        held = (not result["ok"] and (result["error"] or "").startswith(case["expect"])
+                and result["traceback_lines"] <= MAX_ERROR_LINES)
+        print(f"[bad input] {case['case']}: {'as expected' if held else 'NOT as expected'} — {result['error']!r} "
+              f"({result['traceback_lines']} lines)", file=sys.stderr, flush=True)
+        results.append({"case": case["case"], "ok": held, "error": result["error"], "lines": result["traceback_lines"]})
+    return {"platform": "bad-inputs", "cases_passed": sum(r["ok"] for r in results), "cases_total": len(results),
+            "failures": {r["case"]: r["error"] for r in results if not r["ok"]}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replica", action="append", choices=sorted(REPLICAS), help="default: all three")
+    parser.add_argument("--notebook", default="*", help="glob over notebooks/*.ipynb names (default: all)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds one cell may run")
+    parser.add_argument("--build-only", action="store_true", help="build the replicas' package sets and stop")
+    parser.add_argument("--no-bad-inputs", action="store_true", help="skip the broken-runtime cases")
+    args = parser.parse_args()
+    names = args.replica or list(REPLICAS)
+    if args.build_only:
+        for name in names:
+            base_venv(REPLICAS[name])
+        return
+    notebooks = sorted((ROOT / "notebooks").glob(f"{args.notebook}.ipynb"))
+    if not notebooks:
+        raise SystemExit(f"platforms: no notebook matches --notebook {args.notebook!r} in notebooks/")
+    failed = False
+    for name in names:
+        line = run_replica(REPLICAS[name], notebooks, args.timeout)
+        expected = REPLICAS[name].xla_devices
+        failed |= (line["notebooks_passed"] < line["notebooks_total"] or not line["preinstalled_unchanged"]
+                   or (expected and (line["xla_devices"] != expected or line["recompiles_after_warmup"])))
+        print(json.dumps(line), flush=True)
+    if not args.no_bad_inputs:
+        line = run_bad_inputs(names, args.timeout)
+        failed |= line["cases_passed"] < line["cases_total"]
+        print(json.dumps(line), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""What device.py decides from the runtime: a TPU machine needs a working torch_xla that matches torch, and
+says how to get one; nothing falls back to the host CPU silently."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from grpo_kit import device as device_module
+from grpo_kit.device import SetupError, get_device, padded_rows, xla_problem
+
+
+def fake_versions(monkeypatch, **versions):
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        key = name.replace("-", "_").lower()
+        if key in versions:
+            if versions[key] is None:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return versions[key]
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def test_missing_torch_xla_names_the_matching_install(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.9.0+cpu")
+    fake_versions(monkeypatch, torch_xla=None)
+    problem = xla_problem()
+    assert problem.startswith("torch_xla is not installed: run  %pip install 'torch_xla[tpu]~=2.9.0'")
+    assert "restart" in problem
+
+
+def test_torch_xla_of_another_torch_release_is_named_with_both_fixes(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.9.0+cpu")
+    fake_versions(monkeypatch, torch_xla="2.8.0")
+    problem = xla_problem()
+    assert problem.startswith("torch_xla 2.8.0 does not match torch 2.9.0: run  %pip install 'torch_xla[tpu]~=2.9.0'")
+    assert "install torch 2.8" in problem
+
+
+def test_a_tpu_runtime_without_torch_xla_is_an_error_not_the_host_cpu(monkeypatch):
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    monkeypatch.delenv("GRPO_KIT_DEVICE", raising=False)
+    monkeypatch.setattr(device_module, "xla_problem", lambda: "torch_xla is not installed: run  %pip install 'x'")
+    with pytest.raises(SetupError, match=r"^this is a TPU runtime, but torch_xla is not installed: run  %pip install 'x'$"):
+        get_device()
+    with pytest.raises(SetupError, match="device 'xla' asked for, but torch_xla is not installed"):
+        get_device("xla")
+    assert get_device("cpu").type == "cpu"  # asked for by name, the CPU is still there
+
+
+def test_setup_errors_show_one_line_in_jupyter():
+    """IPython prints `_render_traceback_()` instead of the frames: the message and nothing else."""
+    lines = SetupError("torch_xla 2.8.0 does not match torch 2.9.0: run …")._render_traceback_()
+    assert len(lines) == 1 and "SetupError: torch_xla 2.8.0 does not match torch 2.9.0" in lines[0]
+
+
+def test_the_stand_in_tpu_is_a_tpu_but_not_real_chips(monkeypatch):
+    """Platform replicas set TPU_ACCELERATOR_TYPE with PJRT_DEVICE=CPU: the kit takes its TPU path (preset, XLA,
+    SPMD) but does not open the persistent compile cache, which only real chips can read back."""
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    assert device_module.tpu_present() and not device_module.tpu_chips_attached()
+    assert device_module.enable_compile_cache() is None
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    assert device_module.tpu_chips_attached()
+
+
+def test_rows_are_padded_to_the_mesh_only_on_xla(monkeypatch):
+    monkeypatch.setattr(device_module, "data_parallel_size", lambda: 8)
+    assert [padded_rows(n, "xla") for n in (1, 3, 8, 9)] == [8, 8, 8, 16]
+    assert padded_rows(3, "cpu") == 3
