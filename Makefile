@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench lint clean
+.PHONY: demo test setup browser bench lint clean platforms
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ test: $(STAMP) $(CLASSIC_STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
 
+# Every notebook on replicas of Colab TPU, Kaggle TPU v5e-8 and Colab GPU, each on a fresh machine as users get it
+# (scripts/platforms.py; cell 1 installs the committed HEAD of this checkout). One JSON line per replica.
+platforms: $(STAMP)
+	$(BIN)/python scripts/platforms.py
+
 # docs/benchmarks.md and its plots, from one run (≈ 25 minutes on 2 cores; `grpo-kit bench --quick` ≈ 10).
 bench: $(STAMP)
 	$(BIN)/grpo-kit bench --report docs
@@ -54,4 +59,4 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
 
 clean:
-	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache
+	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache .platforms

@@ -97,6 +97,7 @@ class GRPOTrainer:
         manual_seed(cfg.seed, self.device)
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
         self.step = 0
+        self._prompt_width = 0  # XLA: the widest prompt batch so far (see rollout)
         self.adaptive_beta: float | None = None
 
     @property
@@ -135,6 +136,12 @@ class GRPOTrainer:
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
         cfg = self.config
         ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket)
+        if not host_syncs_are_cheap(self.device):
+            # XLA compiles one program per prompt width: widths only grow (left padding up to the widest seen),
+            # so a batch of shorter prompts reuses the programs compiled for a wider one
+            self._prompt_width = max(self._prompt_width, ids.shape[1])
+            ids = torch.nn.functional.pad(ids, (self._prompt_width - ids.shape[1], 0), value=self.tokenizer.pad_token_id)
+            mask = torch.nn.functional.pad(mask, (self._prompt_width - mask.shape[1], 0), value=0)
         ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
         roll = sample(
             self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
@@ -167,7 +174,7 @@ class GRPOTrainer:
         )
 
     # ---- 4. update ----------------------------------------------------------------------------------
-    def update(self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float) -> dict[str, torch.Tensor]:
+    def update(self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.config
         ids, attn = roll.input_ids, roll.attention_mask
         plen = roll.prompt_ids.shape[1]
@@ -192,7 +199,7 @@ class GRPOTrainer:
                 self.model.eval()
                 old_logp = torch.cat([logprobs(self.model, m)[0] for m in micro])
             ref_logp = None
-            if self.reference is not None and (beta > 0 or cfg.log_kl):
+            if self.reference is not None and (isinstance(beta, torch.Tensor) or beta > 0 or cfg.log_kl):
                 with self.reference.model() as ref:
                     ref.eval()
                     ref_logp = torch.cat([logprobs(ref, m)[0] for m in micro])
@@ -267,11 +274,18 @@ class GRPOTrainer:
         beta = self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"]
 
         rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
-        roll = self.rollout(rows, controls)  # 1
+        step_controls, step_beta = controls, beta
+        if not host_syncs_are_cheap(self.device):
+            # XLA bakes the Python numbers 0 and 1 into a graph as constants (others become inputs): as device
+            # values, β 0 → 0.5 or a temperature moved off 1.0 from the dashboard reuse the compiled programs
+            # (one-element tensors copied from the CPU: torch_xla turns a 0-dim one into a constant as well)
+            step_controls = {**controls, "temperature": torch.tensor([float(controls["temperature"])]).to(self.device)}
+            step_beta = torch.tensor([float(beta)]).to(self.device)
+        roll = self.rollout(rows, step_controls)  # 1
         t_rollout = time.perf_counter()
         result, texts, prompts, lengths = self.score(rows, roll, controls)  # 2
         adv = self.advantages(result.total)  # 3
-        device_stats = self.update(roll, adv, controls, beta)  # 4
+        device_stats = self.update(roll, adv, step_controls, step_beta)  # 4
         self.step += 1
 
         # 5. log: one transfer for all device values, then host-side extras
@@ -299,7 +313,9 @@ class GRPOTrainer:
         row.update({f"memory_{k}": v for k, v in memory_stats(self.device).items()})
         if is_xla(self.device):
             monitor = compile_monitor()
-            row.update(monitor.metrics(), xla_compiles_step=monitor.total() - compiles_before, xla_devices=data_parallel_size())
+            compiles = monitor.total() - compiles_before
+            row.update(monitor.metrics(), xla_compiles_step=compiles, xla_devices=data_parallel_size(),
+                       xla_recompiles_step=compiles if self.step > cfg.compile_warmup_steps else 0)
             if self.step >= cfg.compile_warmup_steps:
                 monitor.end_warmup()
         self.logger.log(row)

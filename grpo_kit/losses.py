@@ -155,7 +155,7 @@ def policy_loss(
     if ref_logp is not None:
         kl = kl_estimate(logp, ref_logp, kl_estimator)
         stats["kl"] = masked_mean(kl.detach(), mask)
-        if beta != 0.0:
+        if isinstance(beta, torch.Tensor) or beta != 0.0:  # a tensor β (XLA) is always in the graph, even at 0
             per_token = per_token + beta * kl
     if entropy is not None:
         stats["entropy"] = masked_mean(entropy.detach(), mask)

@@ -137,7 +137,7 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def choose_tokens(
-    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+    logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
     uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (tokens, log-prob under the temperature-scaled distribution).
@@ -151,7 +151,7 @@ def choose_tokens(
     `uniforms` (B,) may be supplied; otherwise they are drawn on the logits' device.
     """
     logits = logits.float()
-    scaled = logits / max(temperature, 1e-5)
+    scaled = logits / (temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(temperature, 1e-5))
     logprobs = torch.log_softmax(scaled, dim=-1)
     if greedy:
         tokens = logits.argmax(dim=-1)

@@ -198,7 +198,7 @@ def run_notebook(replica: Replica, base: Path, notebook: Path, timeout: int, *, 
     now = installed_versions(venv / "bin" / "python")
     changed = {k: f"{v} → {now.get(k, 'removed')}" for k, v in preinstalled.items() if now.get(k) != v}
     runs = grpo_runs(workdir)
-    recompiles = sum(int(rows[-1].get("xla_recompiles_after_warmup", 0)) for rows in runs)
+    recompiles = sum(int(r.get("xla_recompiles_step", 0)) for rows in runs for r in rows)  # GRPO steps after warm-up
     devices = sorted({int(r["xla_devices"]) for rows in runs for r in rows if "xla_devices" in r})
     shown = next((o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"), None)
     if shown is not None:
@@ -279,6 +279,12 @@ def main() -> None:
         for name in names:
             base_venv(REPLICAS[name])
         return
+    if "PLATFORM_KIT_SOURCE" not in os.environ:
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        if dirty:
+            print("platforms: the notebooks install the committed HEAD (git+file://); uncommitted changes are not in it",
+                  file=sys.stderr)
     notebooks = sorted((ROOT / "notebooks").glob(f"{args.notebook}.ipynb"))
     if not notebooks:
         raise SystemExit(f"platforms: no notebook matches --notebook {args.notebook!r} in notebooks/")

@@ -151,3 +151,28 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     assert fallbacks() == fallbacks_before
     assert torch.equal(tokens, eager.completion_ids)
     assert (logprobs - eager.sampling_logprobs).abs().max() < 1e-5
+
+
+def test_dashboard_moves_after_warm_up_compile_nothing_new(task):
+    """The live controls on a TPU: β 0 → 0.5 and temperature 1.0 → 0.3 after warm-up (XLA would bake the numbers
+    0 and 1 into a graph), and a batch of shorter prompts than before, all reuse the compiled programs."""
+    import dataclasses
+
+    from grpo_kit.config import GRPOConfig, ModelConfig
+    from grpo_kit.grpo import GRPOTrainer
+    from grpo_kit.models import load_model
+    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+
+    model, tok = load_model(ModelConfig(dtype="float32"), torch.device("cpu"))
+    model = move_model(model, get_device("xla"))
+    prompts = task.prompt_stream()
+    longest_first = sorted((next(prompts) for _ in range(40)), key=lambda r: -len(str(r["prompt"])))
+    cfg = GRPOConfig(steps=6, prompts_per_step=4, group_size=4, micro_batch_size=16, max_new_tokens=12, beta=0.0,
+                     temperature=1.0, learning_rate=1e-4, warmup_steps=0, output_dir=None, log_completions=0,
+                     reward_weights=DEFAULT_WEIGHTS, compile_warmup_steps=2)
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, iter(longest_first), dataclasses.replace(cfg))
+    trainer.train(3, progress=False)
+    trainer.controls.update(beta=0.5, temperature=0.3)
+    after = trainer.train(6, progress=False)[3:]
+    assert [r["xla_recompiles_step"] for r in after] == [0, 0, 0], [r.get("graphs_per_phase") for r in after]
+    assert after[-1]["beta"] == 0.5 and abs(after[-1]["temperature"] - 0.3) < 1e-9
