@@ -1,0 +1,37 @@
+"""The course's hand-off between notebooks when each runs on a machine of its own (Colab, Kaggle): checkpoints
+in `runs_dir()`, and a missing one rebuilt — never an untrained model evaluated or exported."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_kit import notebook as nbk
+from grpo_kit.models import load_model
+
+
+def test_runs_dir_is_the_setting_else_local_runs(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path / "kept"))
+    assert nbk.runs_dir() == tmp_path / "kept"
+    monkeypatch.delenv("GRPO_KIT_RUNS_DIR")
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    assert nbk.runs_dir() in (nbk.Path("runs"), nbk.Path("/content/drive/MyDrive/grpo_kit/runs"))
+
+
+def test_a_missing_checkpoint_is_rebuilt_once_then_loaded(monkeypatch, tmp_path, capsys):
+    """06 opened alone: the GRPO checkpoint is rebuilt from an SFT checkpoint that is rebuilt first (each
+    announced); the next notebook on this machine loads both; the GRPO weights are trained, not the init."""
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("GRPO_KIT_QUICK", "1")
+    cfg = nbk.load_demo_config("cpu-tiny")
+    model, _, path = nbk.course_model("grpo", cfg, torch.device("cpu"))
+    said = capsys.readouterr().out
+    assert "sft: no checkpoint" in said and "grpo: no checkpoint" in said and "rebuilt and saved" in said
+    assert path == tmp_path / "course" / "grpo" / "checkpoint" and path.exists()
+    assert (tmp_path / "course" / "sft" / "checkpoint").exists()
+
+    again, _, _ = nbk.course_model("grpo", cfg, torch.device("cpu"))
+    assert "grpo: loaded" in capsys.readouterr().out
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    untrained, _ = load_model(cfg.model, torch.device("cpu"))
+    assert any(not torch.equal(a, b) for a, b in zip(untrained.state_dict().values(), again.state_dict().values(), strict=True))
