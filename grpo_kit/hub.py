@@ -221,15 +221,18 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     except ImportError as e:
         raise ModelAccessError("reading the gemma-3-270m GGUF needs the gguf package: pip install 'grpo-kit[gemma-offline]'") from e
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .models import ensure_chat_template, stop_token_ids
 
     target.parent.mkdir(parents=True, exist_ok=True)
     gguf_path = Path(package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf"))
     try:
+        # newer transformers keep GGUF weights quantized unless told; older ones (no GgufConfig) always dequantize
+        dequantize = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
-                                                     quantization_config=GgufConfig(dequantize=True))
+                                                     **dequantize)
         tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name))
         model.generation_config.eos_token_id = stop_token_ids(tokenizer)  # the GGUF lists only <eos>
         model.generation_config.pad_token_id = tokenizer.pad_token_id
