@@ -36,20 +36,39 @@ def xla_problem() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     torch_release = torch.__version__.split("+")[0]
-    same_xla = f"torch_xla[tpu]~={'.'.join(torch_release.split('.')[:2])}.0"
     try:
-        xla_release = version("torch_xla")
+        version("torch_xla")
     except PackageNotFoundError:
+        same_xla = f"torch_xla[tpu]~={'.'.join(torch_release.split('.')[:2])}.0"
         return (f"torch_xla is not installed: run  %pip install '{same_xla}'  (it must match torch {torch_release}), "
                 "then restart the session")
-    if xla_release.split(".")[:2] != torch_release.split(".")[:2]:
-        return (f"torch_xla {xla_release} does not match torch {torch_release}: run  %pip install '{same_xla}'  "
-                f"(or install torch {'.'.join(xla_release.split('.')[:2])} to match torch_xla), then restart the session")
+    mismatch = torch_xla_mismatch()
+    if mismatch:
+        return mismatch
+    xla_release = version("torch_xla")
     try:
         import torch_xla  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"; say which
         return f"torch_xla {xla_release} is installed but does not import ({type(exc).__name__}: {exc})"
     return None
+
+
+def torch_xla_mismatch() -> str | None:
+    """A torch_xla built for another torch release is installed (read from the package metadata, without importing
+    it): the fix, or None. transformers imports torch_xla whenever it is installed, so such a pair breaks imports
+    long before a device is asked for; `import grpo_kit` raises this as a SetupError first."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        xla_release = version("torch_xla")
+    except PackageNotFoundError:
+        return None
+    torch_release = torch.__version__.split("+")[0]
+    if xla_release.split(".")[:2] == torch_release.split(".")[:2]:
+        return None
+    same_xla = f"torch_xla[tpu]~={'.'.join(torch_release.split('.')[:2])}.0"
+    return (f"torch_xla {xla_release} does not match torch {torch_release}: run  %pip install '{same_xla}'  "
+            f"(or install torch {'.'.join(xla_release.split('.')[:2])} to match torch_xla), then restart the session")
 
 
 def tpu_present() -> bool:

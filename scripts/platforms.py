@@ -243,7 +243,7 @@ BAD_INPUTS = [
      "expect": "SetupError: this is a TPU runtime, but torch_xla is not installed: run  %pip install 'torch_xla[tpu]~=2.11.0'"},
     {"case": "torch_xla of another torch release", "replica": "kaggle-tpu", "notebook": "02_sft_warmup",
      "preinstall": ["--no-deps", "torch_xla==2.9.0"],
-     "expect": "SetupError: this is a TPU runtime, but torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla[tpu]~=2.8.0'"},
+     "expect": "SetupError: torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla[tpu]~=2.8.0'"},
 ]
 MAX_ERROR_LINES = 4  # the message (and IPython's one-line note for SystemExit), not a wall of frames
 

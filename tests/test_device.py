@@ -42,6 +42,21 @@ def test_torch_xla_of_another_torch_release_is_named_with_both_fixes(monkeypatch
     assert "install torch 2.8" in problem
 
 
+def test_a_mismatched_pair_stops_the_import_of_the_kit(monkeypatch):
+    """transformers imports an installed torch_xla on its own, so `import grpo_kit` checks the pair first."""
+    import importlib
+
+    import grpo_kit
+
+    monkeypatch.setattr(torch, "__version__", "2.8.0+cpu")
+    fake_versions(monkeypatch, torch_xla="2.9.0")
+    with pytest.raises(SetupError, match=r"^torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla\[tpu\]~=2.8.0'"):
+        importlib.reload(grpo_kit)
+    fake_versions(monkeypatch, torch_xla=None)
+    assert device_module.torch_xla_mismatch() is None
+    importlib.reload(grpo_kit)
+
+
 def test_a_tpu_runtime_without_torch_xla_is_an_error_not_the_host_cpu(monkeypatch):
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
     monkeypatch.delenv("GRPO_KIT_DEVICE", raising=False)
