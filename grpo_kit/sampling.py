@@ -119,9 +119,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     Found in two levels: the mass of each block of SAMPLE_BLOCK entries and their running sum pick the block where
     the running mass crosses the target, then a running sum inside that block alone picks the entry. The result is
-    that of one prefix sum over the whole vocabulary, without one: XLA fuses a long prefix sum with the softmax
-    that feeds it into a window reduction that recomputes the softmax per window (quadratic in V, seconds per token
-    for Gemma's 262k vocabulary under SPMD)."""
+    that of one prefix sum over the whole vocabulary, without one: on XLA under SPMD a prefix sum over Gemma's 262k
+    vocabulary, fed by the softmax, costs seconds per sampled token; two of at most 512 entries cost milliseconds."""
     shape, vocab = probs.shape[:-1], probs.shape[-1]
     flat, u = probs.reshape(-1, vocab), u.reshape(-1).to(probs.dtype)
     rows, blocks = flat.shape[0], -(-vocab // SAMPLE_BLOCK)
