@@ -26,20 +26,15 @@ def fake_versions(monkeypatch, **versions):
     monkeypatch.setattr(importlib.metadata, "version", version)
 
 
-def test_missing_torch_xla_names_the_matching_install(monkeypatch):
+@pytest.mark.parametrize(("installed", "starts", "also"), [
+    (None, "torch_xla is not installed: run  %pip install 'torch_xla[tpu]~=2.9.0'", "restart"),
+    ("2.8.0", "torch_xla 2.8.0 does not match torch 2.9.0: run  %pip install 'torch_xla[tpu]~=2.9.0'", "install torch 2.8"),
+])
+def test_a_missing_or_mismatched_torch_xla_is_named_with_its_fix(monkeypatch, installed, starts, also):
     monkeypatch.setattr(torch, "__version__", "2.9.0+cpu")
-    fake_versions(monkeypatch, torch_xla=None)
+    fake_versions(monkeypatch, torch_xla=installed)
     problem = xla_problem()
-    assert problem.startswith("torch_xla is not installed: run  %pip install 'torch_xla[tpu]~=2.9.0'")
-    assert "restart" in problem
-
-
-def test_torch_xla_of_another_torch_release_is_named_with_both_fixes(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.9.0+cpu")
-    fake_versions(monkeypatch, torch_xla="2.8.0")
-    problem = xla_problem()
-    assert problem.startswith("torch_xla 2.8.0 does not match torch 2.9.0: run  %pip install 'torch_xla[tpu]~=2.9.0'")
-    assert "install torch 2.8" in problem
+    assert problem.startswith(starts) and also in problem
 
 
 def test_a_mismatched_pair_stops_the_import_of_the_kit(monkeypatch):
