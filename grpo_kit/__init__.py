@@ -2,5 +2,6 @@
 
 from .device import SetupError, torch_xla_mismatch
 
-if torch_xla_mismatch():  # transformers would fail later, inside an import, with an undefined-symbol error
-    raise SetupError(torch_xla_mismatch())
+_mismatch = torch_xla_mismatch()
+if _mismatch:  # transformers would fail later, inside an import, with an undefined-symbol error
+    raise SetupError(_mismatch)

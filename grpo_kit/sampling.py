@@ -203,14 +203,14 @@ def sample(
     runs the lean decode steps under `torch.compile` on cpu/cuda (XLA compiles its graphs anyway).
     """
     device = next(model.parameters()).device
-    rows_given = prompt_ids.shape[0]
-    if padded_rows(rows_given, device) != rows_given:
+    rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
+    if rows_split != rows_given:
         # SPMD splits the batch over every device: a few prompts (a chat cell, an eval tail) are padded with
         # copies of the last one, sampled, and the copies dropped
         if group_size > 1:
             raise ValueError(f"{rows_given} rows in groups of {group_size} cannot be split over the SPMD mesh: "
                              f"make prompts × group_size a multiple of {padded_rows(1, device)}")
-        repeat = torch.cat([torch.arange(rows_given), torch.full((padded_rows(rows_given, device) - rows_given,), rows_given - 1)])
+        repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
         roll = sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens, stop_ids, pad_id, temperature, top_k,
                       top_p, greedy, generator, group_size, lean, compiled)
         return roll.head(rows_given)
