@@ -67,8 +67,8 @@ def measure(model: str, lora: bool, prompts: int, group: int, micro: int, max_ne
 
 def estimate(spec_name: str, lora: bool, prompts: int, group: int, micro: int, max_new_tokens: int,
              prompt_length: int, checkpointing: bool = False) -> dict:
-    from grpo_kit.plan import GIB, PlanInput
-    from grpo_kit.plan import estimate as plan_estimate
+    from grpo_kit.planner import GIB, PlanInput
+    from grpo_kit.planner import estimate as plan_estimate
 
     p = PlanInput(model=spec_name, tpu="cpu", lora=lora, prompts_per_step=prompts, group_size=group,
                   prompt_length=prompt_length, max_new_tokens=max_new_tokens, beta=0.0, dtype_bytes=4)

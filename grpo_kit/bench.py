@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
-from .evaluate import evaluate
+from .evaluation import evaluate
 from .grpo import GRPOTrainer
 from .models import load_model
 from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
@@ -48,8 +48,8 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def sft_model(quick: bool, steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
-    """The tiny Gemma after the demo's SFT warm-up: the shared starting point (a weaker start — 120 steps,
-    10 % accuracy — left both trainers flat within a minute, so --quick keeps the full warm-up)."""
+    """The tiny Gemma after the demo's SFT warm-up: the shared starting point. --quick keeps the full warm-up:
+    from a much weaker start neither trainer improves within the learning run's minute."""
     cfg = load_demo_config("cpu-tiny")
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = ArithmeticTask(num_demonstrations=cfg.task.num_demonstrations, num_test=cfg.task.num_test)
@@ -253,8 +253,8 @@ def xla_graph_counts(token_counts: tuple[int, ...] = (16, 32, 64)) -> dict[str, 
 def _xla_child(token_counts: list[int]) -> dict[str, Any]:
     import torch_xla.debug.metrics as met
 
+    from .chat import stop_token_ids
     from .device import get_device
-    from .models import stop_token_ids
 
     def compiles() -> int:
         data = met.metric_data("CompileTime")

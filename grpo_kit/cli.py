@@ -78,7 +78,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
     """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object."""
-    from .evaluate import evaluate
+    from .evaluation import evaluate
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate
+    from .evaluation import evaluate
 
     cfg, _, model, tokenizer, task = _setup(args, "runs/eval")
     result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
@@ -133,7 +133,7 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import PlanInput, plan, table
+    from .planner import PlanInput, plan, table
 
     if args.table:
         print(table())

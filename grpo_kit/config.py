@@ -70,13 +70,13 @@ class SFTConfig:
     """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
 
     steps: int = 200
-    """Optimizer steps. 200 × batch 32 = 32 passes over 200 demonstrations: format learned, arithmetic partly
-    (37 % held-out greedy accuracy on the tiny Gemma; 300 steps reach 47 %, 120 steps 5 %)."""
+    """Optimizer steps. 200 × batch 32 = 32 passes over 200 demonstrations: enough to learn the format and
+    part of the arithmetic, leaving GRPO room to improve (docs/tuning.md)."""
     batch_size: int = 32
     """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
     learning_rate: float = 1e-3
-    """Peak AdamW learning rate. High because the tiny model is small (3e-3 generalised worse: 40 % vs 47 %);
-    use ~2e-4 with LoRA on real Gemma."""
+    """Peak AdamW learning rate. High because the tiny model is small (higher generalises worse); use ~2e-4
+    with LoRA on real Gemma."""
     weight_decay: float = 0.0
     """AdamW weight decay; 0 keeps the warm-up simple."""
     warmup_steps: int = 20
@@ -102,12 +102,12 @@ class GRPOConfig:
     """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same."""
 
     steps: int = 60
-    """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: held-out accuracy
-    was still rising at 45 steps (+19.5 points there, +23.5 at 60), and 60 steps take ≈ 4 minutes on 2 cores."""
+    """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: enough for held-out
+    accuracy to level off on the tiny Gemma while the demo stays a few minutes long on 2 cores."""
     prompts_per_step: int = 128
-    """Distinct prompts per step. With group_size 4 this is 512 completions, all one shape. On the tiny Gemma
-    the gradient is noisy: 16 prompts drifted held-out accuracy down, 64 × 8 gained 11.5 points in 30 steps,
-    128 × 4 gained 12 (same cost per step: more distinct problems beat more samples of each)."""
+    """Distinct prompts per step. With group_size 4 this is 512 completions, all one shape. Many distinct
+    prompts average out the noisy policy gradient; at equal cost more distinct problems beat more samples of
+    each (docs/tuning.md)."""
     group_size: int = 4
     """Completions per prompt (G). Advantages compare completions within a group; TRL's default is 8. With
     the dense answer-digits reward 4 samples already differ in most groups."""
@@ -118,15 +118,16 @@ class GRPOConfig:
     less compute on padding; larger means fewer distinct shapes."""
     temperature: float = 0.7
     """Sampling temperature; the training forward divides logits by the same value, so importance ratios
-    stay honest. On the tiny Gemma after SFT, 1.0 samples are mostly wrong (10 % correct vs 37 % greedy) and
-    GRPO gained nothing in 30 steps; 0.7 (30 % correct) gained 9.5 points; 0.5 explored too little."""
+    stay honest. Below 1 because a small model after SFT samples mostly wrong answers at 1.0 (groups with no
+    right answer give no signal), while too low a temperature explores too little (docs/tuning.md)."""
     top_k: int = 0
     """Keep only the k most likely tokens (0 = off)."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off)."""
     learning_rate: float = 1e-4
-    """AdamW learning rate (constant after warm-up; the dashboard may change it live). On the tiny Gemma 2e-4
-    and above drove KL past 0.2 and accuracy down within 20–40 steps. Use ~1e-5 for LoRA on real Gemma."""
+    """AdamW learning rate (constant after warm-up; the dashboard may change it live). Small because the
+    policy after SFT sits in a sharp spot that larger steps leave (KL up, accuracy down). Use ~1e-5 for LoRA
+    on real Gemma."""
     warmup_steps: int = 3
     """Linear learning-rate warm-up. Adam's first steps move every weight by about ±lr whatever the gradient's
     size; with noisy policy gradients that is a random kick, so ramp up instead."""

@@ -13,7 +13,7 @@ import torch
 
 from .config import DemoConfig
 from .device import get_device
-from .evaluate import evaluate
+from .evaluation import evaluate
 from .grpo import GRPOTrainer
 from .metrics import read_jsonl
 from .models import load_model

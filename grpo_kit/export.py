@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .models import base_model, ensure_chat_template, is_lora, stop_token_ids
+from .chat import ensure_chat_template, stop_token_ids
+from .models import base_model, is_lora
 
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:

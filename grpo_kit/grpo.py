@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .advantages import compute_advantages, zero_std_fraction
+from .chat import stop_token_ids
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import Controls, GRPOConfig
 from .device import (
@@ -42,7 +43,7 @@ from .device import (
 )
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
-from .models import ReferencePolicy, is_lora, stop_token_ids
+from .models import ReferencePolicy, is_lora
 from .rewards import RewardFunc, compute_rewards, reward_name
 from .sampling import Rollout, completion_logprobs, encode_prompts, sample
 

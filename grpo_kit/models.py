@@ -18,24 +18,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from .chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .config import ModelConfig
 from .device import is_xla, move_model, resolve_dtype, shard_parameters
-from .hub import GEMMA_270M_OFFLINE, TINY_GEMMA, cache_dir, gemma_270m_dir, hf_token, resolve_model  # noqa: F401 - re-exported
-
-# Gemma's turn format. Gemma has no system role: a system message is folded into the first user turn.
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set ns = namespace(system='') -%}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set ns.system = (messages[0]['content'] | trim) + '\\n\\n' -%}"
-    "{%- set messages = messages[1:] -%}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\\n' + (ns.system if loop.first else '') + (message['content'] | trim) + '<end_of_turn>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
-)
+from .hub import TINY_GEMMA, cache_dir, resolve_model
 
 # Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
 TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
@@ -124,25 +110,6 @@ def tiny_gemma_dir() -> Path:
     if not (cache / "config.json").exists():
         write_tiny_gemma_files(cache)
     return cache
-
-
-def ensure_chat_template(tokenizer: Any) -> Any:
-    """Give a tokenizer Gemma's chat template when its checkpoint has none (e.g. GGUF files)."""
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-def stop_token_ids(tokenizer: Any) -> list[int]:
-    """Token ids that end a completion: `<eos>` and `<end_of_turn>` (when the vocabulary has it)."""
-    ids = [tokenizer.eos_token_id]
-    eot = tokenizer.convert_tokens_to_ids("<end_of_turn>")
-    if eot is not None and eot != tokenizer.unk_token_id:
-        ids.append(eot)
-    return sorted(set(ids))
 
 
 def _attn_impl(device: torch.device, tiny: bool) -> str:

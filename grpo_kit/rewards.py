@@ -307,8 +307,7 @@ def compute_rewards(
 
 DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, answer_digits_reward, strict_format_reward)
 """Verifier rewards the demo trains with: correctness (1.0), answer digits (1.0: partial credit, so a group
-whose answers are all wrong still says which were closer; it lifted held-out accuracy 48.5 % vs 46.5 % at
-step 30 and kept rising) and strict format (0.1). `arithmetic_steps_reward`
-is left out on purpose: at weight 0.5 the tiny Gemma raised it (0.80 → 0.87) while sampled accuracy fell
-(0.43 → 0.20) — right sums of wrongly copied digits, a reward hack."""
+whose answers are all wrong still says which were closer) and strict format (0.1). `arithmetic_steps_reward`
+is left out on purpose: a policy can raise it with right sums of wrongly copied digits while its answers get
+worse — the reward hack notebook 03 shows."""
 DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "answer_digits_reward": 1.0, "strict_format_reward": 0.1}

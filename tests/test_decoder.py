@@ -13,9 +13,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config
 
 from grpo_kit import decoder
+from grpo_kit.chat import stop_token_ids
 from grpo_kit.config import GRPOConfig, ModelConfig
 from grpo_kit.grpo import GRPOTrainer
-from grpo_kit.models import TINY_CONFIG, add_lora, stop_token_ids
+from grpo_kit.models import TINY_CONFIG, add_lora
 from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 from grpo_kit.sampling import completion_logprobs, encode_prompts, sample
 

@@ -6,15 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_kit.chat import GEMMA_CHAT_TEMPLATE, stop_token_ids
 from grpo_kit.config import ModelConfig
 from grpo_kit.models import (
-    GEMMA_CHAT_TEMPLATE,
     TINY_CONFIG,
     ReferencePolicy,
     build_tiny_tokenizer,
     count_parameters,
     load_model,
-    stop_token_ids,
 )
 from grpo_kit.sampling import choose_tokens, completion_logprobs, encode_prompts, inverse_cdf, sample
 
@@ -172,7 +171,7 @@ def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_mo
     """Under SPMD every device takes an equal share of the rows: 3 prompts on 4 devices become 4 rows (the last
     prompt twice), and only the 3 asked for come back, each as it would alone."""
     import grpo_kit.sampling as sampling
-    from grpo_kit.evaluate import generate_completions
+    from grpo_kit.evaluation import generate_completions
 
     model, tokenizer = sft_model
     prompts = [row["prompt"] for row in task.test_set().select(range(3))]
@@ -186,7 +185,7 @@ def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_mo
 
     monkeypatch.setattr(sampling, "padded_rows", lambda rows, device: -(-rows // 4) * 4)
     monkeypatch.setattr(sampling, "sample", spy)
-    import grpo_kit.evaluate as evaluate_module
+    import grpo_kit.evaluation as evaluate_module
 
     monkeypatch.setattr(evaluate_module, "sample", spy)
     assert generate_completions(model, tokenizer, prompts, max_new_tokens=12) == alone

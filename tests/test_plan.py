@@ -9,7 +9,7 @@ import pytest
 from grpo_kit.cli import main
 from grpo_kit.config import PRESETS, auto_preset, load_demo_config
 from grpo_kit.models import count_parameters
-from grpo_kit.plan import GIB, MODELS, PlanInput, estimate, model_spec, plan, table
+from grpo_kit.planner import GIB, MODELS, PlanInput, estimate, model_spec, plan, table
 
 
 def test_parameter_count_matches_the_real_tiny_model(tiny):

@@ -7,7 +7,7 @@ import torch
 
 from grpo_kit.checkpoint import load_checkpoint, save_checkpoint
 from grpo_kit.config import Controls, GRPOConfig, SFTConfig
-from grpo_kit.evaluate import evaluate
+from grpo_kit.evaluation import evaluate
 from grpo_kit.grpo import GRPOTrainer
 from grpo_kit.metrics import read_jsonl
 from grpo_kit.rewards import (

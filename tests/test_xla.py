@@ -119,8 +119,9 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     rollout, nothing falls back to the CPU — and draws the eager CPU sampler's tokens."""
     import torch_xla.debug.metrics as met
 
+    from grpo_kit.chat import stop_token_ids
     from grpo_kit.config import ModelConfig
-    from grpo_kit.models import load_model, stop_token_ids
+    from grpo_kit.models import load_model
     from grpo_kit.sampling import encode_prompts, sample
 
     model, tok = load_model(ModelConfig(dtype="float32", lora=True), torch.device("cpu"))

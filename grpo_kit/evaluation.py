@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .models import stop_token_ids
+from .chat import stop_token_ids
 from .rewards import correctness_reward, strict_format_reward
 from .sampling import encode_prompts, sample
 
