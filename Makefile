@@ -43,7 +43,7 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 
 # Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code).
 test: $(STAMP) $(CLASSIC_STAMP) browser
-	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
+	$(BIN)/python -m ruff check grpo_kit tests scripts
 	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
 
 # Every notebook on replicas of Colab TPU, Kaggle TPU v5e-8 and Colab GPU, each on a fresh machine as users get it
@@ -56,7 +56,7 @@ bench: $(STAMP)
 	$(BIN)/grpo-kit bench --report docs
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check grpo_kit tests scripts benchmarks
+	$(BIN)/python -m ruff check grpo_kit tests scripts
 
 clean:
 	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache .platforms

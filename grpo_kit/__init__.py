@@ -24,7 +24,7 @@ from .device import SetupError, torch_xla_mismatch
 PUBLIC: dict[str, str | None] = {
     # trainers and their settings
     "GRPOTrainer": "grpo", "SFTTrainer": "sft", "GRPOConfig": "config", "SFTConfig": "config",
-    "ModelConfig": "config", "TaskConfig": "config", "DemoConfig": "config", "Controls": "config",
+    "ModelConfig": "config", "TaskConfig": "config", "DemoConfig": "config", "Controls": "controls",
     "PRESETS": "config", "load_demo_config": "config",
     # models and devices
     "load_model": "models", "load_tokenizer": "models", "add_lora": "models", "count_parameters": "models",

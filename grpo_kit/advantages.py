@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .options import ADVANTAGE_CLIPS, ADVANTAGE_ESTIMATORS, check_choice
+
 EPS = 1e-4
 """Added to scale estimates; with rewards in [0, 1] this caps |A| near 3 for a single success in 8."""
 
@@ -94,15 +96,14 @@ def clip_advantages(adv: torch.Tensor, mode: str, high: float = 5.0, low: float 
         asymmetric clamp(A, −low, high)      (e.g. punish failures less than rewarding successes)
         tanh       high · tanh(A / high)     (smooth, keeps order)
     """
-    if mode == "none":
-        return adv
+    check_choice("advantage clip mode", mode, ADVANTAGE_CLIPS)
     if mode == "symmetric":
         return adv.clamp(-high, high)
     if mode == "asymmetric":
         return adv.clamp(-low, high)
     if mode == "tanh":
         return high * torch.tanh(adv / high)
-    raise ValueError(f"unknown advantage clip mode {mode!r}; choose none, symmetric, asymmetric or tanh")
+    return adv
 
 
 ESTIMATORS = {"zscore": group_zscore, "centered": group_centered, "mad": group_mad, "batch": batch_normalized}
@@ -111,6 +112,7 @@ ESTIMATORS = {"zscore": group_zscore, "centered": group_centered, "mad": group_m
 def compute_advantages(
     rewards: torch.Tensor,
     group_size: int,
+    *,
     estimator: str = "zscore",
     tau: float = 1.0,
     clip: str = "none",
@@ -119,8 +121,7 @@ def compute_advantages(
     winsorize_quantile: float = 0.0,
 ) -> torch.Tensor:
     """The full recipe: A = clip(estimator(winsorize(r)) / τ)."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {sorted(ESTIMATORS)}")
+    check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
     if tau <= 0:
         raise ValueError(f"advantage tau must be > 0, got {tau}")
     adv = ESTIMATORS[estimator](winsorize(rewards, winsorize_quantile), group_size) / tau

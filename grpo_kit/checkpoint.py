@@ -49,6 +49,7 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     step: int,
+    *,
     extra: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
 ) -> Path:

@@ -1,4 +1,5 @@
-"""`grpo-kit` command line: demo, sft, train (GRPO), eval, plan, xla-check, smoke, bench.
+"""`grpo-kit` command line. For users: demo, sft, train (GRPO), eval, plan, export. Developer tools
+(`grpo_kit.devtools`): xla-check, smoke, bench.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
 e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
@@ -82,7 +83,7 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
-    result = evaluate(trainer.model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
+    result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     _print({"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
     return 0
 
@@ -103,16 +104,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluation import evaluate
 
     cfg, _, model, tokenizer, task = _setup(args, "runs/eval")
-    result = evaluate(model, tokenizer, task.test_set(), cfg.grpo.max_new_tokens)
+    result = evaluate(model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     _print(result)
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from .export import export_model
+
+    if not args.init_from:
+        raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/)")
+    cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
+    out = export_model(model, tokenizer, args.out, base_name=cfg.model.name, dtype=dtype, push_to=args.push_to)
+    _print({"exported": str(out), "pushed_to": args.push_to})
+    return 0
+
+
 def cmd_xla_check(args: argparse.Namespace) -> int:
-    from .xla_check import prepare_environment
+    from .devtools.xla_check import prepare_environment
 
     prepare_environment(args.devices)  # before torch_xla is imported
-    from .xla_check import run_xla_check
+    from .devtools.xla_check import run_xla_check
 
     report = run_xla_check(args.devices, args.steps, args.max_new_tokens, args.tolerance)
     if args.json:
@@ -154,11 +169,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_smoke(args: argparse.Namespace) -> int:
     import time
 
-    from .smoke import run_smoke
+    from .devtools.smoke import run_smoke
 
     start = time.perf_counter()
     try:
-        report = run_smoke(args.model, args.output_dir, args.device, lora_r=args.lora_r, tolerance=args.tolerance)
+        report = run_smoke(args.model, out_dir=args.output_dir, device=args.device, lora_r=args.lora_r,
+                            tolerance=args.tolerance)
     except Exception as e:  # noqa: BLE001 - the report says what failed; the exit code fails the run
         report = {"ok": False, "model": args.model, "error": f"{type(e).__name__}: {e}",
                   "seconds": round(time.perf_counter() - start, 2)}
@@ -178,9 +194,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # TRL runs through accelerate, which picks torch_xla whenever it imports; the comparison is on the CPU
     # (the XLA graph counts run in their own process with XLA on).
     os.environ["USE_TORCH_XLA"] = "0"
-    from .bench import run_bench, write_report
+    from .devtools.bench import BenchSizes, run_bench, write_report
 
-    result = run_bench(quick=args.quick, xla=not args.no_xla, progress=not args.quiet, tiny=args.tiny)
+    sizes = BenchSizes.quick() if args.quick else BenchSizes.full()
+    result = run_bench(sizes, xla=not args.no_xla, progress=not args.quiet)
     if args.report:
         print(f"wrote {write_report(result, args.report)}", file=sys.stderr)
     summary = {k: v for k, v in result.items() if k != "details"}
@@ -207,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to evaluate")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("export", help="merge LoRA into the weights and save a transformers directory (optionally push it)")
+    _common(p)
+    p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to export")
+    p.add_argument("--out", required=True, help="directory to write (safetensors, tokenizer, chat template, README.md)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)")
+    p.add_argument("--push-to", default=None, help="Hugging Face repo id to upload to (private)")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change")
     p.add_argument("--model", default="gemma-3-1b-it", help="gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json")
     p.add_argument("--tpu", default="v2-8", help="v2-8, v3-8, v5e-1, v5e-8 (also t4, cpu)")
@@ -221,14 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.04, help="KL weight (> 0 keeps a reference copy under full fine-tuning)")
     p.add_argument("--table", action="store_true", help="print the README table of models × TPUs")
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("xla-check", help="GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement")
+    p = sub.add_parser("xla-check", help="(developer) GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement")
     p.add_argument("--devices", type=int, default=1, help="XLA devices; > 1 runs SPMD over them (CPU: virtual devices)")
     p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="completion length (default 16)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_xla_check)
-    p = sub.add_parser("smoke", help="a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter and merged-export reloads")
+    p = sub.add_parser("smoke", help="(developer) a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter and merged-export reloads")
     p.add_argument("--model", default="gemma-3-270m",
                    help="gemma-3-270m (offline from PyPI without a hub), a hub id, kaggle:<handle> or a directory")
     p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
@@ -237,10 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a temporary folder, removed at the end)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_smoke)
-    p = sub.add_parser("bench", help="kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy per second")
+    p = sub.add_parser("bench", help="(developer) kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy per second")
     p.add_argument("--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ~10 minutes on 2 cores")
     p.add_argument("--no-xla", action="store_true", help="skip the XLA graph counts")
-    p.add_argument("--tiny", action="store_true", help="for tests: every size shrunk, runs in about a minute; the numbers mean nothing")
     p.add_argument("--report", default=None, help="write DIR/benchmarks.md, DIR/bench_*.png and DIR/benchmarks.json (e.g. docs)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

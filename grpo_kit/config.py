@@ -1,4 +1,4 @@
-"""Configuration: one documented dataclass per trainer, named presets, and the live `Controls`.
+"""Configuration: one documented dataclass per trainer and named presets.
 
 Every field says its default and why. Presets are plain dicts of overrides, so a preset is
 readable in one glance and a YAML file can hold the same keys.
@@ -7,14 +7,13 @@ readable in one glance and a YAML file can hold the same keys.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from . import options
 
 
 @dataclass
@@ -160,7 +159,7 @@ class GRPOConfig:
     compile_sampler: bool | None = None
     """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
     (compute capability ≥ 7.0 with triton installed), off elsewhere.
-    On an H100 (benchmarks/gpu_check.py) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0× HF
+    On an H100 (`python -m grpo_kit.devtools.gpu_check`) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0× HF
     generate) after a first rollout that compiled for 15–24 s; on 2 CPU cores 1.4× after ≈ 26 s, which the
     CPU demo would not earn back (and inductor needs a C++ compiler there). XLA compiles its graphs anyway.
     Each new batch or prompt-bucket shape compiles again, and finished rows stay in the batch."""
@@ -192,6 +191,9 @@ class GRPOConfig:
     """Entropy bonus weight (0 = off); positive values keep exploration up."""
     reward_weights: dict[str, float] | None = None
     """Weight per reward function name; missing names get 1.0."""
+    accuracy_reward: str | None = "correctness_reward"
+    """The reward whose score 1.0 marks a correct answer: the share of such completions is the step's `accuracy`
+    metric (None, or a name not among the rewards: no accuracy metric). Default: the kit's `correctness_reward`."""
     reward_on_error: str = "raise"
     """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
     mask_truncated_completions: bool = False
@@ -217,16 +219,15 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "loss_type": ("grpo", "bnpo", "dapo", "dr_grpo", "cispo"),
-            "importance_sampling_level": ("token", "sequence"),
-            "kl_estimator": ("k1", "k3"),
-            "advantage": ("zscore", "centered", "mad", "batch"),
-            "advantage_clip": ("none", "symmetric", "asymmetric", "tanh"),
-            "reward_on_error": ("raise", "zero"),
+            "loss_type": options.LOSS_TYPES,
+            "importance_sampling_level": options.IMPORTANCE_SAMPLING_LEVELS,
+            "kl_estimator": options.KL_ESTIMATORS,
+            "advantage": options.ADVANTAGE_ESTIMATORS,
+            "advantage_clip": options.ADVANTAGE_CLIPS,
+            "reward_on_error": options.REWARD_ON_ERROR,
         }
         for name, allowed in checks.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GRPOConfig.{name}={getattr(self, name)!r}; choose one of {allowed}")
+            options.check_choice(f"GRPOConfig.{name}", getattr(self, name), allowed)
         n = self.prompts_per_step * self.group_size
         if self.group_size < 2:
             raise ValueError(f"GRPOConfig.group_size={self.group_size}: GRPO needs at least 2 completions per prompt")
@@ -328,86 +329,3 @@ def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = No
             raise ValueError(f"{yaml_path}: expected a mapping of settings at the top level")
         cfg = apply_overrides(cfg, data, str(yaml_path))
     return cfg
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """Dataclass → plain dict (for YAML/JSON dumps)."""
-    return dataclasses.asdict(cfg)
-
-
-@dataclass
-class Controls:
-    """Values that may change while training runs (the dashboard writes them, the trainer reads them).
-
-    The trainer calls `snapshot()` once per step boundary, so a change applies at the next step and is
-    recorded with that step. Thread-safe: writers use `update()`.
-    """
-
-    learning_rate: float = 1e-3
-    beta: float = 0.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    epsilon: float = 0.2
-    reward_weights: dict[str, float] = field(default_factory=dict)
-    paused: bool = False
-    stop_requested: bool = False
-    save_requested: bool = False
-    version: int = 0
-    """Incremented on every update: the trainer records which version each step used."""
-
-    def __post_init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-
-    @classmethod
-    def from_config(cls, cfg: GRPOConfig) -> Controls:
-        return cls(
-            learning_rate=cfg.learning_rate,
-            beta=cfg.beta,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            epsilon=cfg.epsilon,
-            reward_weights=dict(cfg.reward_weights or {}),
-        )
-
-    def update(self, **values: Any) -> None:
-        """Set control values (unknown names raise). Wakes a paused trainer."""
-        allowed = {f.name for f in dataclasses.fields(self)} - {"version"}
-        with self._changed:
-            for key, value in values.items():
-                if key not in allowed:
-                    raise ValueError(f"Controls has no setting {key!r}; known: {sorted(allowed)}")
-                if key == "reward_weights":
-                    value = {**self.reward_weights, **value}
-                setattr(self, key, value)
-            self.version += 1
-            self._changed.notify_all()
-
-    def snapshot(self) -> dict[str, Any]:
-        """A consistent copy of all values."""
-        with self._lock:
-            out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-            out["reward_weights"] = dict(self.reward_weights)
-            return out
-
-    def consume_save_request(self) -> bool:
-        with self._lock:
-            asked, self.save_requested = self.save_requested, False
-            return asked
-
-    def wait_while_paused(self, poll_s: float = 0.2, idle: Callable[[], None] | None = None) -> None:
-        """Block while paused (returns at once when not paused or when stop is requested).
-
-        `idle` is called every `poll_s` seconds while waiting, without the lock held: a foreground loop
-        processes the browser's widget messages there, which is how a resume click arrives at all."""
-        if idle is None:
-            with self._changed:
-                while self.paused and not self.stop_requested:
-                    self._changed.wait(poll_s)
-            return
-        while True:
-            with self._lock:
-                if not self.paused or self.stop_requested:
-                    return
-            idle()
-            time.sleep(poll_s)

@@ -32,10 +32,15 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 from matplotlib.figure import Figure
 
-from .metrics import series
+from .plots import (
+    draw_advantage_heatmap,
+    draw_advantage_histogram,
+    draw_reward,
+    draw_series,
+    reward_function_keys,
+)
 
 PANELS = (
     ("reward", ("reward_mean",), "reward (total) ± std"),
@@ -79,36 +84,16 @@ def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
     axes = fig.subplots(nrows, cols).ravel()
     markers = control_changes(rows)
     for ax, (title, keys, subtitle) in zip(axes, panels, strict=False):
-        if keys is None:
-            keys = sorted(k for k in (rows[-1] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))
-        for key in keys:
-            steps, values = series(rows, key)
-            if key.startswith("memory_"):
-                values = [v / 2**30 for v in values]
-            if steps:
-                label = key.removeprefix("rewards/").removesuffix("/mean").removeprefix("memory_")
-                ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
         if title == "reward":
-            steps, mean = series(rows, "reward_mean")
-            _, std = series(rows, "reward_std")
-            if steps and len(std) == len(mean):
-                ax.fill_between(steps, np.subtract(mean, std), np.add(mean, std), alpha=0.15)
-        if len(keys) > 1 and ax.lines:
-            ax.legend(fontsize=7)
+            draw_reward(ax, rows)
+        else:
+            draw_series(ax, rows, reward_function_keys(rows) if keys is None else keys)
         for step, _ in markers:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"{title}\n{subtitle}", fontsize=9)
         ax.tick_params(labelsize=7)
-    hist_ax, heat_ax = axes[len(panels)], axes[len(panels) + 1]
-    hists = [r for r in rows if r.get("advantage_hist")]
-    if hists:
-        edges = np.asarray(hists[-1]["advantage_hist_edges"])
-        hist_ax.bar(edges[:-1], hists[-1]["advantage_hist"], width=np.diff(edges), align="edge")
-        hist_ax.set_title(f"advantages, step {hists[-1]['step']}\n(the spike at 0 = zero-std groups)", fontsize=9)
-        counts = np.asarray([r["advantage_hist"] for r in hists], dtype=float)
-        heat_ax.imshow(np.log1p(counts.T), aspect="auto", origin="lower", cmap="viridis",
-                       extent=(hists[0]["step"] - 0.5, hists[-1]["step"] + 0.5, edges[0], edges[-1]))
-        heat_ax.set_title("advantage histogram over steps (log counts)", fontsize=9)
+    draw_advantage_histogram(axes[len(panels)], rows)
+    draw_advantage_heatmap(axes[len(panels) + 1], rows)
     for ax in axes[len(panels) + 2:]:
         ax.axis("off")
     if markers:

@@ -317,9 +317,11 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
-def _attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, index: int,
-               slots: torch.Tensor, bias: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
-    attn = layer.self_attn
+def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
+               index: int, slots: torch.Tensor, bias: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
+    """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
+    attention over the first `visible` slots (all when None)."""
+    attn, (cos, sin) = layer.self_attn, rope
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
     keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :visible]
     values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :visible]
@@ -327,7 +329,7 @@ def _attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: 
 
 
 def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: torch.Tensor,
-            consts: Constants, logits_for_last: bool = True, visible: int | None = None) -> torch.Tensor:
+            consts: Constants, *, logits_for_last: bool = True, visible: int | None = None) -> torch.Tensor:
     """Run S new tokens (B, S) at RoPE positions (B, S), written to cache slots start … start + S − 1 (`start`
     a one-element device tensor, so every decode step is the same graph); returns logits (B, V) for the last
     token (or (B, S, V) for all). `visible` (a host int, eager cpu/cuda only) limits attention to the first
@@ -349,9 +351,8 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     layers = model.layers
     for index in range(cfg.num_hidden_layers):
         layer = layers[index]
-        cos, sin = tables[kinds[index]]
-        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), cos, sin, cache, index, slots,
-                              biases[kinds[index]], consts, visible)
+        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), tables[kinds[index]], cache=cache, index=index,
+                              slots=slots, bias=biases[kinds[index]], consts=consts, visible=visible)
         h = h + _norm(layer.post_attention_layernorm, attended, consts)
         h = h + _norm(layer.post_feedforward_layernorm,
                       _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
@@ -371,6 +372,87 @@ def compiled_forward() -> object:
     return torch.compile(forward, dynamic=False)
 
 
+@dataclasses.dataclass
+class _Packing:
+    """Where the real tokens of (B, P + N) rows sit once packed: each group's prompt once, then every completion
+    token but the last (the last predicts nothing)."""
+
+    prompt_mask: torch.Tensor
+    """(B/G, P) bool, one row per group."""
+    input_mask: torch.Tensor
+    """(B, N − 1) bool: completion tokens fed to the model."""
+    target_mask: torch.Tensor
+    """(B, N) bool: completion tokens predicted."""
+    prompt_index: torch.Tensor
+    """Flat indices of the real prompt tokens in (B/G · P)."""
+    input_index: torch.Tensor
+    """Flat indices of the real fed completion tokens in (B · (N − 1))."""
+    tokens: torch.Tensor
+    """(M,) the packed token ids: prompts first, then completions."""
+    positions: torch.Tensor
+    """(M,) their RoPE positions."""
+    group_size: int
+
+    @classmethod
+    def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, group_size: int) -> _Packing:
+        mask, g = attention_mask.bool(), group_size
+        prompt_mask, input_mask, target_mask = mask[::g, :prompt_len], mask[:, prompt_len:-1], mask[:, prompt_len:]
+        if (target_mask[:, 1:] & ~input_mask).any():
+            raise ValueError("completion masks must be 1 up to the stop token and 0 after it (a gap was found)")
+        positions = position_ids_from_mask(mask)
+        prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)
+        input_index = input_mask.reshape(-1).nonzero().squeeze(1)
+        tokens = torch.cat([input_ids[::g, :prompt_len].reshape(-1)[prompt_index], input_ids[:, prompt_len:-1].reshape(-1)[input_index]])
+        token_pos = torch.cat([positions[::g, :prompt_len].reshape(-1)[prompt_index], positions[:, prompt_len:-1].reshape(-1)[input_index]])
+        return cls(prompt_mask=prompt_mask, input_mask=input_mask, target_mask=target_mask, prompt_index=prompt_index,
+                   input_index=input_index, tokens=tokens, positions=token_pos, group_size=g)
+
+    @property
+    def n_prompt(self) -> int:
+        return self.prompt_index.numel()
+
+    def prediction_sources(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed position of the hidden state that predicts each real completion token, its flat index b·N + j):
+        completion token 0 is predicted by its prompt's last token, token j > 0 by completion token j − 1."""
+        batch, new = self.target_mask.shape
+        target_index = self.target_mask.reshape(-1).nonzero().squeeze(1)
+        row, col = target_index // new, target_index % new
+        last_prompt = self.prompt_mask.sum(1).cumsum(0) - 1
+        input_rank = torch.full((batch * max(new - 1, 1),), -1, dtype=torch.long, device=target_index.device)
+        input_rank[self.input_index] = torch.arange(self.input_index.numel(), device=target_index.device)
+        source = torch.where(col == 0, last_prompt[row // self.group_size],
+                             self.n_prompt + input_rank[(row * (new - 1) + col - 1).clamp(min=0)])
+        return source, target_index
+
+
+def _unpack(x: torch.Tensor, index: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """(m, heads, D) real tokens → (rows, heads, width, D) with zeros at padding."""
+    padded = x.new_zeros(rows * width, *x.shape[1:]).index_copy(0, index, x)
+    return padded.view(rows, width, *x.shape[1:]).transpose(1, 2)
+
+
+def _repack(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).index_select(0, index)
+
+
+def _packed_attention(attn: torch.nn.Module, qkv: tuple[torch.Tensor, ...], pack: _Packing,
+                      biases: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Attention over packed (M, heads, D) queries, keys and values: the prompts against themselves, the
+    completions against their group's prompt and their own earlier tokens (`biases`: prompt, completion)."""
+    q, k, v = qkv
+    n, (groups, plen), (batch, fed) = pack.n_prompt, pack.prompt_mask.shape, pack.input_mask.shape
+    prompt_k, prompt_v = (_unpack(x[:n], pack.prompt_index, groups, plen) for x in (k, v))
+    prompt_q = _unpack(q[:n], pack.prompt_index, groups, plen)
+    out = [_repack(_attend(attn, prompt_q, prompt_k, prompt_v, biases[0]), pack.prompt_index)]
+    if fed:
+        g = pack.group_size
+        keys = torch.cat([prompt_k.repeat_interleave(g, 0), _unpack(k[n:], pack.input_index, batch, fed)], 2)
+        values = torch.cat([prompt_v.repeat_interleave(g, 0), _unpack(v[n:], pack.input_index, batch, fed)], 2)
+        queries = _unpack(q[n:], pack.input_index, batch, fed)
+        out.append(_repack(_attend(attn, queries, keys, values, biases[1]), pack.input_index))
+    return torch.cat(out)
+
+
 def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                              group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
@@ -386,63 +468,23 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
     Reads the masks on the host (the packed sizes depend on them), so for cpu/cuda; autograd flows through
     everything, so it serves the training forward as well as the log-prob forwards.
     """
-    cfg, model = hf.config, hf.model
-    batch, total = input_ids.shape
-    plen, new = prompt_len, total - prompt_len
-    groups = batch // group_size
-    mask = attention_mask.bool()
-    prompt_mask, input_mask, target_mask = mask[::group_size, :plen], mask[:, plen:-1], mask[:, plen:]
-    if (target_mask[:, 1:] & ~input_mask).any():
-        raise ValueError("completion masks must be 1 up to the stop token and 0 after it (a gap was found)")
-    positions = position_ids_from_mask(mask)
-    prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)  # into (groups · P)
-    input_index = input_mask.reshape(-1).nonzero().squeeze(1)  # into (B · (N − 1))
-    n_prompt = prompt_index.numel()
-    tokens = torch.cat([input_ids[::group_size, :plen].reshape(-1)[prompt_index], input_ids[:, plen:-1].reshape(-1)[input_index]])
-    token_pos = torch.cat([positions[::group_size, :plen].reshape(-1)[prompt_index], positions[:, plen:-1].reshape(-1)[input_index]])
-
-    device = input_ids.device
+    cfg, model, device = hf.config, hf.model, input_ids.device
+    pack = _Packing.build(input_ids, attention_mask, prompt_len, group_size)
     kinds = _layer_kinds(cfg)
-    consts = Constants.build(hf, int(token_pos.max()) + 1, norms=False)  # norms stay live: they may be trained
-    completion_keys = torch.cat([prompt_mask.repeat_interleave(group_size, 0), input_mask], dim=1)
-    tables, prompt_bias, completion_bias = {}, {}, {}
-    h = model.embed_tokens(tokens)
+    consts = Constants.build(hf, int(pack.positions.max()) + 1, norms=False)  # norms stay live: they may be trained
+    completion_keys = torch.cat([pack.prompt_mask.repeat_interleave(group_size, 0), pack.input_mask], dim=1)
+    h = model.embed_tokens(pack.tokens)
+    tables, biases = {}, {}
     for kind in set(kinds):
-        tables[kind] = tuple(t.unsqueeze(1) for t in consts.rope(kind, token_pos))
+        tables[kind] = tuple(t.unsqueeze(1) for t in consts.rope(kind, pack.positions))
         window = cfg.sliding_window if kind == "sliding_attention" else None
-        prompt_bias[kind] = attention_bias(prompt_mask, torch.arange(plen, device=device), window, h.dtype)
-        completion_bias[kind] = attention_bias(completion_keys, torch.arange(plen, total - 1, device=device), window, h.dtype)
-
-    def unpack(x: torch.Tensor, index: torch.Tensor, rows: int, width: int) -> torch.Tensor:
-        """(m, heads, D) real tokens → (rows, heads, width, D) with zeros at padding."""
-        padded = x.new_zeros(rows * width, *x.shape[1:]).index_copy(0, index, x)
-        return padded.view(rows, width, *x.shape[1:]).transpose(1, 2)
-
-    def repack(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return x.reshape(-1, x.shape[-1]).index_select(0, index)
-
-    layers = model.layers
-    for i in range(cfg.num_hidden_layers):
-        layer = layers[i]
-        attn, kind = layer.self_attn, kinds[i]
-        q, k, v = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], None)  # (M, heads, D)
-        prompt_k, prompt_v = unpack(k[:n_prompt], prompt_index, groups, plen), unpack(v[:n_prompt], prompt_index, groups, plen)
-        out = [repack(_attend(attn, unpack(q[:n_prompt], prompt_index, groups, plen), prompt_k, prompt_v, prompt_bias[kind]),
-                      prompt_index)]
-        if new > 1:
-            keys = torch.cat([prompt_k.repeat_interleave(group_size, 0), unpack(k[n_prompt:], input_index, batch, new - 1)], 2)
-            values = torch.cat([prompt_v.repeat_interleave(group_size, 0), unpack(v[n_prompt:], input_index, batch, new - 1)], 2)
-            queries = unpack(q[n_prompt:], input_index, batch, new - 1)
-            out.append(repack(_attend(attn, queries, keys, values, completion_bias[kind]), input_index))
-        h = h + _norm(layer.post_attention_layernorm, _linear(attn.o_proj, torch.cat(out)))
+        biases[kind] = (attention_bias(pack.prompt_mask, torch.arange(prompt_len, device=device), window, h.dtype),
+                        attention_bias(completion_keys, torch.arange(prompt_len, input_ids.shape[1] - 1, device=device),
+                                       window, h.dtype))
+    for layer, kind in zip(model.layers[: cfg.num_hidden_layers], kinds, strict=True):
+        attn = layer.self_attn
+        qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], None)  # (M, heads, D)
+        h = h + _norm(layer.post_attention_layernorm, _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind])))
         h = h + _norm(layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h)))
-
-    # completion token 0 is predicted by its prompt's last token, token j > 0 by completion token j − 1
-    target_index = target_mask.reshape(-1).nonzero().squeeze(1)
-    row, col = target_index // new, target_index % new
-    last_prompt = prompt_mask.sum(1).cumsum(0) - 1  # packed position of each prompt's last (real) token
-    input_rank = torch.full((batch * max(new - 1, 1),), -1, dtype=torch.long, device=device)
-    input_rank[input_index] = torch.arange(input_index.numel(), device=device)
-    source = torch.where(col == 0, last_prompt[row // group_size],
-                         n_prompt + input_rank[(row * (new - 1) + col - 1).clamp(min=0)])
+    source, target_index = pack.prediction_sources()
     return _norm(model.norm, h.index_select(0, source)), target_index

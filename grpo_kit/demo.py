@@ -36,19 +36,19 @@ def run_demo(cfg: DemoConfig | None = None, device: str | None = None, progress:
     test = task.test_set()
     n_new = cfg.grpo.max_new_tokens
 
-    baseline = evaluate(model, tokenizer, test, n_new)
+    baseline = evaluate(model, tokenizer, test, max_new_tokens=n_new)
     t0 = time.perf_counter()
     sft = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=str(out)))
     sft.train(progress=progress)
     sft_seconds = time.perf_counter() - t0
-    after_sft = evaluate(model, tokenizer, test, n_new)
+    after_sft = evaluate(model, tokenizer, test, max_new_tokens=n_new)
 
     t0 = time.perf_counter()
     grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=str(out), reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg)
     trainer.train(progress=progress)
     grpo_seconds = time.perf_counter() - t0
-    after_grpo = evaluate(model, tokenizer, test, n_new)
+    after_grpo = evaluate(model, tokenizer, test, max_new_tokens=n_new)
 
     summary = {
         "baseline_accuracy": baseline["accuracy"],

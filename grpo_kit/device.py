@@ -296,11 +296,6 @@ def enable_spmd(num_devices: int | None = None) -> Any:
     return _MESH
 
 
-def spmd_mesh() -> Any:
-    """The mesh from `enable_spmd`, or None when SPMD is off."""
-    return _MESH
-
-
 def data_parallel_size() -> int:
     """How many devices share the batch (1 without SPMD)."""
     return int(_MESH.size()) if _MESH is not None else 1

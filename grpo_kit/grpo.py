@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from .advantages import compute_advantages, zero_std_fraction
 from .chat import stop_token_ids
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import Controls, GRPOConfig
+from .config import GRPOConfig
+from .controls import Controls
 from .device import (
     compile_monitor,
     compile_supported,
@@ -145,7 +146,7 @@ class GRPOTrainer:
             mask = torch.nn.functional.pad(mask, (self._prompt_width - mask.shape[1], 0), value=0)
         ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
         roll = sample(
-            self.model, ids, mask, cfg.max_new_tokens, self.stop_ids, self.tokenizer.pad_token_id,
+            self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
             group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
         )
@@ -163,15 +164,15 @@ class GRPOTrainer:
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
         columns["completion_ids"] = ids_list
         weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
-        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, self.config.reward_on_error)
+        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, on_error=self.config.reward_on_error)
         return result, texts, prompts, lengths
 
     # ---- 3. advantage -------------------------------------------------------------------------------
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         return compute_advantages(
-            rewards, cfg.group_size, cfg.advantage, cfg.advantage_tau, cfg.advantage_clip,
-            cfg.advantage_clip_value, cfg.advantage_clip_low, cfg.winsorize_quantile,
+            rewards, cfg.group_size, estimator=cfg.advantage, tau=cfg.advantage_tau, clip=cfg.advantage_clip,
+            clip_high=cfg.advantage_clip_value, clip_low=cfg.advantage_clip_low, winsorize_quantile=cfg.winsorize_quantile,
         )
 
     # ---- 4. update ----------------------------------------------------------------------------------
@@ -195,18 +196,7 @@ class GRPOTrainer:
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
         with torch.no_grad(), monitor.phase("logprob", **shapes):
-            old_logp = None
-            if cfg.num_iterations > 1:
-                self.model.eval()
-                old_logp = torch.cat([logprobs(self.model, m)[0] for m in micro])
-            ref_logp = None
-            if self.reference is not None and (isinstance(beta, torch.Tensor) or beta > 0 or cfg.log_kl):
-                with self.reference.model() as ref:
-                    ref.eval()
-                    ref_logp = torch.cat([logprobs(ref, m)[0] for m in micro])
-            if old_logp is not None or ref_logp is not None:
-                mark_step(self.device)
-
+            old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=isinstance(beta, torch.Tensor) or beta > 0)
         self.model.train()
         sums: dict[str, torch.Tensor] = {}
         grad_norms, skipped = [], torch.zeros((), device=self.device)
@@ -238,6 +228,23 @@ class GRPOTrainer:
         sums["grad_norm"] = torch.stack(grad_norms).mean()
         sums["skipped_updates"] = skipped
         return sums
+
+    def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
+                        micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs that stay fixed through the step's updates (no grad): the policy's before the first update
+        (μ > 1 only: at μ = 1 old = current, detached) and the reference's (β > 0, or `log_kl`)."""
+        cfg = self.config
+        old_logp = ref_logp = None
+        if cfg.num_iterations > 1:
+            self.model.eval()
+            old_logp = torch.cat([logprobs(self.model, m)[0] for m in micro])
+        if self.reference is not None and (with_reference or cfg.log_kl):
+            with self.reference.model() as ref:
+                ref.eval()
+                ref_logp = torch.cat([logprobs(ref, m)[0] for m in micro])
+        if old_logp is not None or ref_logp is not None:
+            mark_step(self.device)
+        return old_logp, ref_logp
 
     def _guarded_optimizer_step(self, grad_norm: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
         """Step the optimizer unless the gradient or loss is non-finite; returns 1.0 (on device) if it was bad.
@@ -304,27 +311,35 @@ class GRPOTrainer:
             reward_weights=dict(zip(result.names, result.weights, strict=True)),
             step_seconds=elapsed, rollout_seconds=t_rollout - start,
             tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),
-            completions=[
-                {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": t,
-                 "rewards": {nm: _num(result.per_function[j, i]) for j, nm in enumerate(result.names)},
-                 "reward": float(result.total[i]), "advantage": float(adv[i])}
-                for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if i < cfg.log_completions
-            ],
+            completions=self._logged_completions(result, adv, prompts, texts),
         )
         row.update({f"memory_{k}": v for k, v in memory_stats(self.device).items()})
         if is_xla(self.device):
-            monitor = compile_monitor()
-            compiles = monitor.total() - compiles_before
-            row.update(monitor.metrics(), xla_compiles_step=compiles, xla_devices=data_parallel_size(),
-                       xla_recompiles_step=compiles if self.step > cfg.compile_warmup_steps else 0)
-            if self.step >= cfg.compile_warmup_steps:
-                monitor.end_warmup()
+            row.update(self._compile_metrics(compile_monitor().total() - compiles_before))
         self.logger.log(row)
 
         # 6. save
         if (cfg.save_every and self.step % cfg.save_every == 0) or self.controls.consume_save_request():
             self.save(Path(cfg.output_dir) / "checkpoint")
         return row
+
+    def _logged_completions(self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]) -> list[dict[str, Any]]:
+        """The first `log_completions` completions with their rewards and advantages, for the browser."""
+        return [
+            {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": t,
+             "rewards": {nm: _num(result.per_function[j, i]) for j, nm in enumerate(result.names)},
+             "reward": float(result.total[i]), "advantage": float(adv[i])}
+            for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if i < self.config.log_completions
+        ]
+
+    def _compile_metrics(self, compiles: int) -> dict[str, Any]:
+        """XLA: this step's graph compilations (recompiles once warm-up is over) and the monitor's phase counts."""
+        monitor, warmup = compile_monitor(), self.config.compile_warmup_steps
+        metrics = {**monitor.metrics(), "xla_compiles_step": compiles, "xla_devices": data_parallel_size(),
+                   "xla_recompiles_step": compiles if self.step > warmup else 0}
+        if self.step >= warmup:
+            monitor.end_warmup()
+        return metrics
 
     def _reward_metrics(self, result: Any, adv: torch.Tensor, lengths: torch.Tensor, roll: Rollout) -> dict[str, Any]:
         g = self.config.group_size
@@ -344,8 +359,9 @@ class GRPOTrainer:
             valid = col[~torch.isnan(col)]
             out[f"rewards/{name}/mean"] = float(valid.mean()) if len(valid) else None
             out[f"rewards/{name}/std"] = float(valid.std()) if len(valid) > 1 else 0.0
-        if "correctness_reward" in result.names:
-            col = result.per_function[result.names.index("correctness_reward")]
+        accuracy_reward = self.config.accuracy_reward
+        if accuracy_reward in result.names:
+            col = result.per_function[result.names.index(accuracy_reward)]
             out["accuracy"] = float((col == 1.0).float().mean())
         return out
 
@@ -383,7 +399,7 @@ class GRPOTrainer:
 
     def save(self, path: str | Path) -> Path:
         extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta}
-        return save_checkpoint(path, self.model, self.optimizer, self.step, extra, self.generator)
+        return save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
 
     def load(self, path: str | Path) -> None:
         """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped."""

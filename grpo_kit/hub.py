@@ -38,7 +38,6 @@ ALIASES = {
 }
 # What a transformers model needs; skips GGUF, original/ PyTorch files and other formats in the repo.
 HF_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.jinja", "*.txt"]
-STOP_TOKENS = ("<eos>", "<end_of_turn>")
 
 
 class ModelAccessError(RuntimeError):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .options import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, check_choice
+
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, softcap: float | None) -> torch.Tensor:
     logits = (hidden @ weight.T).float()
@@ -18,7 +20,7 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, soft
 
 
 def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float,
-                 softcap: float | None, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 softcap: float | None = None, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     logits = _logits(hidden, weight, temperature, softcap)
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
@@ -62,7 +64,7 @@ def token_logprobs_and_entropy(
         if recompute:
             lp, ent = checkpoint(_chunk_stats, h, lm_head_weight, y, temperature, softcap, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap, with_entropy)
+            lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap=softcap, with_entropy=with_entropy)
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps), torch.cat(ents)
@@ -92,11 +94,8 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3
     The log-ratio is clamped to ±20 before exp so a single wild token cannot overflow (bf16 especially).
     """
     diff = (ref_logp - logp).clamp(-20.0, 20.0)
-    if estimator == "k1":
-        return -diff
-    if estimator == "k3":
-        return torch.exp(diff) - diff - 1.0
-    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
+    check_choice("KL estimator", estimator, KL_ESTIMATORS)
+    return -diff if estimator == "k1" else torch.exp(diff) - diff - 1.0
 
 
 def policy_loss(
@@ -134,18 +133,12 @@ def policy_loss(
     With μ = 1 (old = current, detached) ρ = 1 and the loss value is −mean(A) ≈ 0 while the gradient is
     not: that is why GRPO's logged loss sits near zero.
     """
-    if loss_type not in ("grpo", "bnpo", "dapo", "dr_grpo", "cispo"):
-        raise ValueError(f"unknown loss_type {loss_type!r}")
-    if importance_sampling_level not in ("token", "sequence"):
-        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}")
+    check_choice("loss_type", loss_type, LOSS_TYPES)
+    check_choice("importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
     mask = mask.to(logp.dtype)
     eps_high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.unsqueeze(1)
-    log_ratio = logp - old_logp
-    if importance_sampling_level == "sequence":
-        seq = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
-        log_ratio = seq.expand_as(logp)
-    ratio = torch.exp(log_ratio.clamp(max=20.0))
+    ratio = importance_ratio(logp, old_logp, mask, importance_sampling_level)
     if loss_type == "cispo":
         per_token = -torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logp
     else:
@@ -161,26 +154,37 @@ def policy_loss(
         stats["entropy"] = masked_mean(entropy.detach(), mask)
         if entropy_coef != 0.0:
             per_token = per_token - entropy_coef * entropy
-
-    b = logp.shape[0]
-    n_seq = total_sequences or b
-    tokens = mask.sum() if total_tokens is None else total_tokens
-    if loss_type == "grpo":
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / n_seq
-    elif loss_type == "bnpo":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1) * (b / n_seq)
-    elif loss_type in ("dapo", "cispo"):
-        loss = (per_token * mask).sum() / torch.as_tensor(tokens).clamp(min=1)
-    else:  # dr_grpo
-        length = max_completion_length or logp.shape[1]
-        loss = (per_token * mask).sum() / (n_seq * length)
-
-    low = (ratio < 1.0 - epsilon) & (adv < 0)
-    high = (ratio > 1.0 + eps_high) & (adv > 0)
-    stats["clip_low"] = masked_mean(low.to(mask.dtype), mask)
-    stats["clip_high"] = masked_mean(high.to(mask.dtype), mask)
+    loss = aggregate_loss(per_token, mask, loss_type, total_sequences=total_sequences or logp.shape[0],
+                          total_tokens=total_tokens, max_completion_length=max_completion_length)
+    stats["clip_low"] = masked_mean(((ratio < 1.0 - epsilon) & (adv < 0)).to(mask.dtype), mask)
+    stats["clip_high"] = masked_mean(((ratio > 1.0 + eps_high) & (adv > 0)).to(mask.dtype), mask)
     stats["ratio_mean"] = masked_mean(ratio.detach(), mask)
     return loss, stats
+
+
+def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+    """ρ_t = exp(log π_t − log π_old,t) per token, or per sequence (GSPO) the same for every token of row i:
+    ρ_i = exp(Σ_t m_t (log π_t − log π_old,t) / Σ_t m_t). The log-ratio is clamped at 20 before exp."""
+    log_ratio = logp - old_logp
+    if level == "sequence":
+        seq = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
+        log_ratio = seq.expand_as(logp)
+    return torch.exp(log_ratio.clamp(max=20.0))
+
+
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *, total_sequences: int,
+                   total_tokens: torch.Tensor | float | None = None, max_completion_length: int | None = None) -> torch.Tensor:
+    """One (micro-)batch's share of the step loss from per-token losses ℓ (B, T); the formulas are in
+    `policy_loss`. `total_tokens` None = this micro-batch's; `max_completion_length` None = T."""
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / total_sequences
+    if loss_type == "bnpo":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1) * (per_token.shape[0] / total_sequences)
+    if loss_type in ("dapo", "cispo"):
+        tokens = mask.sum() if total_tokens is None else total_tokens
+        return (per_token * mask).sum() / torch.as_tensor(tokens).clamp(min=1)
+    check_choice("loss_type", loss_type, LOSS_TYPES)
+    return (per_token * mask).sum() / (total_sequences * (max_completion_length or per_token.shape[1]))  # dr_grpo
 
 
 def adaptive_beta(beta: float, kl: float, target_kl: float, rate: float = 0.1, floor: float = 1e-4) -> float:

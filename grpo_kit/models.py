@@ -2,7 +2,7 @@
 
 The tiny Gemma is transformers' own `Gemma3ForCausalLM` built from a small config, with a character-level
 tokenizer that carries Gemma's special tokens and Gemma's chat template. Its config and tokenizer files
-live in `data/tiny_gemma/` (written by `scripts/make_tiny_gemma.py`); weights start from a seed.
+live in `grpo_kit/assets/models/tiny-gemma/` (the tokenizer written by `scripts/make_tiny_gemma.py`); weights start from a seed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from .chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .config import ModelConfig
 from .device import is_xla, move_model, resolve_dtype, shard_parameters
-from .hub import TINY_GEMMA, cache_dir, resolve_model
+from .hub import TINY_GEMMA, resolve_model
+from .planner import MODEL_SHAPES
 
 # Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
 TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
@@ -29,33 +30,7 @@ TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_
 TINY_TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
 TINY_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
 
-TINY_CONFIG: dict[str, Any] = {
-    "architectures": ["Gemma3ForCausalLM"],
-    "model_type": "gemma3_text",
-    "vocab_size": 106,
-    "hidden_size": 128,
-    "intermediate_size": 512,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "max_position_embeddings": 256,
-    "sliding_window": 256,
-    "layer_types": ["full_attention"] * 4,
-    "rope_theta": 10000.0,
-    "rope_local_base_freq": 10000.0,
-    "rms_norm_eps": 1e-6,
-    "hidden_activation": "gelu_pytorch_tanh",
-    "initializer_range": 0.02,
-    "query_pre_attn_scalar": 32,
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "tie_word_embeddings": True,
-    "pad_token_id": 0,
-    "eos_token_id": [1, 5],
-    "bos_token_id": 2,
-    "use_cache": True,
-}
+TINY_CONFIG: dict[str, Any] = json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text())
 
 
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -97,19 +72,9 @@ def write_tiny_gemma_files(out_dir: str | Path) -> Path:
     return out
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
 def tiny_gemma_dir() -> Path:
-    """`data/tiny_gemma` of the checkout, or (installed from a wheel) a copy written to the user cache."""
-    in_repo = repo_root() / "data" / "tiny_gemma"
-    if (in_repo / "config.json").exists():
-        return in_repo
-    cache = cache_dir() / "tiny_gemma"
-    if not (cache / "config.json").exists():
-        write_tiny_gemma_files(cache)
-    return cache
+    """The tiny Gemma's config and tokenizer, shipped inside the package."""
+    return MODEL_SHAPES / "tiny-gemma"
 
 
 def _attn_impl(device: torch.device, tiny: bool) -> str:

@@ -26,7 +26,7 @@ Per device, in bytes (n = devices sharing the batch, b = bytes per weight elemen
 
 The activation coefficients (c_h = 22, c_i = 4, c_a = 2.5: Gemma's four RMSNorms per layer, q/k norms,
 gated GELU MLP and eager attention keep more than the textbook 16·h) were fitted to measured peaks on
-the CPU by `benchmarks/plan_vs_measured.py`. The margin covers XLA's own buffers. It is an estimate:
+the CPU by `grpo_kit/devtools/plan_vs_measured.py`. The margin covers XLA's own buffers. It is an estimate:
 treat ±25 % as the expected error.
 """
 
@@ -58,6 +58,15 @@ class ModelSpec:
     intermediate: int
     tied: bool = True
 
+    @classmethod
+    def from_config(cls, name: str, config: dict[str, Any]) -> ModelSpec:
+        """From a Hugging Face config.json (a multimodal one's `text_config`)."""
+        cfg = config.get("text_config", config)
+        heads = cfg["num_attention_heads"]
+        return cls(name=name, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
+                   kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads),
+                   intermediate=cfg["intermediate_size"], tied=cfg.get("tie_word_embeddings", True))
+
     @property
     def params(self) -> int:
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
@@ -76,13 +85,16 @@ class ModelSpec:
         return self.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
 
 
+MODEL_SHAPES = Path(__file__).resolve().parent / "assets" / "models"
+"""One directory per known model holding its config.json (the tiny Gemma's also its tokenizer): the one place
+model shapes are written."""
+
 MODELS: dict[str, ModelSpec] = {
-    "tiny-gemma": ModelSpec("tiny-gemma", 106, 128, 4, 4, 1, 32, 512),
-    "gemma-3-270m": ModelSpec("gemma-3-270m", 262144, 640, 18, 4, 1, 256, 2048),
-    "gemma-3-1b-it": ModelSpec("gemma-3-1b-it", 262144, 1152, 26, 4, 1, 256, 6912),
-    "gemma-2-2b-it": ModelSpec("gemma-2-2b-it", 256000, 2304, 26, 8, 4, 256, 9216),
+    path.parent.name: ModelSpec.from_config(path.parent.name, json.loads(path.read_text()))
+    for path in sorted(MODEL_SHAPES.glob("*/config.json"))
 }
-"""Known models (the `google/` prefix and `-it`/base suffix are optional when looking one up)."""
+"""Known models, read from each one's config.json under `assets/models/` (the `google/` prefix and `-it`/base
+suffix are optional when looking one up)."""
 
 
 @dataclass(frozen=True)
@@ -110,14 +122,7 @@ def model_spec(name: str) -> ModelSpec:
     """A known model by name (e.g. `google/gemma-3-1b-it`), or a local HF directory's config.json."""
     path = Path(name)
     if (path / "config.json").exists():
-        cfg = json.loads((path / "config.json").read_text())
-        cfg = cfg.get("text_config", cfg)
-        heads = cfg["num_attention_heads"]
-        return ModelSpec(
-            path.name, cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], heads,
-            cfg.get("num_key_value_heads", heads), cfg.get("head_dim", cfg["hidden_size"] // heads),
-            cfg["intermediate_size"], cfg.get("tie_word_embeddings", True),
-        )
+        return ModelSpec.from_config(path.name, json.loads((path / "config.json").read_text()))
     key = name.split("/")[-1].lower()
     for candidate in (key, key.removesuffix("-it"), key + "-it", key.removesuffix("-pt") + "-it"):
         if candidate in MODELS:
@@ -210,14 +215,14 @@ def plan(p: PlanInput) -> dict[str, Any]:
             est = estimate(p, m, ckpt)
             tried.append((m, ckpt, est["total"]))
             if est["total"] <= budget:
-                return _report(p, spec, acc, m, ckpt, est, fits=True)
+                return _report(p, spec=spec, acc=acc, micro=m, ckpt=ckpt, est=est, fits=True)
     m, ckpt, _ = min(tried, key=lambda t: t[2])
-    report = _report(p, spec, acc, m, ckpt, estimate(p, m, ckpt), fits=False)
+    report = _report(p, spec=spec, acc=acc, micro=m, ckpt=ckpt, est=estimate(p, m, ckpt), fits=False)
     report["advice"] = _advice(p, report)
     return report
 
 
-def _report(p: PlanInput, spec: ModelSpec, acc: Accelerator, micro: int, ckpt: bool, est: dict, fits: bool) -> dict[str, Any]:
+def _report(p: PlanInput, *, spec: ModelSpec, acc: Accelerator, micro: int, ckpt: bool, est: dict, fits: bool) -> dict[str, Any]:
     return {
         "model": spec.name, "accelerator": acc.name, "devices": acc.devices, "gib_per_device": acc.gib_per_device,
         "params": spec.params, "lora": p.lora, "fits": fits, "micro_batch_size": micro,

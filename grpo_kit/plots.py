@@ -1,6 +1,8 @@
-"""Static PNG plots of a run (the demo's reward curve, KL, advantage histograms, accuracy bars).
+"""Plot panels drawn from metrics rows: the live dashboard's figure and the saved PNGs of a run draw the same ones.
 
-Reads metrics rows only; matplotlib's Agg backend, so it works headless.
+Each `draw_*` function draws one panel on a matplotlib Axes from metrics rows alone. Figures are built with
+`matplotlib.figure.Figure`, never pyplot, so nothing here changes a notebook's plotting backend, and saving
+works headless.
 """
 
 from __future__ import annotations
@@ -8,38 +10,93 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from .metrics import series
 
-from .metrics import series  # noqa: E402
+SMOOTH_WINDOW = 5
+"""Steps in the running mean drawn over noisy per-step series in the saved plots."""
 
 
-def _smooth(values: list[float], window: int = 5) -> np.ndarray:
+def smooth(values: list[float], window: int = SMOOTH_WINDOW) -> np.ndarray:
+    """Running mean over the last `window` values (the first value repeated before the start)."""
     v = np.asarray(values, dtype=float)
     if len(v) < window:
         return v
-    kernel = np.ones(window) / window
     padded = np.concatenate([np.full(window - 1, v[0]), v])
-    return np.convolve(padded, kernel, mode="valid")
+    return np.convolve(padded, np.ones(window) / window, mode="valid")
+
+
+def reward_function_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-function reward means logged in the latest row (`rewards/<name>/mean`)."""
+    return sorted(k for k in (rows[-1] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))
+
+
+def draw_series(ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...] | list[str], *, smoothed: bool = False) -> None:
+    """One line per metric key against the step (memory metrics in GiB); a legend when there are several."""
+    for key in keys:
+        steps, values = series(rows, key)
+        if key.startswith("memory_"):
+            values = [v / 2**30 for v in values]
+        if steps:
+            label = key.removeprefix("rewards/").removesuffix("/mean").removeprefix("memory_")
+            ax.plot(steps, smooth(values) if smoothed else values, marker="." if len(steps) < 30 else None, label=label,
+                    linestyle="--" if smoothed and key.startswith("rewards/") else "-")
+    if len(keys) > 1 and ax.lines:
+        ax.legend(fontsize=7)
+
+
+def draw_reward(ax: Any, rows: list[dict[str, Any]], *, smoothed: bool = False) -> None:
+    """The total reward per step with a ± std band (and its running mean when `smoothed`)."""
+    steps, mean = series(rows, "reward_mean")
+    _, std = series(rows, "reward_std")
+    ax.plot(steps, mean, color="C0", alpha=0.35 if smoothed else 1.0, marker="." if len(steps) < 30 else None,
+            label="reward (per step)")
+    if smoothed:
+        ax.plot(steps, smooth(mean), color="C0", label=f"reward ({SMOOTH_WINDOW}-step mean)")
+    if steps and len(std) == len(mean):
+        ax.fill_between(steps, np.subtract(mean, std), np.add(mean, std), color="C0", alpha=0.15)
+
+
+def draw_advantage_histogram(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """The latest step's advantage histogram (the spike at 0 is the zero-std groups)."""
+    hists = [r for r in rows if r.get("advantage_hist")]
+    if hists:
+        edges = np.asarray(hists[-1]["advantage_hist_edges"])
+        ax.bar(edges[:-1], hists[-1]["advantage_hist"], width=np.diff(edges), align="edge")
+        ax.set_title(f"advantages, step {hists[-1]['step']}\n(the spike at 0 = zero-std groups)", fontsize=9)
+
+
+def draw_advantage_heatmap(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Advantage histograms over the steps, one column per step, log counts."""
+    hists = [r for r in rows if r.get("advantage_hist")]
+    if hists:
+        edges = np.asarray(hists[-1]["advantage_hist_edges"])
+        counts = np.asarray([r["advantage_hist"] for r in hists], dtype=float)
+        ax.imshow(np.log1p(counts.T), aspect="auto", origin="lower", cmap="viridis",
+                  extent=(hists[0]["step"] - 0.5, hists[-1]["step"] + 0.5, edges[0], edges[-1]))
+        ax.set_title("advantage histogram over steps (log counts)", fontsize=9)
+
+
+def draw_accuracy_bars(ax: Any, summary: dict[str, Any]) -> None:
+    """Held-out greedy accuracy before training, after SFT and after GRPO (a demo summary)."""
+    labels = ["random init", "after SFT", "after GRPO"]
+    values = [summary["baseline_accuracy"], summary["sft_accuracy"], summary["grpo_accuracy"]]
+    bars = ax.bar(labels, [100 * v for v in values], color=["C7", "C0", "C2"])
+    for bar, v in zip(bars, values, strict=True):
+        ax.text(bar.get_x() + bar.get_width() / 2, 100 * v + 1, f"{100 * v:.1f}%", ha="center")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("held-out greedy accuracy (%)")
+    ax.set_title("Accuracy before and after")
 
 
 def plot_rewards(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Reward mean ± std per step, per-function means, and sampled accuracy."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps, mean = series(rows, "reward_mean")
-    _, std = series(rows, "reward_std")
-    ax.plot(steps, mean, color="C0", alpha=0.35, label="reward (per step)")
-    ax.plot(steps, _smooth(mean), color="C0", label="reward (5-step mean)")
-    ax.fill_between(steps, np.array(mean) - np.array(std), np.array(mean) + np.array(std), color="C0", alpha=0.1)
-    for i, key in enumerate(sorted(k for k in (rows[0] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))):
-        s, v = series(rows, key)
-        ax.plot(s, _smooth(v), color=f"C{i + 2}", linestyle="--", label=key.split("/")[1])
-    s, acc = series(rows, "accuracy")
-    if acc:
-        ax.plot(s, _smooth(acc), color="C1", label="sampled accuracy")
+    """Reward mean ± std per step, per-function means and sampled accuracy, smoothed."""
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    draw_reward(ax, rows, smoothed=True)
+    draw_series(ax, rows, [*reward_function_keys(rows), "accuracy"], smoothed=True)
     ax.set_xlabel("GRPO step")
     ax.set_title("Reward during GRPO")
     ax.legend(fontsize=8)
@@ -48,56 +105,36 @@ def plot_rewards(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def plot_kl(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """KL to the reference policy and entropy per step."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    s, kl = series(rows, "kl")
-    ax.plot(s, kl, color="C3", label="KL(π ‖ π_ref)")
-    s, ent = series(rows, "entropy")
-    ax.plot(s, ent, color="C4", label="entropy / token")
+    """KL to the reference policy and entropy per token, per step."""
+    fig = Figure(figsize=(7, 3.5), layout="constrained")
+    ax = fig.subplots()
+    draw_series(ax, rows, ("kl", "entropy"))
     ax.set_xlabel("GRPO step")
-    ax.set_title("KL to the reference and policy entropy")
-    ax.legend(fontsize=8)
+    ax.set_title("KL to the reference and policy entropy (per token)")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
 def plot_advantage_histograms(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Advantage histograms over time (one column per step) and the latest histogram."""
-    hist_rows = [r for r in rows if r.get("advantage_hist")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 1.3]})
-    if hist_rows:
-        edges = np.asarray(hist_rows[-1]["advantage_hist_edges"])
-        image = np.array([r["advantage_hist"] for r in hist_rows], dtype=float).T
-        ax1.imshow(image, aspect="auto", origin="lower", cmap="viridis",
-                   extent=[hist_rows[0]["step"] - 0.5, hist_rows[-1]["step"] + 0.5, edges[0], edges[-1]])
-        centers = (edges[:-1] + edges[1:]) / 2
-        ax2.barh(centers, hist_rows[-1]["advantage_hist"], height=edges[1] - edges[0], color="C0")
-    ax1.set_xlabel("GRPO step")
-    ax1.set_ylabel("advantage")
-    ax1.set_title("Advantage histogram over time (bright = many completions)")
-    ax2.set_title(f"step {hist_rows[-1]['step'] if hist_rows else '-'}")
-    ax2.set_xlabel("completions")
+    """Advantage histograms over time and the latest one."""
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    heat_ax, hist_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1.3]})
+    draw_advantage_heatmap(heat_ax, rows)
+    draw_advantage_histogram(hist_ax, rows)
+    heat_ax.set_xlabel("GRPO step")
+    heat_ax.set_ylabel("advantage")
     return _save(fig, path)
 
 
 def plot_accuracy(summary: dict[str, Any], path: str | Path) -> Path:
     """Held-out greedy accuracy before training, after SFT and after GRPO."""
-    labels = ["random init", "after SFT", "after GRPO"]
-    values = [summary["baseline_accuracy"], summary["sft_accuracy"], summary["grpo_accuracy"]]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    bars = ax.bar(labels, [100 * v for v in values], color=["C7", "C0", "C2"])
-    for bar, v in zip(bars, values, strict=True):
-        ax.text(bar.get_x() + bar.get_width() / 2, 100 * v + 1, f"{100 * v:.1f}%", ha="center")
-    ax.set_ylim(0, 105)
-    ax.set_ylabel("held-out greedy accuracy (%)")
-    ax.set_title("Accuracy before and after")
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    draw_accuracy_bars(fig.subplots(), summary)
     return _save(fig, path)
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

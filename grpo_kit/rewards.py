@@ -227,7 +227,7 @@ class RewardResult:
     """Per function: completions scored 0 because the function failed on them (on_error='zero')."""
 
 
-def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: list, columns: dict, on_error: str,
+def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: list, *, columns: dict, on_error: str,
                       first_error: Exception) -> tuple[list, int]:
     """After a batch call failed: score each completion alone, so the culprit is named and the rest kept."""
     scores, failures = [], 0
@@ -254,6 +254,7 @@ def compute_rewards(
     completions: list,
     columns: dict[str, list] | None = None,
     weights: dict[str, float] | None = None,
+    *,
     on_error: str = "raise",
 ) -> RewardResult:
     """Score completions with every reward function and combine them:
@@ -285,7 +286,8 @@ def compute_rewards(
             scores = list(func(prompts, completions, **columns))
             failed = 0
         except Exception as e:  # noqa: BLE001
-            scores, failed = _score_one_by_one(func, name, prompts, completions, columns, on_error, e)
+            scores, failed = _score_one_by_one(func, name, prompts, completions, columns=columns, on_error=on_error,
+                                                      first_error=e)
         if len(scores) != n:
             raise RewardError(f"reward {name!r} returned {len(scores)} scores for {n} completions")
         for i, s in enumerate(scores):

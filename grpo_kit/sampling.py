@@ -15,7 +15,8 @@ run inside the compile monitor's phases.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -176,6 +177,240 @@ def choose_tokens(
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How each token is picked (`choose_tokens`)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Prompts:
+    """The prepared prompts of one rollout and what stays fixed while it runs. B rows, P prompt positions."""
+
+    model: torch.nn.Module
+    hf: torch.nn.Module
+    """The causal LM under any peft wrapper (`models.base_model`)."""
+    ids: torch.Tensor
+    """(B, P) left-padded prompt tokens on the model's device."""
+    mask: torch.Tensor
+    """(B, P) 1 on real prompt tokens."""
+    max_new_tokens: int
+    stop: torch.Tensor
+    """The stop token ids."""
+    pad: torch.Tensor
+    """(B,) `<pad>`, written after a row's stop token."""
+    settings: SamplingSettings
+    group_size: int
+    uniforms: torch.Tensor | None
+    """(B, N) one U(0, 1) per row and step (None when greedy)."""
+    can_peek: bool
+    """Host reads of device values are cheap (cpu/cuda): the loop may stop once every row has finished."""
+
+    @property
+    def length(self) -> int:
+        return self.ids.shape[1]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return position_ids_from_mask(self.mask)
+
+    @property
+    def full_mask(self) -> torch.Tensor:
+        """(B, P + N) the key mask of the whole rollout: the prompt's, then every completion slot."""
+        ones = torch.ones(self.ids.shape[0], self.max_new_tokens, dtype=self.mask.dtype, device=self.ids.device)
+        return torch.cat([self.mask, ones], 1)
+
+    @property
+    def shapes(self) -> dict[str, int]:
+        return {"batch": self.ids.shape[0], "prompt_len": self.length, "max_new_tokens": self.max_new_tokens}
+
+
+@dataclass
+class SamplerState:
+    """A rollout in progress, carried from one decode step to the next. B' = the rows still in the batch (B
+    unless finished rows have left it)."""
+
+    cache: Any
+    """`decoder.KVCache` or HF's `StaticCache`, P + N slots."""
+    token: torch.Tensor
+    """(B',) the token just drawn."""
+    logprob: torch.Tensor
+    """(B',) its log-prob under the temperature-scaled policy."""
+    uniforms: torch.Tensor | None
+    """(B', N) the rows' random numbers."""
+    step_index: torch.Tensor
+    """(1,) the decode step, on the device: picks the uniforms' column without baking it into the graph."""
+    next_pos: torch.Tensor
+    """(B', 1) position id of the token just drawn."""
+    cache_pos: torch.Tensor
+    """(1,) the cache slot it goes into."""
+    alive: torch.Tensor
+    """(B',) no stop token drawn before this one."""
+    rows: torch.Tensor
+    """(B',) which of the B rows these are."""
+    written: torch.Tensor | None = None
+    """(B',) what goes into the completion (`<pad>` on finished rows) and is fed to the next step."""
+    steps: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    """Per step (rows, tokens, log-probs, alive), stacked once at the end: writing into a buffer at a Python
+    index t would bake t into the graph and compile one graph per token on XLA."""
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Only the rows at `keep` go on decoding (each drop copies their KV cache)."""
+        self.rows, self.alive, self.written, self.next_pos = self.rows[keep], self.alive[keep], self.written[keep], self.next_pos[keep]
+        self.cache = self.cache.select_rows(keep)
+        if self.uniforms is not None:
+            self.uniforms = self.uniforms[keep]
+
+
+def _draw(logits: torch.Tensor, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
+          settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device)."""
+    u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
+    return choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                         greedy=settings.greedy, uniforms=u)
+
+
+def _start(prompts: Prompts, cache: Any, logits: torch.Tensor) -> SamplerState:
+    """The state after the prefill: its logits give the first token. Every tensor the decode steps carry is made
+    before the prefill's `mark_step`, so on XLA the first decode step is the same graph as the others."""
+    device, batch = prompts.ids.device, prompts.ids.shape[0]
+    step_index = torch.zeros(1, dtype=torch.long, device=device)
+    next_pos, cache_pos = prompts.positions[:, -1:] + 1, torch.tensor([prompts.length], device=device)
+    # made on the CPU and split like the batch: the decode steps then see the same layout
+    alive = shard_batch(torch.ones(batch, dtype=torch.bool).to(device))
+    rows = torch.arange(batch, device=device)
+    token, logprob = _draw(logits, uniforms=prompts.uniforms, step_index=step_index, settings=prompts.settings)
+    mark_step(device)
+    return SamplerState(cache=cache, token=token, logprob=logprob, uniforms=prompts.uniforms, step_index=step_index,
+                        next_pos=next_pos, cache_pos=cache_pos, alive=alive, rows=rows)
+
+
+def _prefill_lean(prompts: Prompts, consts: decoder.Constants, visible: int | None) -> SamplerState:
+    """Gemma's prefill through `decoder.forward`: each group's prompt once, its cache then repeated G times."""
+    hf, group = prompts.hf, prompts.group_size
+    first, full_mask = slice(None, None, group), prompts.full_mask
+    cache = decoder.KVCache.empty(hf, prompts.ids.shape[0] // group, full_mask.shape[1], full_mask[first])
+    start = torch.zeros(1, dtype=torch.long, device=prompts.ids.device)
+    logits = decoder.forward(hf, prompts.ids[first], prompts.positions[first], cache, start, consts=consts, visible=visible)
+    if group > 1:
+        cache, logits = cache.repeat_interleave(group, full_mask), logits.repeat_interleave(group, 0)
+    return _start(prompts, cache, logits)
+
+
+def _record(state: SamplerState, prompts: Prompts) -> None:
+    """Keep the token just drawn (`<pad>` on finished rows); a stop token ends its row after this step."""
+    state.written = torch.where(state.alive, state.token, prompts.pad[: len(state.rows)])
+    state.steps.append((state.rows, state.written, torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
+                        state.alive))
+    state.alive = state.alive & ~(state.token.unsqueeze(-1) == prompts.stop).any(-1)  # torch.isin has no XLA lowering
+
+
+def _decode(state: SamplerState, prompts: Prompts, step_logits: Callable[[SamplerState, int], torch.Tensor], *,
+            drop_finished: bool) -> None:
+    """The decode loop: N − 1 single-token forwards (`step_logits(state, t)`), each followed by a draw. Where host
+    reads are cheap it stops once every row has finished and, with `drop_finished`, drops finished rows from the
+    batch once at most COMPACT_BELOW of it is still running."""
+    steps = prompts.max_new_tokens
+    for t in range(steps):
+        _record(state, prompts)
+        if t == steps - 1:
+            break
+        if prompts.can_peek:
+            running = int(state.alive.sum())
+            if running == 0:
+                break
+            if drop_finished and running <= COMPACT_BELOW * len(state.rows):
+                state.keep(state.alive.nonzero().squeeze(1))
+        logits = step_logits(state, t)
+        state.step_index = state.step_index + 1
+        state.token, state.logprob = _draw(logits, uniforms=state.uniforms, step_index=state.step_index,
+                                           settings=prompts.settings)
+        state.next_pos = state.next_pos + 1
+        state.cache_pos = state.cache_pos + 1
+        mark_step(prompts.ids.device)
+
+
+def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tensor]:
+    """The steps stacked into (B, N) completions; rows that left the batch early are scattered back."""
+    batch, device = prompts.ids.shape[0], prompts.ids.device
+    rows, tokens, logprobs, alive = (list(x) for x in zip(*state.steps, strict=True))
+    if any(r.shape[0] != batch for r in rows):
+        def scatter(fill: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [fill.index_copy(0, r, x) for r, x in zip(rows, values, strict=True)]
+
+        tokens = scatter(prompts.pad, tokens)
+        logprobs = scatter(torch.zeros_like(prompts.pad, dtype=logprobs[0].dtype), logprobs)
+        alive = scatter(torch.zeros_like(prompts.pad, dtype=torch.bool), alive)
+    missing = prompts.max_new_tokens - len(tokens)  # cpu/cuda stopped early: every row had finished
+    truncated = state.alive
+    if state.rows.shape[0] != batch:
+        truncated = torch.zeros(batch, dtype=torch.bool, device=device).index_copy(0, state.rows, state.alive)
+    result = {"completion_ids": torch.stack(tokens + [prompts.pad] * missing, dim=1),
+              "sampling_logprobs": torch.stack(logprobs + [torch.zeros_like(logprobs[0])] * missing, dim=1),
+              "completion_mask": torch.stack(alive + [torch.zeros_like(alive[0])] * missing, dim=1).long(),
+              "truncated": truncated}
+    mark_step(device)
+    return result
+
+
+def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
+    """Gemma on cpu/cuda, eager: the left-padding columns every prompt has are dropped, attention reads the cache
+    slots written so far only, finished rows leave the batch, and the loop ends when every row has finished."""
+    first = int(prompts.mask.any(0).int().argmax())
+    prompts = replace(prompts, ids=prompts.ids[:, first:], mask=prompts.mask[:, first:])
+    plen, monitor = prompts.length, compile_monitor()
+    with monitor.phase("prefill", **prompts.shapes):
+        consts = decoder.Constants.build(prompts.hf, plen + prompts.max_new_tokens)
+        state = _prefill_lean(prompts, consts, visible=plen)
+    with monitor.phase("decode", **prompts.shapes):
+        _decode(state, prompts, lambda s, t: decoder.forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos,
+                                                             consts=consts, visible=plen + t + 1), drop_finished=True)
+        return _completions(state, prompts)
+
+
+def sample_fixed(prompts: Prompts, *, compiled: bool = False) -> dict[str, torch.Tensor]:
+    """Gemma at one shape throughout: on XLA (a prefill graph and one decode graph, no reads of device values),
+    or under `torch.compile` on cpu/cuda (`compiled`). Finished rows go on decoding, writing `<pad>`."""
+    forward = decoder.compiled_forward() if compiled and prompts.can_peek else decoder.forward
+    monitor = compile_monitor()
+    with monitor.phase("prefill", **prompts.shapes):
+        consts = decoder.Constants.build(prompts.hf, prompts.length + prompts.max_new_tokens)
+        state = _prefill_lean(prompts, consts, visible=prompts.length if prompts.can_peek else None)
+    with monitor.phase("decode", **prompts.shapes):
+        _decode(state, prompts, lambda s, t: forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos,
+                                                     consts=consts, visible=None), drop_finished=False)
+        return _completions(state, prompts)
+
+
+def sample_hf(prompts: Prompts) -> dict[str, torch.Tensor]:
+    """Any causal LM through HF's own forward with a `StaticCache` (every row prefilled, no lean decoder)."""
+    full_mask, device, monitor = prompts.full_mask, prompts.ids.device, compile_monitor()
+    with monitor.phase("prefill", **prompts.shapes):
+        cache = StaticCache(config=prompts.hf.config, max_cache_len=full_mask.shape[1])
+        logits = prompts.model(input_ids=prompts.ids, attention_mask=full_mask, position_ids=prompts.positions,
+                               past_key_values=cache, cache_position=torch.arange(prompts.length, device=device),
+                               use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        state = _start(prompts, cache, logits)
+
+    def step_logits(s: SamplerState, t: int) -> torch.Tensor:
+        return prompts.model(input_ids=s.written.unsqueeze(1), attention_mask=full_mask, position_ids=s.next_pos,
+                             past_key_values=s.cache, cache_position=s.cache_pos, use_cache=True).logits[:, -1, :]
+
+    with monitor.phase("decode", **prompts.shapes):
+        _decode(state, prompts, step_logits, drop_finished=False)
+        return _completions(state, prompts)
+
+
+def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """(rows, steps) U(0, 1), drawn on the generator's device (the CPU by default) and sent over once."""
+    uniforms = torch.rand((rows, steps), generator=generator, device=generator.device if generator is not None else device)
+    return shard_batch(uniforms.to(device))
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -184,6 +419,7 @@ def sample(
     max_new_tokens: int,
     stop_ids: list[int],
     pad_id: int,
+    *,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -196,11 +432,11 @@ def sample(
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
 
-    Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own modules), others
-    through HF's forward with a `StaticCache`. `group_size` G > 1 says rows come in groups of G copies of
-    one prompt (as the trainer lays them out): the prompt is then prefilled once and its cache repeated.
-    `lean` None = the lean forward when `decoder.supports` the model; False forces HF's forward. `compiled`
-    runs the lean decode steps under `torch.compile` on cpu/cuda (XLA compiles its graphs anyway).
+    Picks the execution mode: Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own
+    modules) — `sample_eager` on cpu/cuda, `sample_fixed` on XLA or with `compiled` (`torch.compile` on
+    cpu/cuda) — others through HF's forward (`sample_hf`). `lean` None = the lean forward when
+    `decoder.supports` the model; False forces HF's. `group_size` G > 1 says rows come in groups of G copies of
+    one prompt (as the trainer lays them out): the lean prefill then runs each prompt once.
     """
     device = next(model.parameters()).device
     rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
@@ -211,120 +447,29 @@ def sample(
             raise ValueError(f"{rows_given} rows in groups of {group_size} cannot be split over the SPMD mesh: "
                              f"make prompts × group_size a multiple of {padded_rows(1, device)}")
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
-        roll = sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens, stop_ids, pad_id, temperature, top_k,
-                      top_p, greedy, generator, group_size, lean, compiled)
-        return roll.head(rows_given)
-    can_peek = host_syncs_are_cheap(device)
-    monitor = compile_monitor()
+        return sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                      pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
+                      lean=lean, compiled=compiled).head(rows_given)
+    check_grouped(prompt_ids, group_size)
+    hf = base_model(model)
+    ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
+    uniforms = None if greedy else _uniforms(ids.shape[0], max_new_tokens, generator=generator, device=device)
+    prompts = Prompts(model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
+                      stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
+                      settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
+                      group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device))
     was_training = model.training
     model.eval()
-    check_grouped(prompt_ids, group_size)
-    prompt_ids, prompt_mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
-    given_ids, given_mask = prompt_ids, prompt_mask
-    hf = base_model(model)
-    lean = decoder.supports(hf) if lean is None else lean
-    # eager lean cpu/cuda: finished rows leave the batch, attention reads the slots written so far only, and
-    # the left-padding columns that every prompt has are dropped (they would only be masked out)
-    compact = lean and can_peek and not compiled
-    if compact:
-        first = int(prompt_mask.any(0).int().argmax())
-        prompt_ids, prompt_mask = prompt_ids[:, first:], prompt_mask[:, first:]
-    batch, plen = prompt_ids.shape
-    total = plen + max_new_tokens
-    shapes = {"batch": batch, "prompt_len": plen, "max_new_tokens": max_new_tokens}
-    lean_forward = decoder.compiled_forward() if lean and compiled and can_peek else decoder.forward
-    full_mask = torch.cat([prompt_mask, torch.ones(batch, max_new_tokens, dtype=prompt_mask.dtype, device=device)], 1)
-    positions = position_ids_from_mask(prompt_mask)
-    stop = torch.tensor(stop_ids, device=device)
-
-    # One uniform per row and step, drawn up front (on the generator's device, the CPU by default) and sent
-    # over once; column t is picked with a device-side index so every decode step is the same graph.
-    uniforms = None
-    if not greedy:
-        uniforms = torch.rand((batch, max_new_tokens), generator=generator,
-                              device=generator.device if generator is not None else device)
-        uniforms = shard_batch(uniforms.to(device))
-    step_index = torch.zeros(1, dtype=torch.long, device=device)
-
-    def draw(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
-        return choose_tokens(logits, temperature, top_k, top_p, greedy, u)
-
-    with monitor.phase("prefill", **shapes):
-        if lean:
-            first = slice(None, None, group_size)
-            consts = decoder.Constants.build(hf, total)
-            cache = decoder.KVCache.empty(hf, batch // group_size, total, full_mask[first])
-            logits = decoder.forward(hf, prompt_ids[first], positions[first], cache, torch.zeros_like(step_index), consts,
-                                     visible=plen if can_peek else None)
-            if group_size > 1:
-                cache, logits = cache.repeat_interleave(group_size, full_mask), logits.repeat_interleave(group_size, 0)
+    try:
+        if not (decoder.supports(hf) if lean is None else lean):
+            completions = sample_hf(prompts)
+        elif prompts.can_peek and not compiled:
+            completions = sample_eager(prompts)
         else:
-            cache = StaticCache(config=hf.config, max_cache_len=total)
-            logits = model(
-                input_ids=prompt_ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-                cache_position=torch.arange(plen, device=device), use_cache=True, logits_to_keep=1,
-            ).logits[:, -1, :]
-        token, logprob = draw(logits)
-        mark_step(device)
-    # Per-step results are kept in lists and stacked once at the end: writing into a buffer at a Python
-    # index t would bake t into the graph and compile one graph per token on XLA.
-    step_tokens, step_logprobs, step_alive, step_rows = [], [], [], []
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
-    pad = torch.full_like(token, pad_id)
-    next_pos = positions[:, -1:] + 1
-    cache_pos = torch.tensor([plen], device=device)
-    rows = torch.arange(batch, device=device)  # the batch rows still decoding (fewer once rows leave)
-    with monitor.phase("decode", **shapes):
-        for t in range(max_new_tokens):
-            written = torch.where(alive, token, pad[: len(rows)])
-            step_rows.append(rows)
-            step_tokens.append(written)
-            step_logprobs.append(torch.where(alive, logprob, torch.zeros_like(logprob)))
-            step_alive.append(alive)
-            alive = alive & ~(token.unsqueeze(-1) == stop).any(-1)  # torch.isin has no XLA lowering (CPU fallback, host sync)
-            if t == max_new_tokens - 1:
-                break
-            if can_peek:
-                running = int(alive.sum())
-                if running == 0:
-                    break
-                if compact and running <= COMPACT_BELOW * len(rows):
-                    keep = alive.nonzero().squeeze(1)
-                    rows, alive, written, next_pos = rows[keep], alive[keep], written[keep], next_pos[keep]
-                    cache = cache.select_rows(keep)
-                    if uniforms is not None:
-                        uniforms = uniforms[keep]
-            if lean:
-                # eager cpu/cuda attend to the slots written so far only; XLA and compiled keep one shape
-                visible = plen + t + 1 if compact else None
-                logits = lean_forward(hf, written.unsqueeze(1), next_pos, cache, cache_pos, consts, visible=visible)
-            else:
-                logits = model(
-                    input_ids=written.unsqueeze(1), attention_mask=full_mask, position_ids=next_pos, past_key_values=cache,
-                    cache_position=cache_pos, use_cache=True,
-                ).logits[:, -1, :]
-            step_index = step_index + 1
-            token, logprob = draw(logits)
-            next_pos = next_pos + 1
-            cache_pos = cache_pos + 1
-            mark_step(device)
-        missing = max_new_tokens - len(step_tokens)  # CPU/GPU early stop: every row already finished
-        if compact:  # scatter the steps decoded on fewer rows back to the whole batch
-            def scatter(fill: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
-                return [fill.index_copy(0, r, x) for r, x in zip(step_rows, values, strict=True)]
-
-            step_tokens = scatter(pad, step_tokens)
-            step_logprobs = scatter(torch.zeros_like(pad, dtype=logprob.dtype), step_logprobs)
-            step_alive = scatter(torch.zeros_like(pad, dtype=torch.bool), step_alive)
-        tokens = torch.stack(step_tokens + [pad] * missing, dim=1)
-        logprobs = torch.stack(step_logprobs + [torch.zeros_like(step_logprobs[0])] * missing, dim=1)
-        mask = torch.stack(step_alive + [torch.zeros_like(step_alive[0])] * missing, dim=1).long()
-        truncated = torch.zeros(batch, dtype=torch.bool, device=device).index_copy(0, rows, alive) if compact else alive
-        mark_step(device)
-    if was_training:
-        model.train()
-    return Rollout(given_ids, given_mask, tokens, mask, logprobs, truncated)
+            completions = sample_fixed(prompts, compiled=compiled)
+    finally:
+        model.train(was_training)
+    return Rollout(prompt_ids=ids, prompt_mask=mask, **completions)
 
 
 def completion_logprobs(
@@ -333,6 +478,7 @@ def completion_logprobs(
     attention_mask: torch.Tensor,
     prompt_len: int,
     temperature: float = 1.0,
+    *,
     chunk_rows: int | None = None,
     group_size: int = 1,
     padding_free: bool = False,
@@ -340,38 +486,20 @@ def completion_logprobs(
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
 
     One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
-    the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`).
+    the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`). Picks the forward:
 
-    `group_size` G > 1 says rows come in groups of G that share one prompt (rows g·G … g·G + G − 1, as the
-    trainer lays them out): each prompt then goes through the model once, its keys and values are repeated
-    for its G completions, and only the completions run at full batch — B/G·P + B·N positions instead of
-    B·(P + N). Same values (the prompt rows are the same numbers), and gradients flow back through the
-    repeat, so the result and its gradient equal the plain forward's up to float summation order. Under
-    gradient checkpointing HF drops the cache inside its layers, so there the plain forward runs instead.
-
-    `padding_free` (Gemma on cpu/cuda): `decoder.packed_completion_hidden` computes the real tokens only —
-    no left padding, no padding after the stop tokens, each group's prompt once — and the LM head runs on
-    the real completion tokens only; log-probs and entropies at padding are 0. The completion masks must be
-    1 up to the stop token and 0 after it, as `sample` makes them.
+    - `padding_free` (Gemma on cpu/cuda): `packed_logprobs` — the real tokens only.
+    - `group_size` G > 1 (rows g·G … g·G + G − 1 share one prompt, as the trainer lays them out):
+      `_shared_prompt_hidden` runs each prompt once and repeats its keys and values for its G completions —
+      B/G·P + B·N positions instead of B·(P + N). Same values, and gradients flow back through the repeat,
+      so the result and its gradient equal the plain forward's up to float summation order.
+    - otherwise, or under gradient checkpointing (HF drops the cache inside its layers): the plain forward.
     """
     hf = base_model(model)
-    targets = input_ids[:, prompt_len:]
-    softcap = getattr(hf.config, "final_logit_softcapping", None)
     checkpointing = hf.training and _checkpointing(hf)
     if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
-        check_grouped(input_ids[:, :prompt_len], group_size)
-        hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
-        width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
-        rows = -(-index.numel() // width)
-        hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
-        flat_targets = targets.reshape(-1)[index]
-        flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
-        logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap, chunk_rows)
-
-        def unpacked(x: torch.Tensor) -> torch.Tensor:
-            return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
-
-        return unpacked(logp), unpacked(entropy)
+        return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, chunk_rows=chunk_rows,
+                               group_size=group_size)
     if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
@@ -380,7 +508,35 @@ def completion_logprobs(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
             use_cache=False,
         ).last_hidden_state[:, prompt_len - 1 : -1, :]
-    return token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets, temperature, softcap, chunk_rows)
+    return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
+                                      softcap=_softcap(hf), chunk_rows=chunk_rows)
+
+
+def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
+                    temperature: float, chunk_rows: int | None, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_logprobs` on the real tokens only: `decoder.packed_completion_hidden` computes no left padding,
+    no padding after the stop tokens and each group's prompt once, and the LM head runs on the real completion
+    tokens only; log-probs and entropies at padding are 0. The completion masks must be 1 up to the stop token
+    and 0 after it, as `sample` makes them."""
+    targets = input_ids[:, prompt_len:]
+    check_grouped(input_ids[:, :prompt_len], group_size)
+    hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
+    width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
+    rows = -(-index.numel() // width)
+    hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
+    flat_targets = targets.reshape(-1)[index]
+    flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
+    logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap=_softcap(hf),
+                                               chunk_rows=chunk_rows)
+
+    def unpacked(x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
+
+    return unpacked(logp), unpacked(entropy)
+
+
+def _softcap(hf: torch.nn.Module) -> float | None:
+    return getattr(hf.config, "final_logit_softcapping", None)
 
 
 def _checkpointing(hf: torch.nn.Module) -> bool:

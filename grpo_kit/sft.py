@@ -124,4 +124,4 @@ class SFTTrainer:
         return self.logger.rows
 
     def save(self, path: str | Path) -> Path:
-        return save_checkpoint(path, self.model, self.optimizer, self.step, {"kind": "sft"})
+        return save_checkpoint(path, self.model, self.optimizer, self.step, extra={"kind": "sft"})

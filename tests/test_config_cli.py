@@ -4,10 +4,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from grpo_kit.cli import build_parser, main
-from grpo_kit.config import PRESETS, Controls, DemoConfig, GRPOConfig, load_demo_config
+from grpo_kit.config import PRESETS, DemoConfig, GRPOConfig, load_demo_config
+from grpo_kit.controls import Controls
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,8 +61,12 @@ def test_controls_are_versioned_and_validated():
 
 def test_cli_has_the_subcommands():
     parser = build_parser()
-    for cmd in ("demo", "sft", "train", "eval"):
+    for cmd in ("demo", "sft", "train", "eval", "plan"):
         assert parser.parse_args([cmd]).command == cmd
+    assert parser.parse_args(["export", "--out", "x"]).command == "export"
+    help_text = parser.format_help()
+    for tool in ("bench", "smoke", "xla-check"):  # developer tools say so
+        assert re.search(rf"{tool}\s+\(developer\)", help_text), help_text
 
 
 def test_cli_quick_sft_train_eval(tmp_path, capsys):
@@ -75,6 +81,24 @@ def test_cli_quick_sft_train_eval(tmp_path, capsys):
     assert 0.0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1.0
     assert main(["eval", "--checkpoint", str(tmp_path), "--quiet"]) == 2
     assert "not a grpo_kit checkpoint" in capsys.readouterr().err
+
+    # export: the trained weights as a transformers directory that reloads to the same greedy completions
+    assert main(["export", "--preset", "cpu-tiny-quick", "--checkpoint", train["checkpoint"], "--out", str(tmp_path / "x"),
+                 "--quiet"]) == 0
+    exported = json.loads(capsys.readouterr().out)["exported"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_kit.checkpoint import load_checkpoint
+    from grpo_kit.config import ModelConfig
+    from grpo_kit.evaluation import generate_completions
+    from grpo_kit.models import load_model
+
+    trained, tokenizer = load_model(ModelConfig(), torch.device("cpu"))
+    load_checkpoint(train["checkpoint"], trained)
+    reloaded = AutoModelForCausalLM.from_pretrained(exported)
+    prompts = [[{"role": "user", "content": "What is 12 + 30?"}]]
+    assert generate_completions(reloaded, AutoTokenizer.from_pretrained(exported), prompts, max_new_tokens=16) == \
+        generate_completions(trained, tokenizer, prompts, max_new_tokens=16)
 
 
 def _name(req: str) -> str:

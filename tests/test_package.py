@@ -1,4 +1,5 @@
-"""The package's shape: its public API, what notebooks may import, and imports that never form a cycle."""
+"""The package's shape: its public API, what notebooks may import, imports that never form a cycle, developer tools
+kept apart, short functions and named arguments, option lists written once."""
 
 from __future__ import annotations
 
@@ -50,10 +51,14 @@ def test_notebooks_use_only_the_public_api(path):
 
 
 def module_imports(path: Path) -> set[str]:
-    """The grpo_kit modules a module imports anywhere in its body (function-level imports included)."""
+    """The grpo_kit modules a module imports anywhere in its body (function-level imports included); everything
+    under `grpo_kit/devtools/` counts as one module, `devtools`."""
+    in_devtools = path.parent.name == "devtools"
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if in_devtools and node.level == 1:
+                continue  # a devtools module importing another
             if node.module:
                 found.add(node.module.split(".")[0])
             else:
@@ -62,11 +67,17 @@ def module_imports(path: Path) -> set[str]:
             found.add(node.module.split(".")[1])
         elif isinstance(node, ast.Import):
             found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("grpo_kit."))
-    return found - {path.stem}
+    return found - {path.stem, "devtools" if in_devtools else ""}
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {p.stem: module_imports(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    graph["devtools"] = set().union(*(module_imports(p) for p in (PACKAGE / "devtools").glob("*.py")))
+    return graph
 
 
 def test_no_import_cycle_among_modules():
-    graph = {p.stem: module_imports(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    graph = import_graph()
     assert set().union(*graph.values()) <= set(graph), "an import names a module that does not exist"
     order, state = [], {}
 
@@ -83,6 +94,65 @@ def test_no_import_cycle_among_modules():
     for module in sorted(graph):
         visit(module, [])
     assert order.index("device") < order.index("models") < order.index("grpo")
+
+
+def test_developer_tools_stay_out_of_the_user_package():
+    importers = sorted(module for module, deps in import_graph().items() if "devtools" in deps)
+    assert importers == ["cli"], f"only the command line may reach grpo_kit.devtools: {importers}"
+    assert not (ROOT / "benchmarks").exists(), "benchmarks live in grpo_kit/devtools/"
+
+
+def package_sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+SHAPE_METHODS = {"view", "reshape", "permute", "expand", "repeat", "transpose", "new_zeros", "new_full", "new_ones",
+                 "new_empty", "narrow", "checkpoint"}
+
+
+def test_functions_are_short_and_long_calls_name_their_arguments():
+    long_functions, positional_calls = [], []
+    for path in package_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{node.lineno}" if hasattr(node, "lineno") else ""
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                long_functions.append(f"{where} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+            if isinstance(node, ast.Call) and len([a for a in node.args if not isinstance(a, ast.Starred)]) > 5:
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "?")
+                if name not in SHAPE_METHODS:
+                    positional_calls.append(f"{where} {name}(...) with {len(node.args)} positional arguments")
+    assert not long_functions, long_functions
+    assert not positional_calls, positional_calls
+
+
+def test_the_sampler_and_decoder_are_split_into_small_functions():
+    for module in ("sampling.py", "decoder.py"):
+        for node in ast.walk(ast.parse((PACKAGE / module).read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 65, f"{module}: {node.name} is over ~60 lines"
+
+
+def test_each_option_list_is_the_one_the_code_dispatches_on():
+    import torch
+
+    from grpo_kit import advantages, losses, options
+    from grpo_kit.config import GRPOConfig
+
+    assert tuple(advantages.ESTIMATORS) == options.ADVANTAGE_ESTIMATORS
+    rewards, logp = torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.zeros(4, 3)
+    for clip in options.ADVANTAGE_CLIPS:
+        assert advantages.compute_advantages(rewards, 2, clip=clip).shape == (4,)
+    for loss_type in options.LOSS_TYPES:
+        for level in options.IMPORTANCE_SAMPLING_LEVELS:
+            for kl in options.KL_ESTIMATORS:
+                loss, _ = losses.policy_loss(logp, logp, torch.ones(4), torch.ones(4, 3), ref_logp=logp, beta=0.1,
+                                             kl_estimator=kl, loss_type=loss_type, importance_sampling_level=level)
+                assert torch.isfinite(loss)
+    for setting, allowed in (("loss_type", options.LOSS_TYPES), ("advantage", options.ADVANTAGE_ESTIMATORS),
+                             ("kl_estimator", options.KL_ESTIMATORS), ("advantage_clip", options.ADVANTAGE_CLIPS)):
+        with pytest.raises(ValueError, match=rf"GRPOConfig\.{setting}='nope'; choose one of {', '.join(allowed)}"):
+            GRPOConfig(**{setting: "nope"})
 
 
 def readme_quick_start() -> str:

@@ -9,13 +9,13 @@ import pytest
 from grpo_kit.cli import main
 from grpo_kit.config import PRESETS, auto_preset, load_demo_config
 from grpo_kit.models import count_parameters
-from grpo_kit.planner import GIB, MODELS, PlanInput, estimate, model_spec, plan, table
+from grpo_kit.planner import GIB, MODEL_SHAPES, MODELS, PlanInput, estimate, model_spec, plan, table
 
 
 def test_parameter_count_matches_the_real_tiny_model(tiny):
     model, _ = tiny
     assert MODELS["tiny-gemma"].params == count_parameters(model)["total"]
-    assert model_spec("data/tiny_gemma").params == MODELS["tiny-gemma"].params
+    assert model_spec(str(MODEL_SHAPES / "tiny-gemma")).params == MODELS["tiny-gemma"].params
 
 
 def test_known_sizes_are_right():
@@ -93,7 +93,7 @@ def test_plan_command(capsys):
 
 
 def test_estimate_is_close_to_a_measured_peak_on_the_tiny_model():
-    """The benchmark (benchmarks/plan_vs_measured.py) measures; here only the order of magnitude is pinned,
+    """The benchmark (grpo_kit/devtools/plan_vs_measured.py) measures; here only the order of magnitude is pinned,
     so a broken formula shows up in CI without timing or memory noise failing it."""
     p = PlanInput(model="tiny-gemma", tpu="cpu", lora=False, prompts_per_step=64, group_size=8,
                   prompt_length=48, max_new_tokens=32, beta=0.0, dtype_bytes=4)

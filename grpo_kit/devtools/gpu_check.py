@@ -5,7 +5,7 @@ CI has no GPU, so this script checks there what the CPU tests check here, then t
 Gemma 3 with gemma-3-270m's shapes (bf16; 262k vocabulary, sliding-window layers), the latter also under the
 kit's default LoRA. Prints one JSON object.
 
-    python benchmarks/gpu_check.py [--repeats 3] [--out result.json]
+    python -m grpo_kit.devtools.gpu_check [--repeats 3] [--out result.json]
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-from grpo_kit.config import ModelConfig
-from grpo_kit.models import add_lora, load_model
-from grpo_kit.sampling import completion_logprobs, sample
+from ..config import ModelConfig
+from ..models import add_lora, load_model
+from ..planner import MODEL_SHAPES
+from ..sampling import completion_logprobs, sample
 
 PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
 
 
 def gemma_270m_shaped(device: torch.device) -> torch.nn.Module:
-    config = Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
-                              num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
-                              max_position_embeddings=32768, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    shapes = json.loads((MODEL_SHAPES / "gemma-3-270m" / "config.json").read_text())
+    shapes = {k: v for k, v in shapes.items() if k not in ("architectures", "model_type")}
+    config = Gemma3TextConfig(**shapes, sliding_window=512, max_position_embeddings=32768, pad_token_id=0, eos_token_id=1,
+                              bos_token_id=2)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).to(device, torch.bfloat16).eval()
@@ -71,7 +73,7 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     device = next(model.parameters()).device
     ids, mask = grouped_prompts(model.config.vocab_size, device)
     ids, mask = ids[:32], mask[:32]
-    rolls = [sample(model, ids, mask, 24, list(range(1, 20)), 0, temperature=1.0, generator=torch.Generator().manual_seed(4),
+    rolls = [sample(model, ids, mask, max_new_tokens=24, stop_ids=list(range(1, 20)), pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(4),
                     group_size=GROUP, lean=lean) for lean in (True, False)]
     out = {"sampler_same_tokens": float(torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)),
            "sampler_logprob_max_diff": float((rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max()),
@@ -112,8 +114,8 @@ def lora_checks(model: torch.nn.Module) -> dict[str, float]:
     try:
         device = next(model.parameters()).device
         ids, mask = grouped_prompts(model.config.vocab_size, device)
-        greedy = [sample(model, ids, mask, 16, [1], 0, greedy=True, group_size=GROUP, lean=lean) for lean in (True, False)]
-        roll = sample(model, ids, mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP)
+        greedy = [sample(model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, greedy=True, group_size=GROUP, lean=lean) for lean in (True, False)]
+        roll = sample(model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP)
         with torch.no_grad():
             scored, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1])
         return {"greedy_same_tokens": float(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
@@ -128,7 +130,7 @@ def rollout_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     tokens = ids.shape[0] * NEW
 
     def kit(compiled: bool = False) -> None:
-        sample(model, ids, mask, NEW, [], 0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP,
+        sample(model, ids, mask, max_new_tokens=NEW, stop_ids=[], pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP,
                compiled=compiled)
 
     def hf() -> None:
@@ -151,7 +153,7 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     """Forward + backward of the log-prob forward on sampled completions (mean length as sampled), per mode."""
     device = next(model.parameters()).device
     ids, mask = grouped_prompts(model.config.vocab_size, device)
-    roll = sample(model, ids, mask, NEW, list(range(1, 40)), 0, temperature=1.0, generator=torch.Generator().manual_seed(1),
+    roll = sample(model, ids, mask, max_new_tokens=NEW, stop_ids=list(range(1, 40)), pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(1),
                   group_size=GROUP).trimmed()
     full_ids, full_mask = roll.input_ids, roll.attention_mask
     model.train()
@@ -170,10 +172,10 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
 
 def trainer_steps(steps: int) -> dict[str, object]:
     """The demo's GRPO settings on the tiny Gemma, on the GPU, with the defaults (compiled sampler on CUDA)."""
-    from grpo_kit.config import load_demo_config
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
-    from grpo_kit.tasks import ArithmeticTask
+    from ..config import load_demo_config
+    from ..grpo import GRPOTrainer
+    from ..rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from ..tasks import ArithmeticTask
 
     cfg = load_demo_config("cpu-tiny")
     model, tokenizer = load_model(cfg.model, torch.device("cuda"))

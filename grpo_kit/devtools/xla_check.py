@@ -31,7 +31,7 @@ COMPARED_KEYS = (
 def prepare_environment(devices: int) -> None:
     """Set the XLA runtime variables; must run before torch_xla is imported (the CLI calls it first).
     Without a TPU the XLA CPU client is used, with `devices` virtual devices."""
-    from .device import tpu_present
+    from ..device import tpu_present
 
     # GSPMD prints a deprecation warning per compiled graph; keep errors only
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -42,7 +42,7 @@ def prepare_environment(devices: int) -> None:
 
 def _job_config(steps: int, max_new_tokens: int, devices: int) -> Any:
     """The small GRPO job both runs do."""
-    from .config import GRPOConfig
+    from ..config import GRPOConfig
 
     # The same job for every device count (32 rows, micro-batches of 16: divisible by 1, 2, 4 and 8 devices),
     # so a 1-device and an 8-device report can be compared step by step.
@@ -56,7 +56,7 @@ def _job_config(steps: int, max_new_tokens: int, devices: int) -> Any:
 
 
 def _rewards(max_new_tokens: int) -> tuple[list, dict[str, float]]:
-    from .rewards import make_length_penalty, soft_format_reward
+    from ..rewards import make_length_penalty, soft_format_reward
 
     length = make_length_penalty(max_new_tokens, max(1, max_new_tokens // 2), name="length_penalty")
     return [soft_format_reward, length], {"soft_format_reward": 1.0, "length_penalty": 1.0}
@@ -67,11 +67,11 @@ def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices:
 
     import torch
 
-    from .config import ModelConfig
-    from .device import move_model, shard_parameters
-    from .grpo import GRPOTrainer
-    from .models import load_model
-    from .tasks import ArithmeticTask
+    from ..config import ModelConfig
+    from ..device import move_model, shard_parameters
+    from ..grpo import GRPOTrainer
+    from ..models import load_model
+    from ..tasks import ArithmeticTask
 
     model, tokenizer = load_model(ModelConfig(dtype="float32"), torch.device("cpu"))
     model.load_state_dict(state)
@@ -90,7 +90,7 @@ def _lockstep(eager: Any, xla: Any, steps: int) -> tuple[list[dict], list[dict],
     every later comparison is of the same computation on the same data."""
     from dataclasses import fields
 
-    from .sampling import Rollout
+    from ..sampling import Rollout
 
     captured: dict[str, Any] = {}
     eager_rollout, xla_rollout = eager.rollout, xla.rollout
@@ -104,7 +104,7 @@ def _lockstep(eager: Any, xla: Any, steps: int) -> tuple[list[dict], list[dict],
         ref = captured["eager"]
         same = (own.completion_ids.cpu() == ref.completion_ids) | (ref.completion_mask == 0)
         captured["agreement"] = float(same.float().mean())
-        from .device import shard_batch
+        from ..device import shard_batch
 
         return Rollout(**{f.name: shard_batch(getattr(ref, f.name).to(xla.device)) for f in fields(Rollout)})
 
@@ -121,9 +121,9 @@ def run_xla_check(devices: int = 1, steps: int = 20, max_new_tokens: int = 16, t
     """Run the check and return its report (see the module docstring). `prepare_environment` first."""
     import torch
 
-    from .config import ModelConfig
-    from .device import compile_monitor, enable_spmd, get_device
-    from .models import load_model
+    from ..config import ModelConfig
+    from ..device import compile_monitor, enable_spmd, get_device
+    from ..models import load_model
 
     if devices > 1:
         enable_spmd(devices)

@@ -22,16 +22,16 @@ from typing import Any
 
 import torch
 
-from .config import GRPOConfig, ModelConfig, SFTConfig
-from .device import get_device, mark_step
-from .export import merged_copy, save_merged
-from .grpo import GRPOTrainer
-from .hub import resolve_model
-from .models import base_model, count_parameters, load_model
-from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
-from .sampling import encode_prompts
-from .sft import SFTTrainer
-from .tasks import ArithmeticTask
+from ..config import GRPOConfig, ModelConfig, SFTConfig
+from ..device import get_device, mark_step
+from ..export import merged_copy, save_merged
+from ..grpo import GRPOTrainer
+from ..hub import resolve_model
+from ..models import base_model, count_parameters, load_model
+from ..rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from ..sampling import encode_prompts
+from ..sft import SFTTrainer
+from ..tasks import ArithmeticTask
 
 INSTRUCTION = ("Add the two numbers. Think step by step inside <reasoning></reasoning>, then give only the number "
                "inside <answer></answer>.")
@@ -54,6 +54,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 
 def run_smoke(
     model_name: str = "gemma-3-270m",
+    *,
     out_dir: str | Path | None = None,
     device: str | None = None,
     lora_r: int = 8,
@@ -68,14 +69,11 @@ def run_smoke(
     270M) that is removed at the end."""
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="grpo_kit_smoke_") as tmp:
-            report = run_smoke(model_name, tmp, device, lora_r, group_size, prompts_per_step, max_new_tokens, tolerance,
-                               merge_tolerance)
+            report = run_smoke(model_name, out_dir=tmp, device=device, lora_r=lora_r, group_size=group_size,
+                               prompts_per_step=prompts_per_step, max_new_tokens=max_new_tokens, tolerance=tolerance,
+                               merge_tolerance=merge_tolerance)
         return {**report, "out_dir": None}
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     start = time.perf_counter()
-    work = Path(out_dir)
     dev = get_device(device)
     resolved = resolve_model(model_name)
     # float32 everywhere: the reload comparisons are exact up to summation order, not bf16 rounding.
@@ -83,76 +81,70 @@ def run_smoke(
     model, tokenizer = load_model(model_cfg, dev)
     load_seconds = time.perf_counter() - start
     task = ArithmeticTask(num_demonstrations=8, num_test=4, system_prompt=INSTRUCTION)
+    trained = _one_step_each(model, tokenizer, task, GRPOConfig(
+        steps=1, prompts_per_step=prompts_per_step, group_size=group_size, max_new_tokens=max_new_tokens,
+        micro_batch_size=prompts_per_step * group_size, warmup_steps=0, learning_rate=1e-4, reward_weights=DEFAULT_WEIGHTS,
+        output_dir=None, log_completions=1))
+    t = time.perf_counter()
+    reloads = _reload_checks(model, tokenizer, [row["prompt"] for row in task.test_set()], base_path=resolved.path,
+                             work=Path(out_dir), model_name=model_name, metrics={"grpo_reward_mean": trained["grpo_reward_mean"]})
+    ok = (reloads["adapter_reload_max_abs_diff"] <= tolerance and reloads["merged_reload_max_abs_diff"] <= tolerance
+          and reloads["merge_vs_lora_max_abs_diff"] <= merge_tolerance and reloads["merged_tokenizer_same_ids"])
+    return {
+        "ok": bool(ok), "model": model_name, "source": resolved.source, "note": resolved.note,
+        "model_class": type(base_model(model)).__name__, "params": count_parameters(base_model(model))["total"],
+        "trainable_params": count_parameters(model)["trainable"], "device": str(dev), **trained, **reloads,
+        "tolerance": tolerance, "merge_tolerance": merge_tolerance, "out_dir": str(out_dir),
+        "load_seconds": round(load_seconds, 2), "save_reload_seconds": round(time.perf_counter() - t, 2),
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
+
+def _one_step_each(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, grpo_cfg: GRPOConfig) -> dict[str, Any]:
+    """One SFT step, then one GRPO step, on the same LoRA model."""
     t = time.perf_counter()
     sft = SFTTrainer(model, tokenizer, task.demonstrations(),
                      SFTConfig(steps=1, batch_size=4, learning_rate=2e-4, warmup_steps=0, max_length=160, output_dir=None))
     sft_row = sft.train_step()
     sft_seconds = time.perf_counter() - t
-
     t = time.perf_counter()
-    grpo_cfg = GRPOConfig(steps=1, prompts_per_step=prompts_per_step, group_size=group_size, max_new_tokens=max_new_tokens,
-                          micro_batch_size=prompts_per_step * group_size, warmup_steps=0, learning_rate=1e-4,
-                          reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=1)
-    grpo = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg)
-    grpo_row = grpo.train_step()
-    grpo_seconds = time.perf_counter() - t
+    grpo_row = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg).train_step()
+    return {"sft_loss": sft_row["loss"], "grpo_reward_mean": grpo_row["reward_mean"],
+            "grpo_completion_length_mean": grpo_row.get("completion_length_mean"),
+            "grpo_sample": (grpo_row.get("completions") or [{}])[0].get("completion"),
+            "sft_step_seconds": round(sft_seconds, 2), "grpo_step_seconds": round(time.perf_counter() - t, 2)}
 
-    prompts = [row["prompt"] for row in task.test_set()]
+
+def _reload_checks(model: torch.nn.Module, tokenizer: Any, prompts: list, *, base_path: str, work: Path, model_name: str,
+                   metrics: dict[str, Any]) -> dict[str, Any]:
+    """Logits of the trained LoRA model against: the adapter saved and reloaded onto a fresh base, the merged copy
+    in memory, and the merged export reloaded from disk (with its own tokenizer)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     ids, mask = encode_prompts(tokenizer, prompts, bucket=16)
     trained = _logits(model, ids, mask)
     with model.disable_adapter():
         untouched = _logits(model, ids, mask)
-
-    t = time.perf_counter()
     adapter_dir = work / "adapter"
     model.save_pretrained(adapter_dir)
-    fresh = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32,
+    fresh = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32,
                                                  attn_implementation=base_model(model).config._attn_implementation)
-    reloaded_adapter = PeftModel.from_pretrained(fresh, adapter_dir)
-    adapter_diff = _max_diff(trained, _logits(reloaded_adapter, ids, mask), mask)
-    del reloaded_adapter, fresh
+    adapter_diff = _max_diff(trained, _logits(PeftModel.from_pretrained(fresh, adapter_dir), ids, mask), mask)
+    del fresh
 
     merged_model = merged_copy(model)  # what export_model would write; kept to compare the reload against
-    merged_dir = save_merged(merged_model, tokenizer, work / "merged", base_name=model_name,
-                             metrics={"grpo_reward_mean": grpo_row["reward_mean"]})
+    merged_dir = save_merged(merged_model, tokenizer, work / "merged", base_name=model_name, metrics=metrics)
     merged_in_memory = _logits(merged_model, ids, mask)
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     merged_tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     merged_ids, merged_mask = encode_prompts(merged_tokenizer, prompts, bucket=16)
-    merged_diff = _max_diff(merged_in_memory, _logits(merged, merged_ids, merged_mask), mask)
-    merge_diff = _max_diff(trained, merged_in_memory, mask)
-    save_reload_seconds = time.perf_counter() - t
-
-    report = {
-        "ok": bool(adapter_diff <= tolerance and merged_diff <= tolerance and merge_diff <= merge_tolerance
-                   and torch.equal(ids, merged_ids)),
-        "model": model_name,
-        "source": resolved.source,
-        "note": resolved.note,
-        "model_class": type(base_model(model)).__name__,
-        "params": count_parameters(base_model(model))["total"],
-        "trainable_params": count_parameters(model)["trainable"],
-        "device": str(dev),
-        "sft_loss": sft_row["loss"],
-        "grpo_reward_mean": grpo_row["reward_mean"],
-        "grpo_completion_length_mean": grpo_row.get("completion_length_mean"),
-        "grpo_sample": (grpo_row.get("completions") or [{}])[0].get("completion"),
+    return {
         "lora_effect_max_abs_diff": _max_diff(trained, untouched, mask),
         "adapter_reload_max_abs_diff": adapter_diff,
-        "merged_reload_max_abs_diff": merged_diff,
-        "merge_vs_lora_max_abs_diff": merge_diff,
+        "merged_reload_max_abs_diff": _max_diff(merged_in_memory, _logits(merged, merged_ids, merged_mask), mask),
+        "merge_vs_lora_max_abs_diff": _max_diff(trained, merged_in_memory, mask),
         "merged_tokenizer_same_ids": bool(torch.equal(ids, merged_ids)),
         "merged_chat_template": bool(merged_tokenizer.chat_template),
         "merged_eos_token_ids": merged.generation_config.eos_token_id,
-        "tolerance": tolerance,
-        "merge_tolerance": merge_tolerance,
-        "out_dir": str(work),
-        "load_seconds": round(load_seconds, 2),
-        "sft_step_seconds": round(sft_seconds, 2),
-        "grpo_step_seconds": round(grpo_seconds, 2),
-        "save_reload_seconds": round(save_reload_seconds, 2),
-        "seconds": round(time.perf_counter() - start, 2),
     }
-    return report
-

@@ -5,8 +5,8 @@ resident memory grew while training (the highest RSS sampled every millisecond d
 RSS after loading) next to the
 planner's estimate of the same thing (everything but the weights, which are exact: parameters × 4 bytes).
 
-    python benchmarks/plan_vs_measured.py                 # tiny Gemma, two shapes
-    python benchmarks/plan_vs_measured.py --gemma-270m    # also the real Gemma 3 270M (≈ 2 min, 8 GB RAM)
+    python -m grpo_kit.devtools.plan_vs_measured                 # tiny Gemma, two shapes
+    python -m grpo_kit.devtools.plan_vs_measured --gemma-270m    # also the real Gemma 3 270M (≈ 2 min, 8 GB RAM)
 
 Target: within ±25 %.
 """
@@ -54,7 +54,7 @@ print(json.dumps({"training_peak_growth": highest[0] - after_load,
 """
 
 
-def measure(model: str, lora: bool, prompts: int, group: int, micro: int, max_new_tokens: int, prompt_length: int,
+def measure(model: str, lora: bool, *, prompts: int, group: int, micro: int, max_new_tokens: int, prompt_length: int,
             checkpointing: bool = False) -> dict:
     args = dict(model=model, lora=lora, prompts=prompts, group=group, micro=micro, max_new_tokens=max_new_tokens,
                 prompt_length=prompt_length, checkpointing=checkpointing)
@@ -65,7 +65,7 @@ def measure(model: str, lora: bool, prompts: int, group: int, micro: int, max_ne
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def estimate(spec_name: str, lora: bool, prompts: int, group: int, micro: int, max_new_tokens: int,
+def estimate(spec_name: str, lora: bool, *, prompts: int, group: int, micro: int, max_new_tokens: int,
              prompt_length: int, checkpointing: bool = False) -> dict:
     from grpo_kit.planner import GIB, PlanInput
     from grpo_kit.planner import estimate as plan_estimate
@@ -92,8 +92,9 @@ def main() -> None:
         cases.append(("gemma-3-270m", "gemma-3-270m-offline", True, 2, 4, 8, 32, 64))
     rows = []
     for spec, name, lora, prompts, group, micro, new, plen in cases:
-        m = measure(name, lora, prompts, group, micro, new, plen)
-        e = estimate(spec, lora, prompts, group, micro, new, plen)
+        shape = {"prompts": prompts, "group": group, "micro": micro, "max_new_tokens": new, "prompt_length": plen}
+        m = measure(name, lora, **shape)
+        e = estimate(spec, lora, **shape)
         ratio = e["training_growth_estimate"] / max(m["training_peak_growth"], 1)
         rows.append({"model": spec, "lora": lora, "rows": prompts * group, "micro_batch": micro,
                      "prompt_length": plen, "max_new_tokens": new,

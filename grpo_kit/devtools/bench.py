@@ -26,30 +26,65 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
-from .evaluation import evaluate
-from .grpo import GRPOTrainer
-from .models import load_model
-from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
-from .sampling import encode_prompts, sample
-from .sft import SFTTrainer
-from .tasks import ArithmeticTask
+from ..config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
+from ..evaluation import evaluate
+from ..grpo import GRPOTrainer
+from ..models import load_model
+from ..rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from ..sampling import encode_prompts, sample
+from ..sft import SFTTrainer
+from ..tasks import ArithmeticTask
 
-PROMPTS, GROUP, NEW_TOKENS = 16, 8, 48
+
+@dataclass(frozen=True)
+class BenchSizes:
+    """How big and how long each benchmark runs. `full()` for docs/benchmarks.md, `quick()` for ~10 minutes."""
+
+    prompts: int = 16
+    """Prompts per rollout and per GRPO step."""
+    group: int = 8
+    """Completions per prompt (G)."""
+    new_tokens: int = 48
+    """Tokens per completion (forced: no early stop)."""
+    repeats: int = 5
+    """Timed GRPO steps per trainer after one warm-up step."""
+    rollout_repeats: int = 15
+    """Timed rollouts per variant: a rollout takes seconds, and its ratio moves most with the machine's load."""
+    sft_steps: int | None = None
+    """SFT steps for the shared starting point (None = the demo's)."""
+    xla_token_counts: tuple[int, ...] = (16, 32, 64)
+    """New-token counts whose XLA graph counts are compared."""
+    learning_budget_s: float = 300.0
+    """Training seconds per trainer in the learning comparison."""
+    eval_every_s: float = 60.0
+    """Training seconds between its evaluations."""
+    num_eval: int = 200
+    """Held-out problems per evaluation."""
+    learning_overrides: dict[str, Any] = field(default_factory=dict)
+    """Changes to the demo's GRPO settings for the learning comparison (none by default: the demo's own)."""
+
+    @classmethod
+    def full(cls) -> BenchSizes:
+        return cls()
+
+    @classmethod
+    def quick(cls) -> BenchSizes:
+        return cls(repeats=3, rollout_repeats=9, xla_token_counts=(4, 8), learning_budget_s=60.0, eval_every_s=20.0, num_eval=50)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "all": [round(v, 4) for v in values]}
 
 
-def sft_model(quick: bool, steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
-    """The tiny Gemma after the demo's SFT warm-up: the shared starting point. --quick keeps the full warm-up:
-    from a much weaker start neither trainer improves within the learning run's minute."""
+def sft_model(steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
+    """The tiny Gemma after the demo's SFT warm-up (`steps` None: all of it): the shared starting point. The quick
+    sizes keep the full warm-up: from a much weaker start neither trainer improves within the learning run's minute."""
     cfg = load_demo_config("cpu-tiny")
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = ArithmeticTask(num_demonstrations=cfg.task.num_demonstrations, num_test=cfg.task.num_test)
@@ -58,29 +93,30 @@ def sft_model(quick: bool, steps: int | None = None) -> tuple[torch.nn.Module, A
     return model, tokenizer, task
 
 
-def _rollout_prompts(task: ArithmeticTask) -> list:
-    prompts = [row["prompt"] for row in task.test_set().select(range(PROMPTS))]
-    return [p for p in prompts for _ in range(GROUP)]
+def _rollout_prompts(task: ArithmeticTask, sizes: BenchSizes) -> list:
+    prompts = [row["prompt"] for row in task.test_set().select(range(sizes.prompts))]
+    return [p for p in prompts for _ in range(sizes.group)]
 
 
-def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, repeats: int) -> dict[str, Any]:
-    """Tokens per second, kit sampler vs HF generate, both forced to NEW_TOKENS tokens per row.
+def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes) -> dict[str, Any]:
+    """Tokens per second, kit sampler vs HF generate, both forced to `sizes.new_tokens` tokens per row.
 
     The kit samples as its trainer does (each prompt prefilled once for its group of G). Two more kit rows
     show where its speed comes from: every row prefilled on its own, and HF's forward instead of the lean one."""
-    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task), bucket=16)
-    tokens = ids.shape[0] * NEW_TOKENS
+    new_tokens = sizes.new_tokens
+    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task, sizes), bucket=16)
+    tokens = ids.shape[0] * new_tokens
     model.eval()
-    variants = {"sampler_tokens_per_s": {"group_size": GROUP}, "sampler_per_row_prefill_tokens_per_s": {},
+    variants = {"sampler_tokens_per_s": {"group_size": sizes.group}, "sampler_per_row_prefill_tokens_per_s": {},
                 "sampler_hf_forward_tokens_per_s": {"lean": False},
-                "sampler_compiled_tokens_per_s": {"group_size": GROUP, "compiled": True}}
+                "sampler_compiled_tokens_per_s": {"group_size": sizes.group, "compiled": True}}
     compile_s = None
     speeds: dict[str, list[float]] = {key: [] for key in [*variants, "hf_generate_tokens_per_s"]}
-    for r in range(repeats + 1):  # the first round warms everything up and is not counted
+    for r in range(sizes.rollout_repeats + 1):  # the first round warms everything up and is not counted
         for key, options in variants.items():
             t = time.perf_counter()
-            roll = sample(model, ids, mask, NEW_TOKENS, [], tokenizer.pad_token_id, temperature=1.0,
-                          generator=torch.Generator().manual_seed(r), **options)
+            roll = sample(model, ids, mask, max_new_tokens=new_tokens, stop_ids=[], pad_id=tokenizer.pad_token_id,
+                          temperature=1.0, generator=torch.Generator().manual_seed(r), **options)
             took = time.perf_counter() - t
             assert int(roll.completion_mask.sum()) == tokens, "the kit's rollout stopped early"
             if r:
@@ -90,12 +126,12 @@ def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask,
         torch.manual_seed(r)
         t = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id)
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id)
         took = time.perf_counter() - t
-        assert out.shape[1] - ids.shape[1] == NEW_TOKENS
+        assert out.shape[1] - ids.shape[1] == new_tokens
         if r:
             speeds["hf_generate_tokens_per_s"].append(tokens / took)
-    return {"rows": ids.shape[0], "new_tokens": NEW_TOKENS, "prompt_len": ids.shape[1], "compiled_first_rollout_s": compile_s,
+    return {"rows": ids.shape[0], "new_tokens": new_tokens, "prompt_len": ids.shape[1], "compiled_first_rollout_s": compile_s,
             **{key: _stats(values) for key, values in speeds.items()}}
 
 
@@ -106,15 +142,16 @@ def _saved(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> str:
     return str(path)
 
 
-def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], out: str, **overrides: Any) -> Any:
+def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], out: str, *, sizes: BenchSizes,
+                 **overrides: Any) -> Any:
     """TRL's GRPOTrainer with the kit's settings spelled out (TRL's own defaults differ: dapo loss, lr 1e-6,
     gradient checkpointing on)."""
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    settings = dict(output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
-                    max_completion_length=NEW_TOKENS, temperature=0.7, top_p=1.0, top_k=0, beta=0.0, loss_type="grpo",
+    settings = dict(output_dir=out, per_device_train_batch_size=sizes.prompts * sizes.group, num_generations=sizes.group,
+                    max_completion_length=sizes.new_tokens, temperature=0.7, top_p=1.0, top_k=0, beta=0.0, loss_type="grpo",
                     scale_rewards="group", epsilon=0.2, learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0,
                     max_steps=10, gradient_checkpointing=False, use_cpu=True, bf16=False, logging_steps=1,
                     save_strategy="no", report_to="none", disable_dropout=True, shuffle_dataset=False,
@@ -146,12 +183,13 @@ def _step_timer() -> Any:
     return StepTimer()
 
 
-def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, beta: float, repeats: int) -> dict[str, Any]:
-    """Seconds per optimizer step (16 prompts × G 8, 48 new tokens) after one warm-up step, kit vs TRL."""
-    stream = task.prompt_stream(seed=1)
-    rows = [next(stream) for _ in range(PROMPTS * (repeats + 2))]
+def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, *, beta: float, sizes: BenchSizes) -> dict[str, Any]:
+    """Seconds per optimizer step (prompts × G rows, new tokens as in `sizes`) after one warm-up step, kit vs TRL."""
+    repeats, stream = sizes.repeats, task.prompt_stream(seed=1)
+    rows = [next(stream) for _ in range(sizes.prompts * (repeats + 2))]
     kit_model = copy.deepcopy(model)
-    cfg = GRPOConfig(prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=NEW_TOKENS, micro_batch_size=PROMPTS * GROUP,
+    cfg = GRPOConfig(prompts_per_step=sizes.prompts, group_size=sizes.group, max_new_tokens=sizes.new_tokens,
+                     micro_batch_size=sizes.prompts * sizes.group,
                      beta=beta, log_kl=beta > 0, loss_type="grpo", warmup_steps=0, learning_rate=1e-4,
                      reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=0)
     kit = GRPOTrainer(kit_model, tokenizer, DEFAULT_REWARDS, iter(rows), cfg)
@@ -161,7 +199,8 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
 
     timer = _step_timer()
     with tempfile.TemporaryDirectory() as out:
-        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, beta=beta, max_steps=repeats + 1)
+        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, sizes=sizes, beta=beta,
+                           max_steps=repeats + 1)
         trl.add_callback(timer)
         trl.train()
         trl_lengths = [h.get("completions/mean_length") for h in trl.state.log_history if "completions/mean_length" in h]
@@ -171,13 +210,13 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
             "kit_rollout_share": statistics.mean(r["rollout_seconds"] / r["step_seconds"] for r in kit_rows)}
 
 
-def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, budget_s: float, eval_every_s: float,
-                   num_eval: int, demo_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes) -> dict[str, Any]:
     """Held-out greedy accuracy vs training seconds for both trainers, the demo's GRPO settings, same budget."""
     import dataclasses
 
-    test = task.test_set().select(range(num_eval))
-    demo = dataclasses.replace(load_demo_config("cpu-tiny").grpo, **(demo_overrides or {}))
+    budget_s, eval_every_s = sizes.learning_budget_s, sizes.eval_every_s
+    test = task.test_set().select(range(sizes.num_eval))
+    demo = dataclasses.replace(load_demo_config("cpu-tiny").grpo, **sizes.learning_overrides)
     points: dict[str, list[tuple[float, float]]] = {"kit": [], "trl": []}
 
     kit_model = copy.deepcopy(model)
@@ -221,7 +260,8 @@ def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask,
     stream = task.prompt_stream(seed=2)
     rows = [next(stream) for _ in range(demo.prompts_per_step * 200)]
     with tempfile.TemporaryDirectory() as out:
-        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, per_device_train_batch_size=demo.prompts_per_step * demo.group_size,
+        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, sizes=sizes,
+                           per_device_train_batch_size=demo.prompts_per_step * demo.group_size,
                            num_generations=demo.group_size, max_completion_length=demo.max_new_tokens,
                            temperature=demo.temperature, learning_rate=demo.learning_rate,
                            lr_scheduler_type="constant_with_warmup", warmup_steps=demo.warmup_steps, max_steps=200)
@@ -229,19 +269,19 @@ def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask,
         trl.add_callback(Clock())
         trl.train()
         trl_steps = trl.state.global_step
-    return {"budget_s": budget_s, "num_eval": num_eval, "kit_steps": kit_steps, "trl_steps": trl_steps,
+    return {"budget_s": budget_s, "num_eval": sizes.num_eval, "kit_steps": kit_steps, "trl_steps": trl_steps,
             "accuracy_vs_seconds": {k: [[round(t, 2), a] for t, a in v] for k, v in points.items()}}
 
 
-def xla_graph_counts(token_counts: tuple[int, ...] = (16, 32, 64)) -> dict[str, Any]:
+def xla_graph_counts(token_counts: tuple[int, ...], *, prompts: int, group: int) -> dict[str, Any]:
     """Graphs compiled for one rollout at each length, kit sampler vs HF generate. Each length runs in a
-    fresh process on the XLA CPU backend (`python -m grpo_kit.bench xla-graphs N`), so no run reuses graphs
+    fresh process on the XLA CPU backend (`python -m grpo_kit.devtools.bench xla-graphs N`), so no run reuses graphs
     another one compiled."""
     env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
     env.pop("USE_TORCH_XLA", None)
     merged: dict[str, Any] = {}
     for n in token_counts:
-        proc = subprocess.run([sys.executable, "-m", "grpo_kit.bench", "xla-graphs", str(n)],
+        proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "xla-graphs", str(n), str(prompts), str(group)],
                               capture_output=True, text=True, env=env, timeout=3600)
         if proc.returncode != 0:
             return {"error": proc.stderr[-2000:]}
@@ -250,11 +290,11 @@ def xla_graph_counts(token_counts: tuple[int, ...] = (16, 32, 64)) -> dict[str, 
     return merged
 
 
-def _xla_child(token_counts: list[int]) -> dict[str, Any]:
+def _xla_child(token_counts: list[int], sizes: BenchSizes) -> dict[str, Any]:
     import torch_xla.debug.metrics as met
 
-    from .chat import stop_token_ids
-    from .device import get_device
+    from ..chat import stop_token_ids
+    from ..device import get_device
 
     def compiles() -> int:
         data = met.metric_data("CompileTime")
@@ -262,15 +302,16 @@ def _xla_child(token_counts: list[int]) -> dict[str, Any]:
 
     device = get_device("xla")
     model, tokenizer = load_model(ModelConfig(), device)
-    task = ArithmeticTask(num_test=PROMPTS)
+    task = ArithmeticTask(num_test=sizes.prompts)
     # Graph counts do not depend on the batch; 8 rows keep HF generate's per-token compiles affordable.
-    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task)[:8], bucket=16)
+    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task, sizes)[:8], bucket=16)
     stops = stop_token_ids(tokenizer)
     result: dict[str, Any] = {"kit": {}, "kit_again": {}, "hf": {}, "hf_seconds": {}, "kit_seconds": {}}
     for n in token_counts:
         for key in ("kit", "kit_again"):
             before, t = compiles(), time.perf_counter()
-            roll = sample(model, ids, mask, n, stops, tokenizer.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0))
+            roll = sample(model, ids, mask, max_new_tokens=n, stop_ids=stops, pad_id=tokenizer.pad_token_id, temperature=1.0,
+                          generator=torch.Generator().manual_seed(0))
             roll.completion_ids.cpu()
             result[key][n] = compiles() - before
             if key == "kit":
@@ -304,15 +345,8 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def run_bench(quick: bool = False, xla: bool = True, progress: bool = True, tiny: bool = False) -> dict[str, Any]:
-    """All four benchmarks; `quick` keeps it under ~10 minutes on 2 CPU cores. `tiny` (for tests) shrinks
-    every size so the whole path runs in about a minute: its numbers mean nothing."""
-    global PROMPTS, GROUP, NEW_TOKENS
-    repeats = 1 if tiny else 3 if quick else 5
-    # a rollout repeat takes seconds, and the sampler ratio moves most with the machine's load: more of them
-    rollout_repeats = 1 if tiny else 3 * repeats
-    # set on every call, so a tiny run does not leave its sizes behind for a later run in the same process
-    PROMPTS, GROUP, NEW_TOKENS = (2, 4, 8) if tiny else (16, 8, 48)
+def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> dict[str, Any]:
+    """All four benchmarks at `sizes` (`BenchSizes.quick()` keeps it under ~10 minutes on 2 CPU cores)."""
 
     def say(msg: str) -> None:
         if progress:
@@ -321,23 +355,20 @@ def run_bench(quick: bool = False, xla: bool = True, progress: bool = True, tiny
     torch.manual_seed(0)
     start = time.perf_counter()
     say("SFT warm-up of the tiny Gemma (the shared starting point)")
-    model, tokenizer, task = sft_model(quick, steps=10 if tiny else None)
+    model, tokenizer, task = sft_model(steps=sizes.sft_steps)
     say("1/4 rollouts: kit sampler vs HF generate")
-    rollouts = bench_rollouts(model, tokenizer, task, rollout_repeats)
+    rollouts = bench_rollouts(model, tokenizer, task, sizes)
     say("2/4 GRPO step: kit vs TRL, β = 0 and 0.04")
-    steps = [bench_grpo_step(model, tokenizer, task, beta, repeats) for beta in (0.0, 0.04)]
+    steps = [bench_grpo_step(model, tokenizer, task, beta=beta, sizes=sizes) for beta in (0.0, 0.04)]
     xla_graphs = None
     if xla:
         say("3/4 XLA graph counts (subprocess, CPU backend)")
-        xla_graphs = xla_graph_counts((4, 8) if tiny else (4, 8) if quick else (16, 32, 64))
+        xla_graphs = xla_graph_counts(sizes.xla_token_counts, prompts=sizes.prompts, group=sizes.group)
     say("4/4 learning per wall-second: kit vs TRL from the same SFT checkpoint")
-    learning = bench_learning(model, tokenizer, task, budget_s=3 if tiny else 60 if quick else 300,
-                              eval_every_s=1 if tiny else 20 if quick else 60, num_eval=8 if tiny else 50 if quick else 200,
-                              demo_overrides={"prompts_per_step": 4, "micro_batch_size": 16, "max_new_tokens": 8} if tiny else None)
+    learning = bench_learning(model, tokenizer, task, sizes)
     result = {
-        "quick": quick, "tiny": tiny, "machine": machine(), "repeats": repeats,
-        "rollout_repeats": rollout_repeats,
-        "sizes": {"prompts": PROMPTS, "group_size": GROUP, "new_tokens": NEW_TOKENS},
+        "quick": sizes == BenchSizes.quick(), "machine": machine(), "repeats": sizes.repeats,
+        "rollout_repeats": sizes.rollout_repeats, "sizes": asdict(sizes),
         "sampler_tokens_per_s": rollouts["sampler_tokens_per_s"]["median"],
         "hf_generate_tokens_per_s": rollouts["hf_generate_tokens_per_s"]["median"],
         "sampler_speedup": rollouts["sampler_tokens_per_s"]["median"] / rollouts["hf_generate_tokens_per_s"]["median"],
@@ -359,15 +390,29 @@ def write_report(result: dict[str, Any], out_dir: str | Path = "docs") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmarks.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    d = result["details"]
+    for name, draw in (("bench_rollout.png", _plot_rollouts), ("bench_step.png", _plot_steps),
+                       ("bench_learning.png", _plot_learning)):
+        _save_plot(draw, result, out / name)
+    path = out / "benchmarks.md"
+    path.write_text(_report_text(result))
+    return path
 
-    fig, ax = plt.subplots(figsize=(5, 3))
-    roll = d["rollouts"]
+
+def _save_plot(draw: Any, result: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.2) if draw is _plot_learning else (5, 3))
+    draw(ax, result)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_rollouts(ax: Any, result: dict[str, Any]) -> None:
+    roll = result["details"]["rollouts"]
     bars = {"kit sampler": result["sampler_tokens_per_s"]}
     if "sampler_per_row_prefill_tokens_per_s" in roll:
         bars["kit, per-row\nprefill"] = roll["sampler_per_row_prefill_tokens_per_s"]["median"]
@@ -378,25 +423,21 @@ def write_report(result: dict[str, Any], out_dir: str | Path = "docs") -> Path:
     ax.bar(list(bars), list(bars.values()), color=["C0"] * (len(bars) - 1) + ["C1"])
     ax.tick_params(axis="x", labelsize=7)
     ax.set_ylabel("tokens / s (median)")
-    ax.set_title(f"rollout: {d['rollouts']['rows']} rows × {NEW_TOKENS} new tokens, tiny Gemma", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "bench_rollout.png", dpi=100)
-    plt.close(fig)
+    ax.set_title(f"rollout: {roll['rows']} rows × {roll['new_tokens']} new tokens, tiny Gemma", fontsize=9)
 
-    fig, ax = plt.subplots(figsize=(5, 3))
-    betas = list(result["grpo_step_s"])
+
+def _plot_steps(ax: Any, result: dict[str, Any]) -> None:
+    sizes, betas = result["sizes"], list(result["grpo_step_s"])
     x = range(len(betas))
     ax.bar([i - 0.2 for i in x], [result["grpo_step_s"][b] for b in betas], width=0.4, label="grpo_kit")
     ax.bar([i + 0.2 for i in x], [result["trl_step_s"][b] for b in betas], width=0.4, label="TRL GRPOTrainer")
     ax.set_xticks(list(x), [f"β = {b}" for b in betas])
     ax.set_ylabel("seconds / step (median)")
-    ax.set_title(f"GRPO step: {PROMPTS} prompts × G {GROUP}, {NEW_TOKENS} new tokens", fontsize=9)
+    ax.set_title(f"GRPO step: {sizes['prompts']} prompts × G {sizes['group']}, {sizes['new_tokens']} new tokens", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "bench_step.png", dpi=100)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+
+def _plot_learning(ax: Any, result: dict[str, Any]) -> None:
     for name, label in (("kit", "grpo_kit"), ("trl", "TRL GRPOTrainer")):
         pts = result["accuracy_vs_seconds"][name]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -404,17 +445,16 @@ def write_report(result: dict[str, Any], out_dir: str | Path = "docs") -> Path:
     ax.set_ylabel("held-out greedy accuracy")
     ax.set_title("learning per wall-second, same SFT start and rewards", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "bench_learning.png", dpi=100)
-    plt.close(fig)
 
-    m = result["machine"]
+
+def _report_rows(result: dict[str, Any]) -> list[str]:
+    """The results table of docs/benchmarks.md."""
+    d, roll = result["details"], result["details"]["rollouts"]
     rows = [
         "| measure | grpo_kit | reference | ratio | goal |", "|---|---|---|---|---|",
-        f"| rollout tokens/s (median of {result.get('rollout_repeats', result['repeats'])}) | {result['sampler_tokens_per_s']:.0f} | HF generate "
+        f"| rollout tokens/s (median of {result['rollout_repeats']}) | {result['sampler_tokens_per_s']:.0f} | HF generate "
         f"{result['hf_generate_tokens_per_s']:.0f} | {result['sampler_speedup']:.2f}× | ≥ 2× |",
     ]
-    roll = d["rollouts"]
     first = roll.get("compiled_first_rollout_s")
     for key, label in (("sampler_compiled_tokens_per_s", f"kit with `compile_sampler=True` (first rollout {first or 0:.0f} s)"),
                        ("sampler_per_row_prefill_tokens_per_s", "kit, each row prefilled on its own"),
@@ -426,42 +466,44 @@ def write_report(result: dict[str, Any], out_dir: str | Path = "docs") -> Path:
         b = str(s["beta"])
         rows.append(f"| GRPO step s, β = {b} (median; min) | {s['grpo_step_s']['median']:.2f}; {s['grpo_step_s']['min']:.2f} | "
                     f"TRL {s['trl_step_s']['median']:.2f}; {s['trl_step_s']['min']:.2f} | {result['step_time_ratio'][b]:.2f} | ≤ 0.5 |")
-    if result.get("xla_graphs_kit"):
-        for n in result["xla_graphs_kit"]:
-            rows.append(f"| XLA graphs, {n} new tokens | {result['xla_graphs_kit'][n]} (again: {d['xla']['kit_again'][n]}) | "
-                        f"HF generate {result['xla_graphs_hf'][n]} | | constant in tokens |")
+    for n, graphs in (result.get("xla_graphs_kit") or {}).items():
+        rows.append(f"| XLA graphs, {n} new tokens | {graphs} (again: {d['xla']['kit_again'][n]}) | "
+                    f"HF generate {result['xla_graphs_hf'][n]} | | constant in tokens |")
     learn = d["learning"]
     kit_pts, trl_pts = learn["accuracy_vs_seconds"]["kit"], learn["accuracy_vs_seconds"]["trl"]
     rows.append(f"| held-out accuracy after {learn['budget_s']:.0f} s of training | {kit_pts[-1][1]:.1%} ({learn['kit_steps']} steps) | "
                 f"TRL {trl_pts[-1][1]:.1%} ({learn['trl_steps']} steps) | | ≥ TRL |")
-    text = "\n".join([
+    return rows
+
+
+def _report_text(result: dict[str, Any]) -> str:
+    m, sizes, steps = result["machine"], result["sizes"], result["details"]["grpo_steps"]
+    lengths = ", ".join(f"β {s['beta']}: kit {s['kit_completion_length']:.1f} vs TRL "
+                        f"{s['trl_completion_length'] if s['trl_completion_length'] is None else round(s['trl_completion_length'], 1)} tokens"
+                        for s in steps)
+    return "\n".join([
         "# Benchmarks", "",
         "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~10-minute version). "
         "All numbers below come from one run of that command.", "",
         f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads), "
         f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, TRL {m.get('trl', '—')}. "
         f"{'Quick mode. ' if result['quick'] else ''}Run time {result['seconds']:.0f} s.", "",
-        *rows, "",
+        *_report_rows(result), "",
         "![rollout throughput](bench_rollout.png) ![step time](bench_step.png)", "",
         "![accuracy vs time](bench_learning.png)", "",
         "What is compared: the same tiny Gemma weights (after the demo's SFT warm-up) on both sides; rollouts at T = 1 "
-        f"with lengths forced to {NEW_TOKENS} tokens (the kit prefills each prompt once for its group of {GROUP}, as its "
-        "trainer does; HF generate gets the repeated prompts, as TRL gives them to it); GRPO steps with loss_type grpo, group z-scored advantages, "
-        "lr 1e-4, no gradient checkpointing, TRL's KL term at β = 0.04 and the kit's k3 KL; the learning run uses the "
-        "demo's GRPO settings (128 prompts × G 4, 32 new tokens, T 0.7, lr 1e-4 with 3 warm-up steps) for both, "
-        "the same three reward functions and weights, and the kit's greedy evaluator on the same held-out problems. "
-        "Completion lengths differ by sampling: "
-        + ", ".join(f"β {s['beta']}: kit {s['kit_completion_length']:.1f} vs TRL "
-                    f"{s['trl_completion_length'] if s['trl_completion_length'] is None else round(s['trl_completion_length'], 1)} tokens"
-                    for s in d["grpo_steps"]) + ".",
+        f"with lengths forced to {sizes['new_tokens']} tokens (the kit prefills each prompt once for its group of "
+        f"{sizes['group']}, as its trainer does; HF generate gets the repeated prompts, as TRL gives them to it); GRPO steps "
+        "with loss_type grpo, group z-scored advantages, lr 1e-4, no gradient checkpointing, TRL's KL term at β = 0.04 "
+        "and the kit's k3 KL; the learning run uses the demo's GRPO settings (128 prompts × G 4, 32 new tokens, T 0.7, "
+        "lr 1e-4 with 3 warm-up steps) for both, the same three reward functions and weights, and the kit's greedy "
+        f"evaluator on the same held-out problems. Completion lengths differ by sampling: {lengths}.",
         "",
         "Raw numbers: [benchmarks.json](benchmarks.json).", "",
     ])
-    path = out / "benchmarks.md"
-    path.write_text(text)
-    return path
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "xla-graphs":
-        print(json.dumps(_xla_child([int(n) for n in sys.argv[2].split(",")])))
+    if len(sys.argv) == 5 and sys.argv[1] == "xla-graphs":  # xla_graph_counts' child process
+        print(json.dumps(_xla_child([int(n) for n in sys.argv[2].split(",")],
+                                    BenchSizes(prompts=int(sys.argv[3]), group=int(sys.argv[4])))))
