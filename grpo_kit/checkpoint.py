@@ -1,16 +1,20 @@
-"""Atomic checkpoints: weights (or the LoRA adapter), optimizer, RNG states, step and metrics history.
+"""Crash-safe checkpoints: weights (or the LoRA adapter), optimizer, RNG states and step, with no pickle.
 
-A checkpoint is a directory written under a temporary name and renamed into place, so a crash mid-save
-never leaves a half-written checkpoint where a resume would find it.
+A checkpoint is a directory written under a temporary name, fsynced and swapped into place, so a crash mid-save
+never leaves a half-written checkpoint where a resume would find it; loading verifies every file's checksum and
+reads tensor files with `weights_only=True`, so a checkpoint from elsewhere cannot run code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,31 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in state.items()}
 
 
+TMP_PREFIX = ".tmp-"
+"""Checkpoints are written to `<parent>/.tmp-<name>-…` first; leftovers from a killed save are removed at the next."""
+
+
+def _previous(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a directory's entries') data to disk, so a power cut or kill cannot leave it empty."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
@@ -53,10 +82,15 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
 ) -> Path:
-    """Write `path/` atomically: weights.safetensors, optimizer.pt, state.json (step, extra), rng.pt."""
+    """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle), and
+    state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory, fsynced, then swapped
+    in: a valid checkpoint exists at every instant (during the swap the previous one sits at `.<name>.old`, where
+    `load_checkpoint` finds it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    for leftover in path.parent.glob(f"{TMP_PREFIX}{path.name}-*"):  # a save that was killed
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent))
     try:
         save_file(_weights(model), str(tmp / "weights.safetensors"))
         if optimizer is not None:
@@ -65,19 +99,52 @@ def save_checkpoint(
         if generator is not None:
             rng["generator"] = generator.get_state()
         torch.save(rng, tmp / "rng.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}, indent=2))
-        old = None
+        files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        previous = _previous(path)
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
+            shutil.rmtree(previous, ignore_errors=True)
+            os.replace(path, previous)
         os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _fsync(path.parent)
+        shutil.rmtree(previous, ignore_errors=True)
+    except OSError as e:  # a full disk, a quota: the previous checkpoint is still in place
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(e.errno, f"could not save the checkpoint {path} ({e.strerror or e}); the previous checkpoint "
+                               "is kept") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def checkpoint_state(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(the directory to load, its state.json) for the checkpoint at `path`; the previous one (`.<name>.old`) when
+    a save was interrupted mid-swap, with a warning. Every file's checksum is verified."""
+    path = Path(path)
+    if not (path / "state.json").exists() and (_previous(path) / "state.json").exists():
+        warnings.warn(f"{path} is missing (a save was interrupted): loading the previous checkpoint {_previous(path)}",
+                      stacklevel=2)
+        path = _previous(path)
+    if not (path / "state.json").exists():
+        raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
+    state = json.loads((path / "state.json").read_text())
+    for name, digest in state.get("files", {}).items():
+        if not (path / name).exists() or _sha256(path / name) != digest:
+            raise ValueError(f"checkpoint {path}: {name} is missing or does not match its checksum (corrupt or altered)")
+    return path, state
+
+
+def _tensors_only(path: Path, device: torch.device | str = "cpu") -> Any:
+    """torch.load without pickle's code execution: tensors, numbers, strings and containers only."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"refusing to load {path}: it holds more than tensors and plain values "
+                         f"(loading it would run code from the file): {str(e).splitlines()[0]}") from None
 
 
 def load_checkpoint(
@@ -85,27 +152,39 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     generator: torch.Generator | None = None,
+    *,
+    kind: str | None = None,
 ) -> dict[str, Any]:
-    """Restore what `save_checkpoint` wrote; returns state.json's contents (step and extras)."""
-    path = Path(path)
-    if not (path / "state.json").exists():
-        raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
+    """Restore what `save_checkpoint` wrote; returns state.json's contents (step and extras). `kind` ("sft" or
+    "grpo") refuses a checkpoint of the other kind."""
+    path, state = checkpoint_state(path)
+    if kind is not None and state.get("kind", kind) != kind:
+        raise ValueError(f"{path} is a {state['kind']} checkpoint, not a {kind} one"
+                         + (": start GRPO from it with --init-from, not --resume" if kind == "grpo" else ""))
     device = next(model.parameters()).device
-    weights = load_file(str(path / "weights.safetensors"))
+    weights = {k: v.to(device) for k, v in load_file(str(path / "weights.safetensors")).items()}
     if hasattr(model, "peft_config"):
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, {k: v.to(device) for k, v in weights.items()})
+        result = set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"checkpoint {path} does not match the LoRA model: unexpected {result.unexpected_keys[:5]} "
+                             "(full weights given to a LoRA model?)")
     else:
-        missing, unexpected = model.load_state_dict({k: v.to(device) for k, v in weights.items()}, strict=False)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
         missing = [m for m in missing if "lm_head" not in m]
         if missing or unexpected:
             raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if optimizer is not None and (path / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
+        optimizer.load_state_dict(_tensors_only(path / "optimizer.pt", device))
+    rng = _tensors_only(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
+    random.setstate(_as_tuples(rng["python"]))
     if generator is not None and "generator" in rng:
         generator.set_state(rng["generator"])
-    return json.loads((path / "state.json").read_text())
+    return state
+
+
+def _as_tuples(value: Any) -> Any:
+    """random.setstate wants tuples where a round trip may give lists."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

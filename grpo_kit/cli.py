@@ -50,7 +50,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup(args: argparse.Namespace, default_out: str) -> tuple[DemoConfig, Any, Any, Any, Any]:
+def _setup(args: argparse.Namespace, default_out: str, init_from: str | None = None) -> tuple[DemoConfig, Any, Any, Any, Any]:
     import torch
 
     from .device import get_device
@@ -61,10 +61,11 @@ def _setup(args: argparse.Namespace, default_out: str) -> tuple[DemoConfig, Any,
     torch.set_num_threads(os.cpu_count() or 1)
     dev = get_device(args.device)
     model, tokenizer = load_model(cfg.model, dev)
-    if getattr(args, "init_from", None):
+    init_from = init_from or getattr(args, "init_from", None)
+    if init_from:
         from .checkpoint import load_checkpoint
 
-        load_checkpoint(args.init_from, model)
+        load_checkpoint(init_from, model)
     task = ArithmeticTask(**dataclasses.asdict(cfg.task))
     return cfg, dev, model, tokenizer, task
 
@@ -88,15 +89,42 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any
     return 0
 
 
+def _resume_point(args: argparse.Namespace, cfg: DemoConfig) -> dict[str, Any] | None:
+    """The checkpoint `train` continues from: `--resume PATH`, or (`--resume auto`, the default) the output
+    directory's own `checkpoint/` when it holds a valid one; None to start from the beginning."""
+    from .checkpoint import checkpoint_state
+
+    if args.no_resume or args.overwrite:
+        return None
+    auto = args.resume == "auto"
+    path = Path(cfg.output_dir) / "checkpoint" if auto else Path(args.resume)
+    try:
+        path, state = checkpoint_state(path)
+    except FileNotFoundError:
+        if auto:
+            return None
+        raise
+    return {"path": str(path), **state}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .grpo import GRPOTrainer
     from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 
-    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo")
+    cfg = _config(args, "runs/grpo")
+    resume = _resume_point(args, cfg)
+    holds_a_run = (Path(cfg.output_dir) / "checkpoint" / "state.json").exists()
+    if args.no_resume and holds_a_run and not args.overwrite:
+        raise ValueError(f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir")
+    # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
+    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"))
     grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
-    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=bool(args.resume))
-    if args.resume:
-        trainer.load(args.resume)
+    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=resume is not None)
+    trainer.init_from = (resume or {}).get("init_from") or args.init_from
+    if resume is not None:
+        trainer.load(resume["path"])
+        if not args.quiet:
+            print(f"grpo-kit train: resuming from {resume['path']} at step {trainer.step}", file=sys.stderr)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
@@ -218,7 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="GRPO training (start from an SFT checkpoint with --init-from)")
     _common(p)
     p.add_argument("--init-from", default=None, help="checkpoint to start from (weights only)")
-    p.add_argument("--resume", default=None, help="GRPO checkpoint to resume (weights, optimizer, RNG, step)")
+    p.add_argument("--resume", default="auto", help="GRPO checkpoint to resume (weights, optimizer, RNG, step); default auto: "
+                   "the output directory's checkpoint/ when there is one")
+    p.add_argument("--no-resume", action="store_true", help="start from the beginning even when the output directory has a checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("eval", help="greedy accuracy on the held-out set")
     _common(p)
@@ -275,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError) as e:  # user mistakes and environment failures: one line, no traceback
         print(f"grpo-kit {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from . import options
+from .validation import ConfigError, validate
 
 
 @dataclass
@@ -41,8 +41,11 @@ class ModelConfig:
     float16 (it overflows, unsloth-zoo#600)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~30 % more time. Off for tiny models."""
-    hf_token: str | None = None
+    hf_token: str | None = field(default=None, repr=False)
     """Hugging Face token for gated Gemma checkpoints; None reads HF_TOKEN or the Colab secret."""
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass
@@ -62,6 +65,11 @@ class TaskConfig:
     system_prompt: str | None = None
     """Optional instruction folded into the first user turn (Gemma has no system role). The tiny model
     learns the format from SFT; real Gemma benefits from an instruction."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if self.max_value < self.min_value:
+            raise ConfigError(f"TaskConfig.max_value={self.max_value}: must be ≥ min_value ({self.min_value})")
 
 
 @dataclass
@@ -90,10 +98,16 @@ class SFTConfig:
     """Write a metrics row every N steps."""
     seed: int = 0
     """Seed for batch order."""
-    output_dir: str = "runs/sft"
+    max_skipped_steps: int = 5
+    """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (one bad
+    step is skipped and training goes on). 0 = never stop."""
+    output_dir: str | None = "runs/sft"
     """Where metrics and the checkpoint go."""
     max_seconds: float | None = None
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass
@@ -112,6 +126,10 @@ class GRPOConfig:
     the dense answer-digits reward 4 samples already differ in most groups."""
     max_new_tokens: int = 32
     """Completion buffer length. Fixed, so sampling compiles the same graphs every step."""
+    max_prompt_tokens: int | None = 1024
+    """Longest prompt allowed, in tokens after the chat template; checked over the whole dataset before the first
+    step (and on every batch), so an over-long row is named at once instead of slowing every step (on XLA each
+    longer prompt width is a new compiled program). None = no limit."""
     prompt_bucket: int = 16
     """Prompts are left-padded to a multiple of this (a few buckets, each compiled once on XLA). Smaller wastes
     less compute on padding; larger means fewer distinct shapes."""
@@ -206,35 +224,29 @@ class GRPOConfig:
     compile_warmup_steps: int = 2
     """On XLA: steps after which any new graph compilation is warned about (step 1 compiles the rollout and
     the training graphs, step 2 the optimizer update once Adam's state exists)."""
+    max_skipped_steps: int = 5
+    """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (a diverging
+    run; one bad step is skipped and training goes on). 0 = never stop."""
     save_every: int = 0
-    """Save a checkpoint every N steps (0 = only when asked)."""
+    """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
+    save_every_seconds: float | None = 300.0
+    """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
+    this much training (None = by steps only). `grpo-kit train` resumes from that checkpoint when run again."""
     log_completions: int = 4
     """How many completions (with rewards and advantages) to keep in each metrics row for the browser."""
     seed: int = 0
     """Seed for prompt order and sampling noise."""
-    output_dir: str = "runs/grpo"
+    output_dir: str | None = "runs/grpo"
     """Where metrics.jsonl and checkpoints go."""
     max_seconds: float | None = None
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
 
     def __post_init__(self) -> None:
-        checks = {
-            "loss_type": options.LOSS_TYPES,
-            "importance_sampling_level": options.IMPORTANCE_SAMPLING_LEVELS,
-            "kl_estimator": options.KL_ESTIMATORS,
-            "advantage": options.ADVANTAGE_ESTIMATORS,
-            "advantage_clip": options.ADVANTAGE_CLIPS,
-            "reward_on_error": options.REWARD_ON_ERROR,
-        }
-        for name, allowed in checks.items():
-            options.check_choice(f"GRPOConfig.{name}", getattr(self, name), allowed)
+        validate(self)
         n = self.prompts_per_step * self.group_size
-        if self.group_size < 2:
-            raise ValueError(f"GRPOConfig.group_size={self.group_size}: GRPO needs at least 2 completions per prompt")
         if n % self.micro_batch_size:
-            raise ValueError(
-                f"GRPOConfig.micro_batch_size={self.micro_batch_size} must divide prompts_per_step × group_size = {n}"
-            )
+            raise ConfigError(f"GRPOConfig.micro_batch_size={self.micro_batch_size}: must divide prompts_per_step × "
+                              f"group_size = {n}")
 
 
 @dataclass
@@ -288,11 +300,13 @@ def apply_overrides(cfg: C, overrides: dict[str, Any], where: str = "config") ->
     """
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     changes: dict[str, Any] = {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {overrides!r}")
     for key, value in overrides.items():
         if key not in fields:
-            raise ValueError(f"{where}: unknown setting {key!r}; known: {sorted(fields)}")
+            raise ConfigError(f"{where}: unknown setting {key!r}; known: {', '.join(sorted(fields))}")
         current = getattr(cfg, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+        if dataclasses.is_dataclass(current):
             changes[key] = apply_overrides(current, value, f"{where}.{key}")
         elif isinstance(current, tuple) and isinstance(value, list):
             changes[key] = tuple(value)
@@ -324,8 +338,13 @@ def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = No
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
     cfg = apply_overrides(DemoConfig(), PRESETS[preset], f"preset {preset}")
     if yaml_path is not None:
-        data = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        try:
+            data = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{yaml_path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{yaml_path}: expected a mapping of settings at the top level")
+            raise ConfigError(f"{yaml_path}: expected a mapping of settings at the top level, got {data!r}")
         cfg = apply_overrides(cfg, data, str(yaml_path))
     return cfg

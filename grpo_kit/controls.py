@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import GRPOConfig
+from .validation import validate_control
 
 
 @dataclass
@@ -48,12 +49,15 @@ class Controls:
         )
 
     def update(self, **values: Any) -> None:
-        """Set control values (unknown names raise). Wakes a paused trainer."""
+        """Set control values, checked like the config settings they override (an unknown name or a bad value
+        raises and changes nothing). Wakes a paused trainer."""
         allowed = {f.name for f in dataclasses.fields(self)} - {"version"}
+        for key in values:
+            if key not in allowed:
+                raise ValueError(f"Controls has no setting {key!r}; known: {sorted(allowed)}")
+        checked = {key: validate_control(key, value) for key, value in values.items()}
         with self._changed:
-            for key, value in values.items():
-                if key not in allowed:
-                    raise ValueError(f"Controls has no setting {key!r}; known: {sorted(allowed)}")
+            for key, value in checked.items():
                 if key == "reward_weights":
                     value = {**self.reward_weights, **value}
                 setattr(self, key, value)

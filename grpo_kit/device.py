@@ -404,3 +404,24 @@ _MONITOR = CompileMonitor()
 def compile_monitor() -> CompileMonitor:
     """The process-wide monitor (XLA's compile counter is process-wide too)."""
     return _MONITOR
+
+
+def guarded_optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], *, grad_norm: torch.Tensor,
+                           loss: torch.Tensor) -> torch.Tensor:
+    """Step the optimizer unless the gradient or loss is non-finite; returns 1.0 (on the device) if it was not.
+
+    On cpu/cuda the bad update is skipped outright, so it cannot poison the weights or Adam's moments. On XLA a
+    host decision would cut the graph and wait for the device, so the bad gradient is zeroed on the device
+    instead (Adam's momentum still moves the weights a little that step)."""
+    finite = torch.isfinite(grad_norm) & torch.isfinite(loss)
+    if host_syncs_are_cheap(grad_norm.device):
+        if bool(finite):
+            optimizer.step()
+    else:
+        for p in params:
+            if p.grad is not None:
+                p.grad.copy_(torch.where(finite, p.grad, torch.zeros_like(p.grad)))
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return (~finite).float()
+

@@ -14,10 +14,12 @@ at the start of each step and the values used are recorded in that step's metric
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -28,13 +30,14 @@ from tqdm.auto import tqdm
 
 from .advantages import compute_advantages, zero_std_fraction
 from .chat import stop_token_ids
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import GRPOConfig
 from .controls import Controls
 from .device import (
     compile_monitor,
     compile_supported,
     data_parallel_size,
+    guarded_optimizer_step,
     host_syncs_are_cheap,
     is_xla,
     manual_seed,
@@ -46,7 +49,8 @@ from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, is_lora
 from .rewards import RewardFunc, compute_rewards, reward_name
-from .sampling import Rollout, completion_logprobs, encode_prompts, sample
+from .sampling import Rollout, completion_logprobs, encode_prompts, prompt_tokens, sample
+from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
 
 # The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
 # dashboard, a background thread, a re-run cell's new trainer on the same model — would interleave optimizer steps.
@@ -84,7 +88,11 @@ class GRPOTrainer:
         unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
         if unknown:
             raise ValueError(f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
-        self.prompts = _cycle(prompts, cfg.seed) if hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__") else iter(prompts)
+        sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
+        if sized:  # a stream (an iterator) is checked batch by batch instead
+            check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
+                                 prompt_tokens=lambda p: prompt_tokens(tokenizer, p), max_prompt_tokens=cfg.max_prompt_tokens)
+        self.prompts = _cycle(prompts, cfg.seed) if sized else iter(prompts)
         self.controls = controls or Controls.from_config(cfg)
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -97,8 +105,13 @@ class GRPOTrainer:
         self.compile_sampler = cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         manual_seed(cfg.seed, self.device)
+        check_writable(cfg.output_dir, "GRPOConfig.output_dir")
         self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
         self.step = 0
+        self.init_from: str | None = None
+        """The checkpoint the weights started from (recorded in saves, so a resumed run rebuilds the same reference)."""
+        self._last_save = time.monotonic()
+        self._skipped_in_a_row = 0
         self._prompt_width = 0  # XLA: the widest prompt batch so far (see rollout)
         self.adaptive_beta: float | None = None
 
@@ -137,7 +150,7 @@ class GRPOTrainer:
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
         cfg = self.config
-        ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket)
+        ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket, max_length=cfg.max_prompt_tokens)
         if not host_syncs_are_cheap(self.device):
             # XLA compiles one program per prompt width: widths only grow (left padding up to the widest seen),
             # so a batch of shorter prompts reuses the programs compiled for a wider one
@@ -221,7 +234,7 @@ class GRPOTrainer:
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                skipped = skipped + self._guarded_optimizer_step(grad_norm, loss_total)
+                skipped = skipped + guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss_total)
                 mark_step(self.device)
             grad_norms.append(grad_norm)
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
@@ -245,25 +258,6 @@ class GRPOTrainer:
         if old_logp is not None or ref_logp is not None:
             mark_step(self.device)
         return old_logp, ref_logp
-
-    def _guarded_optimizer_step(self, grad_norm: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-        """Step the optimizer unless the gradient or loss is non-finite; returns 1.0 (on device) if it was bad.
-
-        On cpu/cuda the bad update is skipped outright, so it cannot poison the weights or Adam's moments.
-        On XLA a host decision would cut the graph and wait for the device, so the bad gradient is zeroed on
-        the device instead (Adam's momentum still moves the weights a little that step).
-        """
-        finite = torch.isfinite(grad_norm) & torch.isfinite(loss)
-        if host_syncs_are_cheap(self.device):
-            if bool(finite):
-                self.optimizer.step()
-        else:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.copy_(torch.where(finite, p.grad, torch.zeros_like(p.grad)))
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return (~finite).float()
 
     # ---- one step: the six stages ---------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -317,10 +311,17 @@ class GRPOTrainer:
         if is_xla(self.device):
             row.update(self._compile_metrics(compile_monitor().total() - compiles_before))
         self.logger.log(row)
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if row.get("skipped_updates") else 0
+        check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="GRPOConfig.max_skipped_steps")
 
         # 6. save
-        if (cfg.save_every and self.step % cfg.save_every == 0) or self.controls.consume_save_request():
+        due = (cfg.save_every and self.step % cfg.save_every == 0) or (
+            cfg.save_every_seconds is not None and time.monotonic() - self._last_save >= cfg.save_every_seconds)
+        requested = self.controls.consume_save_request()
+        if cfg.output_dir and (due or requested):
             self.save(Path(cfg.output_dir) / "checkpoint")
+        elif requested:
+            warnings.warn("save requested, but GRPOConfig.output_dir is None: nothing was saved", stacklevel=2)
         return row
 
     def _logged_completions(self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]) -> list[dict[str, Any]]:
@@ -398,12 +399,23 @@ class GRPOTrainer:
         return self.logger.rows
 
     def save(self, path: str | Path) -> Path:
-        extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta}
-        return save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
+        """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
+        extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from,
+                 "config": dataclasses.asdict(self.config)}
+        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
+        self._last_save = time.monotonic()
+        return path
 
     def load(self, path: str | Path) -> None:
-        """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped."""
-        state = load_checkpoint(path, self.model, self.optimizer, self.generator)
+        """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped. Refuses a checkpoint
+        whose prompt order settings differ (the resumed run would replay different prompts)."""
+        saved = checkpoint_state(path)[1].get("config", {})
+        for name in ("prompts_per_step", "group_size", "seed"):
+            if name in saved and saved[name] != getattr(self.config, name):
+                raise ConfigError(f"GRPOConfig.{name}={getattr(self.config, name)!r}: the checkpoint {path} was trained with "
+                                  f"{saved[name]!r}; resume with the same value, or start over (--no-resume)")
+        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind="grpo")
+        self.init_from = state.get("init_from")
         self.step = state["step"]
         self.adaptive_beta = state.get("adaptive_beta")
         self.logger.truncate(self.step)

@@ -6,7 +6,9 @@ The dashboard and plots read rows from here; nothing here knows about models or 
 from __future__ import annotations
 
 import json
+import os
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,8 +73,10 @@ class MetricsLogger:
         """Drop rows after `step` (used when resuming from an earlier checkpoint)."""
         with self._lock:
             self.rows = [r for r in self.rows if r.get("step", 0) <= step]
-            if self.path:
-                self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+            if self.path:  # rewritten beside and swapped in: a kill leaves the old file or the new one
+                tmp = self.path.with_name(f".{self.path.name}.tmp")
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+                os.replace(tmp, self.path)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) for rows that have `key`."""
@@ -82,4 +86,15 @@ class MetricsLogger:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a JSONL file. A torn last line (the run was killed mid-append) is dropped with a warning; a bad
+    line anywhere else is an error naming it."""
+    lines = [(n, line) for n, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for i, (number, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}: line {number} is not JSON ({e.msg})") from None
+            warnings.warn(f"{path}: dropped the torn last line {number} (the run stopped while writing it)", stacklevel=2)
+    return rows

@@ -227,6 +227,17 @@ class RewardResult:
     """Per function: completions scored 0 because the function failed on them (on_error='zero')."""
 
 
+def _as_score(value: Any) -> Any:
+    """A numpy or torch scalar (a 0-dim array, a one-element tensor) as a Python number, as TRL accepts them;
+    anything else unchanged, for the caller to judge."""
+    if isinstance(value, (int, float)) or not hasattr(value, "item"):
+        return value
+    try:
+        return value.item()
+    except (TypeError, ValueError, RuntimeError):  # more than one element
+        return value
+
+
 def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: list, *, columns: dict, on_error: str,
                       first_error: Exception) -> tuple[list, int]:
     """After a batch call failed: score each completion alone, so the culprit is named and the rest kept."""
@@ -293,6 +304,7 @@ def compute_rewards(
         for i, s in enumerate(scores):
             if s is None:
                 continue
+            s = _as_score(s)
             bad = not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(float(s))
             if bad:
                 if on_error == "raise":

@@ -79,15 +79,23 @@ def bucket_length(length: int, bucket: int) -> int:
     return max(bucket, math.ceil(length / bucket) * bucket)
 
 
+def render_prompt(tokenizer: Any, prompt: str | list) -> str:
+    """A prompt as the model sees it: chat messages through the chat template (with the generation prompt); a
+    string as it is."""
+    return prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_tokens(tokenizer: Any, prompt: str | list) -> int:
+    """How many tokens `prompt` takes once rendered."""
+    return len(tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"])
+
+
 def encode_prompts(tokenizer: Any, prompts: list, bucket: int = 32, max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Render prompts (chat messages or strings) with the chat template and left-pad them to a bucket.
 
     Returns (ids, mask) of shape (B, P) with P a multiple of `bucket`.
     """
-    texts = [
-        p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-        for p in prompts
-    ]
+    texts = [render_prompt(tokenizer, p) for p in prompts]
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     longest = max(len(e) for e in encoded)
     if max_length is not None and longest > max_length:

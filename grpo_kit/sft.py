@@ -16,11 +16,12 @@ from transformers import get_cosine_schedule_with_warmup
 
 from .checkpoint import save_checkpoint
 from .config import SFTConfig
-from .device import mark_step
+from .device import guarded_optimizer_step, mark_step
 from .losses import token_logprobs_and_entropy
 from .metrics import MetricsLogger, to_host
 from .models import base_model
-from .sampling import bucket_length, position_ids_from_mask
+from .sampling import bucket_length, position_ids_from_mask, render_prompt
+from .validation import DataError, check_skipped_in_a_row, check_writable, prompt_problem
 
 
 def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tuple[list[int], int]]:
@@ -29,13 +30,18 @@ def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tu
     examples = []
     for i, row in enumerate(rows):
         if "prompt" not in row or "completion" not in row:
-            raise ValueError(f"SFT row {i}: needs columns 'prompt' and 'completion', has {sorted(row)}")
-        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+            raise DataError(f"SFT row {i}: needs columns 'prompt' and 'completion', has {sorted(row)}")
+        problem = prompt_problem(row["prompt"])
+        if problem or not isinstance(row["completion"], str) or not row["completion"].strip():
+            raise DataError(f"SFT row {i}: " + (f"'prompt' {problem}" if problem else "'completion' must be a non-empty string"))
+        prompt = render_prompt(tokenizer, row["prompt"])
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         c = tokenizer(row["completion"] + end, add_special_tokens=False)["input_ids"]
         if len(p) + len(c) > max_length:
-            raise ValueError(f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row")
+            raise DataError(f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row")
         examples.append((p + c, len(p)))
+    if not examples:
+        raise DataError("the SFT dataset is empty: it needs rows with 'prompt' and 'completion' columns")
     return examples
 
 
@@ -80,9 +86,11 @@ class SFTTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.generator = torch.Generator().manual_seed(cfg.seed)
+        check_writable(cfg.output_dir, "SFTConfig.output_dir")
         self.logger = MetricsLogger(Path(cfg.output_dir) / "sft_metrics.jsonl" if cfg.output_dir else None)
         self.step = 0
         self._order: list[int] = []
+        self._skipped_in_a_row = 0
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
         if len(self._order) < self.config.batch_size:
@@ -98,14 +106,16 @@ class SFTTrainer:
         batch = self._next_batch()
         loss, tokens = sft_loss(self.model, batch)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm)
-        self.optimizer.step()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        skipped = guarded_optimizer_step(self.optimizer, params, grad_norm=grad_norm, loss=loss.detach())
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         mark_step(self.device)
         self.step += 1
-        row = to_host({"loss": loss, "grad_norm": grad_norm, "tokens": tokens})
+        row = to_host({"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped})
         row.update(step=self.step, lr=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if row["skipped_updates"] else 0
+        check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="SFTConfig.max_skipped_steps")
         return row
 
     def train(self, progress: bool = True) -> list[dict[str, Any]]:

@@ -151,7 +151,7 @@ def test_each_option_list_is_the_one_the_code_dispatches_on():
                 assert torch.isfinite(loss)
     for setting, allowed in (("loss_type", options.LOSS_TYPES), ("advantage", options.ADVANTAGE_ESTIMATORS),
                              ("kl_estimator", options.KL_ESTIMATORS), ("advantage_clip", options.ADVANTAGE_CLIPS)):
-        with pytest.raises(ValueError, match=rf"GRPOConfig\.{setting}='nope'; choose one of {', '.join(allowed)}"):
+        with pytest.raises(ValueError, match=rf"GRPOConfig\.{setting}='nope': must be one of {', '.join(allowed)}"):
             GRPOConfig(**{setting: "nope"})
 
 

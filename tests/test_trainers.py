@@ -15,6 +15,7 @@ from grpo_kit.rewards import (
     DEFAULT_REWARDS,
     DEFAULT_WEIGHTS,
     arithmetic_steps_reward,
+    compute_rewards,
     correctness_reward,
     strict_format_reward,
 )
@@ -169,3 +170,58 @@ def test_checkpoint_is_atomic_and_lora_saves_only_the_adapter(cpu, tmp_path):
     assert load_checkpoint(tmp_path / "c", model)["step"] == 2
     with pytest.raises(FileNotFoundError, match="not a grpo_kit checkpoint"):
         load_checkpoint(tmp_path, model)
+
+
+def test_sft_skips_a_non_finite_step_and_stops_after_several_in_a_row(tiny, task):
+    from grpo_kit.validation import TrainingDiverged
+
+    model, tok = tiny
+    trainer = SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=20, batch_size=4, output_dir=None, max_skipped_steps=3))
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    hook = params[0].register_hook(lambda g: g * float("nan"))
+    row = trainer.train_step()
+    assert row["skipped_updates"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, params, strict=True)), "a NaN step changed the weights"
+    trainer.train_step()
+    with pytest.raises(TrainingDiverged, match=r"3 steps in a row had a non-finite loss or gradient .* SFTConfig.max_skipped_steps"):
+        trainer.train_step()
+    hook.remove()
+    assert trainer.train_step()["skipped_updates"] == 0.0  # a finite step trains again
+
+
+def test_grpo_stops_after_several_skipped_steps_in_a_row(sft_model, task):
+    from grpo_kit.validation import TrainingDiverged
+
+    model, tok = sft_model
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=None, max_skipped_steps=2))
+    hook = trainer.params[0].register_hook(lambda g: g * float("nan"))
+    try:
+        assert trainer.train_step()["skipped_updates"] == 1.0
+        with pytest.raises(TrainingDiverged, match="2 steps in a row"):
+            trainer.train_step()
+    finally:
+        hook.remove()
+
+
+def test_numpy_and_tensor_scalar_rewards_are_accepted():
+    import numpy as np
+
+    def numpy_reward(prompts, completions, **_):
+        return [np.float32(0.5), np.float64(1.0)]
+
+    def tensor_reward(prompts, completions, **_):
+        return [torch.tensor(2.0), torch.tensor([3.0])]
+
+    result = compute_rewards([numpy_reward, tensor_reward], ["p", "p"], ["a", "b"])
+    assert result.total.tolist() == [2.5, 4.0]
+    with pytest.raises(Exception, match="returned"):
+        compute_rewards([lambda prompts, completions, **_: [torch.ones(2), 1.0]], ["p", "p"], ["a", "b"])
+
+
+def test_the_hub_token_stays_out_of_reprs_and_saved_settings():
+    from grpo_kit.config import DemoConfig, ModelConfig
+
+    cfg = DemoConfig(model=ModelConfig(hf_token="hf_SECRET123"))
+    assert "hf_SECRET123" not in repr(cfg) and "hf_SECRET123" not in str(cfg.model)

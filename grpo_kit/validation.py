@@ -1,0 +1,242 @@
+"""Every setting checked in one place: its type (coerced where unambiguous: YAML reads `3e-4` as a string), its
+range, and its allowed choices (`options.py`). Each config dataclass validates itself on construction, and the live
+controls are checked against the same rules; every error names the setting, the value and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import options
+
+
+class ConfigError(ValueError):
+    """A setting's value is not allowed; the message names the setting, its value and what is allowed."""
+
+
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def at_least(bound: float) -> Rule:
+    return (lambda v: v >= bound, f"≥ {bound}")
+
+
+def above(bound: float) -> Rule:
+    return (lambda v: v > bound, f"> {bound}")
+
+
+def within(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Rule:
+    def check(v: float) -> bool:
+        return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+
+    return (check, f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+
+
+def one_of(allowed: tuple[str, ...]) -> Rule:
+    return (lambda v: v in allowed, f"one of {', '.join(allowed)}")
+
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+RULES: dict[str, dict[str, Rule]] = {
+    "ModelConfig": {
+        "lora_r": at_least(1), "lora_alpha": above(0), "lora_dropout": within(0, 1, high_open=True), "dtype": one_of(DTYPES),
+    },
+    "TaskConfig": {"num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
+    "SFTConfig": {
+        "steps": at_least(0), "batch_size": at_least(1), "learning_rate": above(0), "weight_decay": at_least(0),
+        "warmup_steps": at_least(0), "max_grad_norm": above(0), "max_length": at_least(8), "pad_to_multiple_of": at_least(1),
+        "log_every": at_least(1), "max_seconds": above(0), "max_skipped_steps": at_least(0),
+    },
+    "GRPOConfig": {
+        "steps": at_least(0), "prompts_per_step": at_least(1), "group_size": at_least(2), "max_new_tokens": at_least(1),
+        "prompt_bucket": at_least(1), "max_prompt_tokens": at_least(1), "temperature": above(0), "top_k": at_least(0), "top_p": within(0, 1, low_open=True),
+        "learning_rate": above(0), "warmup_steps": at_least(0), "weight_decay": at_least(0), "max_grad_norm": above(0),
+        "beta": at_least(0), "target_kl": above(0), "epsilon": within(0, 1, low_open=True, high_open=True),
+        "epsilon_high": above(0), "num_iterations": at_least(1), "micro_batch_size": at_least(1),
+        "advantage_tau": above(0), "advantage_clip_value": above(0), "advantage_clip_low": above(0),
+        "winsorize_quantile": within(0, 0.5, high_open=True), "ema_reference": within(0, 1), "eval_every": at_least(0),
+        "compile_warmup_steps": at_least(0), "max_skipped_steps": at_least(0), "save_every": at_least(0), "save_every_seconds": above(0), "log_completions": at_least(0),
+        "max_seconds": above(0),
+        "loss_type": one_of(options.LOSS_TYPES), "importance_sampling_level": one_of(options.IMPORTANCE_SAMPLING_LEVELS),
+        "kl_estimator": one_of(options.KL_ESTIMATORS), "advantage": one_of(options.ADVANTAGE_ESTIMATORS),
+        "advantage_clip": one_of(options.ADVANTAGE_CLIPS), "reward_on_error": one_of(options.REWARD_ON_ERROR),
+    },
+}
+"""Range and choice rules per config class and field; a None value (where the field allows it) skips its rule."""
+
+
+def _coerce(value: Any, hint: Any, setting: str) -> Any:
+    """`value` as type `hint`, converting only where the meaning is unambiguous; ConfigError otherwise."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, setting)
+    if hint is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{setting}={value!r}: expected a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{setting}={value!r}: expected a finite number")
+        return float(value)
+    if hint is int:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{setting}={value!r}: expected a whole number")
+        return value
+    if hint is str and isinstance(value, os.PathLike):  # a directory given as a Path
+        return os.fspath(value)
+    if hint is bool or hint is str:
+        if not isinstance(value, hint):
+            raise ConfigError(f"{setting}={value!r}: expected {'true or false' if hint is bool else 'a string'}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{setting}={value!r}: expected a list of strings")
+        return tuple(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{setting}={value!r}: expected a mapping of names to numbers")
+        return {str(k): _coerce(v, float, f"{setting}[{k!r}]") for k, v in value.items()}
+    return value
+
+
+def validate(cfg: Any) -> None:
+    """Coerce and check every field of config dataclass `cfg` in place (types, then `RULES`)."""
+    owner = type(cfg).__name__
+    hints = typing.get_type_hints(type(cfg))
+    rules = RULES.get(owner, {})
+    for f in dataclasses.fields(cfg):
+        setting = f"{owner}.{f.name}"
+        value = _coerce(getattr(cfg, f.name), hints[f.name], setting)
+        setattr(cfg, f.name, value)
+        check(setting, value, rules.get(f.name))
+
+
+def check(setting: str, value: Any, rule: Rule | None) -> None:
+    """Raise ConfigError unless `value` passes `rule` (None values and absent rules pass)."""
+    if rule is not None and value is not None and not rule[0](value):
+        raise ConfigError(f"{setting}={value!r}: must be {rule[1]}")
+
+
+CONTROL_RULES: dict[str, tuple[type, Rule | None]] = {
+    name: (float, RULES["GRPOConfig"][field])
+    for name, field in (("learning_rate", "learning_rate"), ("beta", "beta"), ("temperature", "temperature"),
+                        ("top_p", "top_p"), ("epsilon", "epsilon"))
+} | {name: (bool, None) for name in ("paused", "stop_requested", "save_requested")}
+"""The live controls' types and rules: the same as the matching GRPOConfig settings."""
+
+
+def validate_control(name: str, value: Any) -> Any:
+    """A live control's value, coerced and checked like the config setting it overrides."""
+    if name == "reward_weights":
+        return _coerce(value, dict[str, float], "Controls.reward_weights")
+    hint, rule = CONTROL_RULES[name]
+    value = _coerce(value, hint, f"Controls.{name}")
+    check(f"Controls.{name}", value, rule)
+    return value
+
+
+def check_writable(directory: str | None, setting: str) -> None:
+    """Create `directory` and write a probe file there, so a path that cannot hold the run's output is reported
+    before any training rather than at the first save."""
+    if directory is None:
+        return
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".grpo_kit_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{setting}={directory!r}: cannot write there ({e.strerror or e})") from None
+
+
+class DataError(ValueError):
+    """A dataset cannot be trained on; the message names the row or column and what is expected."""
+
+
+def reward_columns(func: Callable[..., Any]) -> list[str]:
+    """The dataset columns a reward function names as parameters (beyond prompts and completions): the trainer
+    passes each column under its name, so these must exist."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][2:]
+    return [p.name for p in named if p.name != "completion_ids"]
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    if isinstance(prompt, str):
+        return "is empty" if not prompt.strip() else None
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
+        return None
+    return (f"must be a string or a non-empty list of chat messages {{'role': ..., 'content': ...}}, "
+            f"got {type(prompt).__name__} {str(prompt)[:60]!r}")
+
+
+def check_prompt_dataset(rows: Any, rewards: dict[str, Callable[..., Any]], *,
+                         prompt_tokens: Callable[[Any], int] | None = None, max_prompt_tokens: int | None = None) -> None:
+    """Before the first GRPO step: the dataset (a `datasets.Dataset` or a list of dicts) has rows, a `prompt`
+    column, every column a reward reads (`reward_columns`) with a value in every row, well-formed prompts, and
+    none longer than `max_prompt_tokens` (counted by `prompt_tokens`). DataError names the row or column."""
+    if len(rows) == 0:
+        raise DataError("the prompt dataset is empty: GRPO needs rows with a 'prompt' column")
+    if hasattr(rows, "column_names"):
+        columns = list(rows.column_names)
+    else:
+        if not all(isinstance(r, dict) for r in rows):
+            raise DataError("the prompt dataset must be a datasets.Dataset or a list of dicts (one per row)")
+        columns = sorted(set().union(*(r.keys() for r in rows)))
+    if "prompt" not in columns:
+        raise DataError(f"the prompt dataset has no 'prompt' column (its columns: {', '.join(columns) or 'none'}); "
+                        "rename the one holding the prompts to 'prompt'")
+    needed: dict[str, str] = {}  # column → the first reward that reads it
+    for name, func in rewards.items():
+        for col in reward_columns(func):
+            needed.setdefault(col, name)
+    for col, name in needed.items():
+        if col not in columns:
+            raise DataError(f"reward {name!r} reads the column {col!r}, which the prompt dataset lacks "
+                            f"(its columns: {', '.join(columns)})")
+    for i, row in enumerate(rows):
+        problem = prompt_problem(row.get("prompt"))
+        if problem:
+            raise DataError(f"row {i}: 'prompt' {problem}")
+        for col, name in needed.items():
+            if row.get(col) is None:
+                raise DataError(f"row {i}: {col!r} is empty (reward {name!r} reads it)")
+        if max_prompt_tokens is not None and prompt_tokens is not None:
+            length = prompt_tokens(row["prompt"])
+            if length > max_prompt_tokens:
+                raise DataError(f"row {i}: the prompt has {length} tokens, more than GRPOConfig.max_prompt_tokens="
+                                f"{max_prompt_tokens} (raise it, or shorten the prompt)")
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many steps in a row had a non-finite loss or gradient."""
+
+
+def check_skipped_in_a_row(count: int, limit: int, *, row: dict, setting: str) -> None:
+    """Raise TrainingDiverged once `count` consecutive steps were skipped (`limit` is the config's setting)."""
+    if limit and count >= limit:
+        raise TrainingDiverged(
+            f"{count} steps in a row had a non-finite loss or gradient (last: loss {row.get('loss', row.get('policy_loss'))}, "
+            f"grad norm {row.get('grad_norm')}); the run is diverging: lower the learning rate (now {row.get('lr')}), "
+            f"check the data and rewards, or raise {setting}")

@@ -1,0 +1,154 @@
+"""Checkpoints that survive a kill and run no code: the interrupted swap, leftovers, checksums, pickle payloads,
+the wrong kind of checkpoint and full weights given to a LoRA model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_kit.checkpoint import TMP_PREFIX, load_checkpoint, save_checkpoint
+from grpo_kit.config import GRPOConfig, ModelConfig
+from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.models import load_model, load_tokenizer
+from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+
+
+def _model(cpu: torch.device, **overrides) -> torch.nn.Module:
+    return load_model(ModelConfig(**overrides), cpu)[0]
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[2, 40, 41]])).logits.sum().backward()
+    opt.step()
+    return opt
+
+
+def test_a_save_killed_mid_swap_falls_back_to_the_previous_checkpoint(cpu, tmp_path):
+    model = _model(cpu)
+    save_checkpoint(tmp_path / "c", model, _optimizer(model), 1)
+    # the state a kill between the two renames leaves: the previous checkpoint moved aside, no new one yet
+    os.replace(tmp_path / "c", tmp_path / ".c.old")
+    with pytest.warns(UserWarning, match="a save was interrupted"):
+        assert load_checkpoint(tmp_path / "c", model)["step"] == 1
+    save_checkpoint(tmp_path / "c", model, None, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_leftovers_of_a_killed_save_are_cleaned_at_the_next_save(cpu, tmp_path):
+    model = _model(cpu)
+    leftover = tmp_path / f"{TMP_PREFIX}c-abc123"
+    leftover.mkdir()
+    (leftover / "weights.safetensors").write_bytes(b"half a file")
+    save_checkpoint(tmp_path / "c", model, None, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    assert load_checkpoint(tmp_path / "c", model)["step"] == 3
+
+
+def test_a_changed_file_fails_its_checksum(cpu, tmp_path):
+    model = _model(cpu)
+    save_checkpoint(tmp_path / "c", model, None, 1)
+    with open(tmp_path / "c" / "weights.safetensors", "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x00\x01\x02\x03")
+    with pytest.raises(ValueError, match="weights.safetensors is missing or does not match its checksum"):
+        load_checkpoint(tmp_path / "c", model)
+
+
+class _Payload:
+    """Unpickling this runs `open(marker, "w")`: what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("victim", ["optimizer.pt", "rng.pt"])
+def test_a_pickle_payload_is_refused_without_running(cpu, tmp_path, victim):
+    model = _model(cpu)
+    save_checkpoint(tmp_path / "c", model, _optimizer(model), 1)
+    marker = tmp_path / "payload-ran"
+    torch.save({"state": _Payload(marker)}, tmp_path / "c" / victim)
+    # the attacker also rewrites the manifest, so only the loader's refusal to unpickle stands in the way
+    state_file = tmp_path / "c" / "state.json"
+    state = json.loads(state_file.read_text())
+    state.pop("files")
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=f"refusing to load .*{victim}"):
+        load_checkpoint(tmp_path / "c", model, torch.optim.AdamW(model.parameters()))
+    assert not marker.exists()
+
+
+def test_an_sft_checkpoint_is_refused_as_a_grpo_resume(cpu, tmp_path, task):
+    model = _model(cpu)
+    save_checkpoint(tmp_path / "sft", model, None, 40, extra={"kind": "sft"})
+    trainer = GRPOTrainer(model, load_tokenizer("tiny-gemma"), DEFAULT_REWARDS, task.prompt_stream(),
+                          GRPOConfig(prompts_per_step=2, group_size=2, micro_batch_size=4, output_dir=None,
+                                     reward_weights=DEFAULT_WEIGHTS))
+    with pytest.raises(ValueError, match="is a sft checkpoint, not a grpo one: start GRPO from it with --init-from"):
+        trainer.load(tmp_path / "sft")
+
+
+def test_full_weights_given_to_a_lora_model_are_refused(cpu, tmp_path):
+    save_checkpoint(tmp_path / "full", _model(cpu), None, 1)
+    with pytest.raises(ValueError, match="does not match the LoRA model"):
+        load_checkpoint(tmp_path / "full", _model(cpu, lora=True, lora_r=4))
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_a_bad_middle_line_named(tmp_path):
+    from grpo_kit.metrics import MetricsLogger, read_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    with pytest.warns(UserWarning, match="dropped the torn last line 3"):
+        logger = MetricsLogger(path, resume=True)
+    assert [r["step"] for r in logger.rows] == [1, 2]
+    logger.truncate(2)
+    logger.log({"step": 3})
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3]
+    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        read_jsonl(path)
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_with_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import grpo_kit.checkpoint as checkpoint_module
+    from grpo_kit.cli import main
+
+    real_save_file, calls = checkpoint_module.save_file, []
+
+    def save_file_until_the_disk_fills(tensors, filename, *args, **kwargs):
+        calls.append(filename)
+        if len(calls) >= 3:  # steps 1 and 2 save, step 3 finds the disk full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save_file(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "save_file", save_file_until_the_disk_fills)
+    config = tmp_path / "settings.yaml"
+    config.write_text("grpo: {steps: 6, save_every: 1}\ntask: {num_test: 8}\n")
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "cpu-tiny-quick", "--config", str(config), "--output-dir", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "No space left on device" in err and "the previous checkpoint is kept" in err and "\n" not in err, err
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl"]  # the half-written one is gone
+    model = _model(torch.device("cpu"))
+    assert load_checkpoint(out / "checkpoint", model)["step"] == 2
+
+
+def test_an_unwritable_output_directory_is_reported_before_training(tmp_path, capsys):
+    from grpo_kit.cli import main
+
+    (tmp_path / "a-file").write_text("")
+    bad = tmp_path / "a-file" / "run"  # a directory cannot be made under a file
+    assert main(["train", "--preset", "cpu-tiny-quick", "--output-dir", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"GRPOConfig.output_dir={str(bad)!r}: cannot write there" in err, err
