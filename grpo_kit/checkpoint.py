@@ -121,9 +121,10 @@ def save_checkpoint(
     return path
 
 
-def checkpoint_state(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, dict[str, Any]]:
     """(the directory to load, its state.json) for the checkpoint at `path`; the previous one (`.<name>.old`) when
-    a save was interrupted mid-swap, with a warning. Every file's checksum is verified."""
+    a save was interrupted mid-swap, with a warning. With `verify`, every file's checksum is checked (reading
+    every byte: callers that only look at state.json pass False, and `load_checkpoint` verifies)."""
     path = Path(path)
     if not (path / "state.json").exists() and (_previous(path) / "state.json").exists():
         warnings.warn(f"{path} is missing (a save was interrupted): loading the previous checkpoint {_previous(path)}",
@@ -132,7 +133,7 @@ def checkpoint_state(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
     state = json.loads((path / "state.json").read_text())
-    for name, digest in state.get("files", {}).items():
+    for name, digest in state.get("files", {}).items() if verify else ():
         if not (path / name).exists() or _sha256(path / name) != digest:
             raise ValueError(f"checkpoint {path}: {name} is missing or does not match its checksum (corrupt or altered)")
     return path, state

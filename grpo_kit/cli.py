@@ -50,14 +50,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup(args: argparse.Namespace, default_out: str, init_from: str | None = None) -> tuple[DemoConfig, Any, Any, Any, Any]:
+def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None = None,
+           cfg: DemoConfig | None = None) -> tuple[DemoConfig, Any, Any, Any, Any]:
     import torch
 
     from .device import get_device
     from .models import load_model
     from .tasks import ArithmeticTask
 
-    cfg = _config(args, default_out)
+    cfg = cfg or _config(args, default_out)
     torch.set_num_threads(os.cpu_count() or 1)
     dev = get_device(args.device)
     model, tokenizer = load_model(cfg.model, dev)
@@ -99,7 +100,7 @@ def _resume_point(args: argparse.Namespace, cfg: DemoConfig) -> dict[str, Any] |
     auto = args.resume == "auto"
     path = Path(cfg.output_dir) / "checkpoint" if auto else Path(args.resume)
     try:
-        path, state = checkpoint_state(path)
+        path, state = checkpoint_state(path, verify=False)  # load_checkpoint verifies the files
     except FileNotFoundError:
         if auto:
             return None
@@ -117,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.no_resume and holds_a_run and not args.overwrite:
         raise ValueError(f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir")
     # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
-    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"))
+    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg)
     grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=resume is not None)
     trainer.init_from = (resume or {}).get("init_from") or args.init_from

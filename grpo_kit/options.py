@@ -17,4 +17,4 @@ def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:
     """Raise a one-line ValueError naming `setting`, its value and the allowed ones unless `value` is allowed."""
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ValueError(f"{setting}={value!r}; choose one of {', '.join(allowed)}")
+        raise ValueError(f"{setting}={value!r}: must be one of {', '.join(allowed)}")
