@@ -212,6 +212,10 @@ class GRPOConfig:
     accuracy_reward: str | None = "correctness_reward"
     """The reward whose score 1.0 marks a correct answer: the share of such completions is the step's `accuracy`
     metric (None, or a name not among the rewards: no accuracy metric). Default: the kit's `correctness_reward`."""
+    reward_timeout_seconds: float | None = 600.0
+    """A reward function still running after this many seconds on one batch stops the run with an error naming it
+    (a hung reward would otherwise block training for good, and the stop button acts only between steps).
+    None = wait forever."""
     reward_on_error: str = "raise"
     """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
     mask_truncated_completions: bool = False

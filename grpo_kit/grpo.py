@@ -177,7 +177,8 @@ class GRPOTrainer:
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
         columns["completion_ids"] = ids_list
         weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
-        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, on_error=self.config.reward_on_error)
+        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, on_error=self.config.reward_on_error,
+                                 timeout=self.config.reward_timeout_seconds)
         return result, texts, prompts, lengths
 
     # ---- 3. advantage -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,6 +228,32 @@ class RewardResult:
     """Per function: completions scored 0 because the function failed on them (on_error='zero')."""
 
 
+def _call_with_timeout(func: RewardFunc, prompts: list, completions: list, *, name: str, timeout: float | None,
+                       columns: dict) -> list:
+    """`func(prompts, completions, **columns)` as a list, raising RewardError after `timeout` seconds. Python cannot
+    stop a thread, so a reward that hangs is left running in a daemon thread (it ends with the process) while
+    the run stops with the error."""
+    if timeout is None:
+        return list(func(prompts, completions, **columns))
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["scores"] = list(func(prompts, completions, **columns))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=call, name=f"reward {name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise RewardError(f"reward {name!r} did not return within {timeout:g} s on a batch of {len(completions)} "
+                          "completions (GRPOConfig.reward_timeout_seconds): is it waiting on something?")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["scores"]
+
+
 def _as_score(value: Any) -> Any:
     """A numpy or torch scalar (a 0-dim array, a one-element tensor) as a Python number, as TRL accepts them;
     anything else unchanged, for the caller to judge."""
@@ -267,13 +294,15 @@ def compute_rewards(
     weights: dict[str, float] | None = None,
     *,
     on_error: str = "raise",
+    timeout: float | None = None,
 ) -> RewardResult:
     """Score completions with every reward function and combine them:
 
         total_i = Σ_f w_f · r_f(i)   over the functions f whose r_f(i) is not None
 
     A function that raises, returns NaN/inf or the wrong count raises `RewardError` naming the function and
-    the completion (on_error='raise'), or scores those completions 0 and counts them (on_error='zero').
+    the completion (on_error='raise'), or scores those completions 0 and counts them (on_error='zero'). A
+    function still running after `timeout` seconds raises `RewardError` naming it, whatever on_error says.
     """
     if not reward_funcs:
         raise ValueError("compute_rewards: no reward functions given")
@@ -294,8 +323,10 @@ def compute_rewards(
     failures: dict[str, int] = {}
     for fi, (func, name) in enumerate(zip(reward_funcs, names, strict=True)):
         try:
-            scores = list(func(prompts, completions, **columns))
+            scores = _call_with_timeout(func, prompts, completions, name=name, timeout=timeout, columns=columns)
             failed = 0
+        except RewardError:
+            raise
         except Exception as e:  # noqa: BLE001
             scores, failed = _score_one_by_one(func, name, prompts, completions, columns=columns, on_error=on_error,
                                                       first_error=e)

@@ -64,7 +64,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "advantage_tau": above(0), "advantage_clip_value": above(0), "advantage_clip_low": above(0),
         "winsorize_quantile": within(0, 0.5, high_open=True), "ema_reference": within(0, 1), "eval_every": at_least(0),
         "compile_warmup_steps": at_least(0), "max_skipped_steps": at_least(0), "save_every": at_least(0), "save_every_seconds": above(0), "log_completions": at_least(0),
-        "max_seconds": above(0),
+        "max_seconds": above(0), "reward_timeout_seconds": above(0),
         "loss_type": one_of(options.LOSS_TYPES), "importance_sampling_level": one_of(options.IMPORTANCE_SAMPLING_LEVELS),
         "kl_estimator": one_of(options.KL_ESTIMATORS), "advantage": one_of(options.ADVANTAGE_ESTIMATORS),
         "advantage_clip": one_of(options.ADVANTAGE_CLIPS), "reward_on_error": one_of(options.REWARD_ON_ERROR),

@@ -104,3 +104,22 @@ def test_classifier_reward_with_a_tiny_classifier(tiny):
     assert scores[1] == pytest.approx(expected, abs=1e-5)
     res = R.compute_rewards([reward, R.strict_format_reward], ["p"] * 2, [GOOD, "x"])
     assert res.names == ["judge", "strict_format_reward"]
+
+
+def test_a_reward_that_hangs_stops_the_run_naming_it():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def stuck_reward(prompts, completions, **_):
+        release.wait(30)  # a server that never answers
+        return [1.0] * len(completions)
+
+    start = time.monotonic()
+    for on_error in ("raise", "zero"):
+        with pytest.raises(R.RewardError, match=r"reward 'stuck_reward' did not return within 0.2 s on a batch of 2"):
+            R.compute_rewards([R.strict_format_reward, stuck_reward], ["p", "p"], [GOOD, "x"], on_error=on_error, timeout=0.2)
+    assert time.monotonic() - start < 5
+    release.set()
+    assert R.compute_rewards([stuck_reward], ["p"], ["x"], timeout=5.0).total.tolist() == [1.0]

@@ -34,6 +34,7 @@ BAD_YAML = [
     ("grpo: {reward_weights: {correctness_reward: high}}", "GRPOConfig.reward_weights['correctness_reward']='high'"),
     ("grpo: {reward_weights: 3}", "GRPOConfig.reward_weights=3: expected a mapping of names to numbers"),
     ("grpo: {max_seconds: .nan}", "GRPOConfig.max_seconds=nan: expected a finite number"),
+    ("grpo: {reward_timeout_seconds: 0}", "GRPOConfig.reward_timeout_seconds=0.0: must be > 0"),
     ("grpo: 3", "grpo: expected a mapping of settings, got 3"),
     ("grpo: {lerning_rate: 0.001}", "unknown setting 'lerning_rate'"),
     ("sft: {batch_size: 0}", "SFTConfig.batch_size=0: must be ≥ 1"),
