@@ -81,9 +81,11 @@ def save_checkpoint(
     *,
     extra: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
+    modules: dict[str, torch.nn.Module] | None = None,
 ) -> Path:
-    """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle), and
-    state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory, fsynced, then swapped
+    """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle),
+    `<name>.safetensors` for each of `modules` (state that cannot be rebuilt from the base, e.g. an EMA
+    reference policy), and state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory, fsynced, then swapped
     in: a valid checkpoint exists at every instant (during the swap the previous one sits at `.<name>.old`, where
     `load_checkpoint` finds it)."""
     path = Path(path)
@@ -93,6 +95,8 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent))
     try:
         save_file(_weights(model), str(tmp / "weights.safetensors"))
+        for name, module in (modules or {}).items():
+            save_file(_weights(module), str(tmp / f"{name}.safetensors"))
         if optimizer is not None:
             torch.save(_to_cpu(optimizer.state_dict()), tmp / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -155,27 +159,20 @@ def load_checkpoint(
     generator: torch.Generator | None = None,
     *,
     kind: str | None = None,
+    modules: dict[str, torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
     """Restore what `save_checkpoint` wrote; returns state.json's contents (step and extras). `kind` ("sft" or
-    "grpo") refuses a checkpoint of the other kind."""
+    "grpo") refuses a checkpoint of the other kind; each of `modules` is loaded from its `<name>.safetensors`."""
     path, state = checkpoint_state(path)
     if kind is not None and state.get("kind", kind) != kind:
         raise ValueError(f"{path} is a {state['kind']} checkpoint, not a {kind} one"
                          + (": start GRPO from it with --init-from, not --resume" if kind == "grpo" else ""))
     device = next(model.parameters()).device
-    weights = {k: v.to(device) for k, v in load_file(str(path / "weights.safetensors")).items()}
-    if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, weights)
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"checkpoint {path} does not match the LoRA model: unexpected {result.unexpected_keys[:5]} "
-                             "(full weights given to a LoRA model?)")
-    else:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        missing = [m for m in missing if "lm_head" not in m]
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    _load_weights(path, "weights", model)
+    for name, module in (modules or {}).items():
+        if not (path / f"{name}.safetensors").exists():
+            raise ValueError(f"checkpoint {path} has no {name}.safetensors (saved with other settings?)")
+        _load_weights(path, name, module)
     if optimizer is not None and (path / "optimizer.pt").exists():
         optimizer.load_state_dict(_tensors_only(path / "optimizer.pt", device))
     rng = _tensors_only(path / "rng.pt")
@@ -184,6 +181,24 @@ def load_checkpoint(
     if generator is not None and "generator" in rng:
         generator.set_state(rng["generator"])
     return state
+
+
+def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
+    """`path/<name>.safetensors` into `model` (into its adapter under LoRA), refusing weights that do not fit."""
+    device = next(model.parameters()).device
+    weights = {k: v.to(device) for k, v in load_file(str(path / f"{name}.safetensors")).items()}
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"checkpoint {path}: {name} does not match the LoRA model: unexpected "
+                             f"{result.unexpected_keys[:5]} (full weights given to a LoRA model?)")
+        return
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [m for m in missing if "lm_head" not in m]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
 def _as_tuples(value: Any) -> Any:

@@ -74,8 +74,12 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
 def cmd_sft(args: argparse.Namespace) -> int:
     from .sft import SFTTrainer
 
-    cfg, _, model, tokenizer, task = _setup(args, "runs/sft")
-    trainer = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=cfg.output_dir))
+    cfg = _config(args, "runs/sft")
+    resume = _resume_point(args, cfg, section="sft", steps=cfg.sft.steps)
+    cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg)
+    trainer = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=cfg.output_dir),
+                         resume_metrics=resume is not None)
+    _load_resume_point(args, trainer, resume)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
@@ -90,22 +94,39 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any
     return 0
 
 
-def _resume_point(args: argparse.Namespace, cfg: DemoConfig) -> dict[str, Any] | None:
-    """The checkpoint `train` continues from: `--resume PATH`, or (`--resume auto`, the default) the output
-    directory's own `checkpoint/` when it holds a valid one; None to start from the beginning."""
+def _resume_point(args: argparse.Namespace, cfg: DemoConfig, *, section: str, steps: int) -> dict[str, Any] | None:
+    """The checkpoint `sft`/`train` continues from: `--resume PATH`, or (`--resume auto`, the default) the output
+    directory's own `checkpoint/` when it holds a valid one; None to start from the beginning. Refuses to start
+    over on top of a run without `--overwrite`, and to "resume" a run that has no steps left."""
     from .checkpoint import checkpoint_state
 
-    if args.no_resume or args.overwrite:
+    if args.overwrite:
         return None
+    own = Path(cfg.output_dir) / "checkpoint"
+    if args.no_resume:
+        try:
+            checkpoint_state(own, verify=False)
+        except FileNotFoundError:
+            return None
+        raise ValueError(f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir")
     auto = args.resume == "auto"
-    path = Path(cfg.output_dir) / "checkpoint" if auto else Path(args.resume)
     try:
-        path, state = checkpoint_state(path, verify=False)  # load_checkpoint verifies the files
+        path, state = checkpoint_state(own if auto else Path(args.resume), verify=False)  # loading verifies the files
     except FileNotFoundError:
         if auto:
             return None
         raise
+    if state["step"] >= steps:
+        raise ValueError(f"{path} is a finished run ({state['step']} of {section}.steps={steps}): raise {section}.steps to "
+                         "train on, pass --overwrite to start it over, or choose another --output-dir")
     return {"path": str(path), **state}
+
+
+def _load_resume_point(args: argparse.Namespace, trainer: Any, resume: dict[str, Any] | None) -> None:
+    if resume is not None:
+        trainer.load(resume["path"])
+        if not args.quiet:
+            print(f"grpo-kit {args.command}: resuming from {resume['path']} at step {trainer.step}", file=sys.stderr)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -113,19 +134,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 
     cfg = _config(args, "runs/grpo")
-    resume = _resume_point(args, cfg)
-    holds_a_run = (Path(cfg.output_dir) / "checkpoint" / "state.json").exists()
-    if args.no_resume and holds_a_run and not args.overwrite:
-        raise ValueError(f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir")
+    resume = _resume_point(args, cfg, section="grpo", steps=cfg.grpo.steps)
     # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
     cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg)
     grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=resume is not None)
     trainer.init_from = (resume or {}).get("init_from") or args.init_from
-    if resume is not None:
-        trainer.load(resume["path"])
-        if not args.quiet:
-            print(f"grpo-kit train: resuming from {resume['path']} at step {trainer.step}", file=sys.stderr)
+    _load_resume_point(args, trainer, resume)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
@@ -234,23 +249,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
+    p.add_argument("--resume", default="auto", help=f"{kind} checkpoint to resume (weights, optimizer, RNG, step); default "
+                   "auto: the output directory's checkpoint/ when there is one")
+    p.add_argument("--no-resume", action="store_true", help="start from the beginning; refused where the output directory "
+                   "holds a run, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="SFT, then GRPO, then evaluation on the CPU with the tiny Gemma")
     _common(p, preset="cpu-tiny")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint")
+    p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint as it goes")
     _common(p)
     p.add_argument("--init-from", default=None, help="checkpoint directory to start from")
+    _resume_options(p, "SFT")
     p.set_defaults(func=cmd_sft)
     p = sub.add_parser("train", help="GRPO training (start from an SFT checkpoint with --init-from)")
     _common(p)
     p.add_argument("--init-from", default=None, help="checkpoint to start from (weights only)")
-    p.add_argument("--resume", default="auto", help="GRPO checkpoint to resume (weights, optimizer, RNG, step); default auto: "
-                   "the output directory's checkpoint/ when there is one")
-    p.add_argument("--no-resume", action="store_true", help="start from the beginning even when the output directory has a checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run")
+    _resume_options(p, "GRPO")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("eval", help="greedy accuracy on the held-out set")
     _common(p)

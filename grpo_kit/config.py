@@ -101,6 +101,11 @@ class SFTConfig:
     max_skipped_steps: int = 5
     """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (one bad
     step is skipped and training goes on). 0 = never stop."""
+    save_every: int = 0
+    """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
+    save_every_seconds: float | None = 300.0
+    """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
+    this much training (None = by steps only). `grpo-kit sft` resumes from that checkpoint when run again."""
     output_dir: str | None = "runs/sft"
     """Where metrics and the checkpoint go."""
     max_seconds: float | None = None

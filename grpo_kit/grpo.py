@@ -403,9 +403,15 @@ class GRPOTrainer:
         """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
         extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from,
                  "config": dataclasses.asdict(self.config)}
-        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
+        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator,
+                               modules=self._unrecoverable_reference())
         self._last_save = time.monotonic()
         return path
+
+    def _unrecoverable_reference(self) -> dict[str, torch.nn.Module]:
+        """The reference policy when it cannot be rebuilt from the starting weights (an EMA reference has moved)."""
+        moved = self.config.ema_reference > 0 and self.reference is not None and self.reference.frozen is not None
+        return {"reference": self.reference.frozen} if moved else {}
 
     def load(self, path: str | Path) -> None:
         """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped. Refuses a checkpoint
@@ -415,7 +421,8 @@ class GRPOTrainer:
             if name in saved and saved[name] != getattr(self.config, name):
                 raise ConfigError(f"GRPOConfig.{name}={getattr(self.config, name)!r}: the checkpoint {path} was trained with "
                                   f"{saved[name]!r}; resume with the same value, or start over (--no-resume)")
-        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind="grpo")
+        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind="grpo",
+                                modules=self._unrecoverable_reference())
         self.init_from = state.get("init_from")
         self.step = state["step"]
         self.adaptive_beta = state.get("adaptive_beta")

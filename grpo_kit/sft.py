@@ -6,6 +6,7 @@ earns reward; without it a small model can sit at zero reward for hundreds of st
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -14,14 +15,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from .checkpoint import save_checkpoint
+from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import SFTConfig
 from .device import guarded_optimizer_step, mark_step
 from .losses import token_logprobs_and_entropy
 from .metrics import MetricsLogger, to_host
 from .models import base_model
 from .sampling import bucket_length, position_ids_from_mask, render_prompt
-from .validation import DataError, check_skipped_in_a_row, check_writable, prompt_problem
+from .validation import ConfigError, DataError, check_skipped_in_a_row, check_writable, prompt_problem
 
 
 def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tuple[list[int], int]]:
@@ -73,9 +74,12 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[to
 
 
 class SFTTrainer:
-    """Fixed-shape batches (batch_size × bucketed length), AdamW with warm-up + cosine decay."""
+    """Fixed-shape batches (batch_size × bucketed length), AdamW with warm-up + cosine decay. Saves
+    `output_dir/checkpoint` as it goes (`save_every`, `save_every_seconds`); `load` continues a run from one
+    exactly as if it had not stopped (same batches, same schedule). `resume_metrics` keeps `sft_metrics.jsonl`."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: SFTConfig | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: SFTConfig | None = None,
+                 *, resume_metrics: bool = False) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config or SFTConfig()
         cfg = self.config
         self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length)
@@ -87,8 +91,10 @@ class SFTTrainer:
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         check_writable(cfg.output_dir, "SFTConfig.output_dir")
-        self.logger = MetricsLogger(Path(cfg.output_dir) / "sft_metrics.jsonl" if cfg.output_dir else None)
+        self.logger = MetricsLogger(Path(cfg.output_dir) / "sft_metrics.jsonl" if cfg.output_dir else None,
+                                    resume=resume_metrics)
         self.step = 0
+        self._last_save = time.monotonic()
         self._order: list[int] = []
         self._skipped_in_a_row = 0
 
@@ -128,10 +134,34 @@ class SFTTrainer:
                 self.logger.log(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}")
             bar.update(1)
+            due = (cfg.save_every and self.step % cfg.save_every == 0) or (
+                cfg.save_every_seconds is not None and time.monotonic() - self._last_save >= cfg.save_every_seconds)
+            if cfg.output_dir and due and self.step < cfg.steps:  # the caller saves the finished run
+                self.save(Path(cfg.output_dir) / "checkpoint")
             if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
                 break
         bar.close()
         return self.logger.rows
 
     def save(self, path: str | Path) -> Path:
-        return save_checkpoint(path, self.model, self.optimizer, self.step, extra={"kind": "sft"})
+        """Weights (or adapter), optimizer, learning-rate schedule, batch order, RNG states, step and settings."""
+        extra = {"kind": "sft", "config": dataclasses.asdict(self.config), "scheduler": self.scheduler.state_dict(),
+                 "batch_order": self._order}
+        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
+        self._last_save = time.monotonic()
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Resume: weights, optimizer, schedule, batch order and step; metrics rows after that step are dropped.
+        Refuses a checkpoint whose batch settings differ (the resumed run would see different batches)."""
+        saved = checkpoint_state(path, verify=False)[1].get("config", {})
+        for name in ("batch_size", "seed"):
+            if name in saved and saved[name] != getattr(self.config, name):
+                raise ConfigError(f"SFTConfig.{name}={getattr(self.config, name)!r}: the checkpoint {path} was trained with "
+                                  f"{saved[name]!r}; resume with the same value, or start over (--no-resume)")
+        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind="sft")
+        self.step = state["step"]
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self._order = list(state.get("batch_order", []))
+        self.logger.truncate(self.step)

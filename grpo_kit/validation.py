@@ -54,6 +54,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "steps": at_least(0), "batch_size": at_least(1), "learning_rate": above(0), "weight_decay": at_least(0),
         "warmup_steps": at_least(0), "max_grad_norm": above(0), "max_length": at_least(8), "pad_to_multiple_of": at_least(1),
         "log_every": at_least(1), "max_seconds": above(0), "max_skipped_steps": at_least(0),
+        "save_every": at_least(0), "save_every_seconds": above(0),
     },
     "GRPOConfig": {
         "steps": at_least(0), "prompts_per_step": at_least(1), "group_size": at_least(2), "max_new_tokens": at_least(1),

@@ -105,3 +105,17 @@ def test_each_notebook_opens_on_its_runtime_with_its_own_badges(path):
         assert nb.metadata["kaggle"]["accelerator"] == "tpuV5e8"
     else:
         assert "accelerator" not in nb.metadata and nb.metadata["kaggle"]["accelerator"] == "none"
+
+
+def test_the_setup_notebook_shows_no_hub_token(monkeypatch):
+    """Notebook 00 displays the chosen settings and the hub access check; run with a token in HF_TOKEN (where Colab
+    and Kaggle secrets end up), none of its outputs may contain it."""
+    from nbclient import NotebookClient
+
+    secret = "hf_SENTINEL_9876543210"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    nb = nbformat.read(NOTEBOOKS[0], as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    shown = nbformat.writes(nb)
+    assert "preset " in shown  # the cells ran and printed the chosen settings
+    assert secret not in shown

@@ -40,6 +40,7 @@ BAD_YAML = [
     ("sft: {batch_size: 0}", "SFTConfig.batch_size=0: must be ≥ 1"),
     ("sft: {learning_rate: 0}", "SFTConfig.learning_rate=0.0: must be > 0"),
     ("sft: {max_length: 2}", "SFTConfig.max_length=2: must be ≥ 8"),
+    ("sft: {save_every_seconds: 0}", "SFTConfig.save_every_seconds=0.0: must be > 0"),
     ("model: {lora_r: 0}", "ModelConfig.lora_r=0: must be ≥ 1"),
     ("model: {dtype: float16}", "ModelConfig.dtype='float16': must be one of auto, float32, bfloat16"),
     ("model: {lora_target_modules: q_proj}", "ModelConfig.lora_target_modules='q_proj': expected a list of strings"),
