@@ -328,12 +328,35 @@ def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor
     return _linear(attn.o_proj, _attend(attn, q.transpose(1, 2), keys, values, bias), consts)
 
 
+LM_HEAD_BLOCK = 4096
+"""Vocabulary entries per block of a decode step's LM head on the CPU (a 4096 × 640 fp32 block is 10 MiB)."""
+
+
+def lm_head_logits(head: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits x Wᵀ for the last positions x (B, d). On the CPU with a large vocabulary and a decode-sized batch
+    this is block by block of W as W_blk xᵀ, with the small product written into place: each block of W streams
+    through once against a cache-resident xᵀ, ~1.6× faster than `F.linear` for Gemma's 262k × 640 head at
+    B = 32 (`grpo-kit bench`), equal to it up to float summation order. Elsewhere: the module as it is."""
+    weight = getattr(head, "weight", None)
+    if (type(head) is not torch.nn.Linear or head.bias is not None or x.device.type != "cpu" or x.dim() != 2
+            or x.shape[0] > 64 or weight.shape[0] < 8 * LM_HEAD_BLOCK):
+        return _linear(head, x)
+    logits = x.new_empty(x.shape[0], weight.shape[0])
+    xt = x.T.contiguous()
+    for start in range(0, weight.shape[0], LM_HEAD_BLOCK):
+        logits[:, start : start + LM_HEAD_BLOCK] = torch.mm(weight[start : start + LM_HEAD_BLOCK], xt).T
+    return logits
+
+
 def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: torch.Tensor,
-            consts: Constants, *, logits_for_last: bool = True, visible: int | None = None) -> torch.Tensor:
+            consts: Constants, *, logits_for_last: bool = True, visible: int | None = None,
+            head: bool = True) -> torch.Tensor:
     """Run S new tokens (B, S) at RoPE positions (B, S), written to cache slots start … start + S − 1 (`start`
     a one-element device tensor, so every decode step is the same graph); returns logits (B, V) for the last
     token (or (B, S, V) for all). `visible` (a host int, eager cpu/cuda only) limits attention to the first
-    `visible` cache slots — the ones written so far, so `start` + S — instead of all of them behind a mask."""
+    `visible` cache slots — the ones written so far, so `start` + S — instead of all of them behind a mask.
+    `head=False` returns the final normed hidden states instead, for the caller to apply the LM head (and
+    any final softcap) itself."""
     cfg = hf.config
     model = hf.model
     slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -358,7 +381,10 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
                       _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
     if logits_for_last:
         h = h[:, -1, :]
-    logits = _linear(hf.lm_head, _norm(model.norm, h, consts))
+    h = _norm(model.norm, h, consts)
+    if not head:
+        return h
+    logits = lm_head_logits(hf.lm_head, h)
     softcap = getattr(cfg, "final_logit_softcapping", None)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap

@@ -205,7 +205,8 @@ class GRPOTrainer:
         group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
 
         def logprobs(model: torch.nn.Module, m: slice) -> tuple[torch.Tensor, torch.Tensor]:
-            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group, padding_free=cfg.padding_free)
+            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group, padding_free=cfg.padding_free,
+                                       entropy_grad=cfg.entropy_coef != 0)
 
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}

@@ -39,6 +39,9 @@ def token_logprobs_and_entropy(
     chunk_rows: int | None = None,
     recompute: bool | None = None,
     with_entropy: bool = True,
+    *,
+    entropy_grad: bool = True,
+    fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t) and entropy H_t from final hidden states, chunk by chunk of sequences:
 
@@ -51,9 +54,21 @@ def token_logprobs_and_entropy(
     skips the entropy (returned as zeros), which costs a full softmax product per position. With `recompute`
     (default: on when grads are needed and the vocabulary is ≥ 32k) each chunk's logits are recomputed in
     the backward pass, so only the hidden states are kept.
+
+    `fused` (default: when W is frozen — LoRA, or no grad — the vocabulary is ≥ 32k and the device is not XLA)
+    takes `frozen_head_logprobs` instead: the same values in two matrix products per token and no
+    full-vocabulary passes. `entropy_grad=False` tells it that no gradient will flow through H_t (saving a
+    third product); H_t is then returned detached.
     """
     if hidden.shape[:2] != ids.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree on (B, T)")
+    if fused is None:
+        fused = not lm_head_weight.requires_grad and lm_head_weight.shape[0] >= 32768 and hidden.device.type != "xla"
+    if fused:
+        logp, entropy = frozen_head_logprobs(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight, ids.reshape(-1),
+                                             temperature=temperature, softcap=softcap, entropy_grad=entropy_grad)
+        entropy = entropy.view_as(ids) if with_entropy else torch.zeros_like(ids, dtype=logp.dtype)
+        return logp.view_as(ids), entropy
     if recompute is None:
         recompute = torch.is_grad_enabled() and lm_head_weight.shape[0] >= 32768
     if chunk_rows is None:
@@ -68,6 +83,85 @@ def token_logprobs_and_entropy(
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps), torch.cat(ents)
+
+
+FUSED_ROWS, FUSED_COLUMNS = 256, 16384
+"""Block of the fused LM head: 256 tokens × 16,384 vocabulary entries (16 MiB of fp32 logits) at a time,
+the fastest of the sizes `grpo-kit bench` tries on a 2-core CPU; each block is used while it is in cache."""
+
+
+def _frozen_head_block(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float, softcap: float | None,
+                       entropy_grad: bool) -> tuple[torch.Tensor, ...]:
+    """Over the vocabulary in blocks, with a running maximum (online softmax), for rows h of `hidden`:
+    lse = logsumexp(z), z̄ = Σ p z, E = Σ_v p_v c_v W_v and (entropy_grad) E_z = Σ_v p_v (z_v − z̄) c_v W_v,
+    where p = softmax(z) and c_v = ∂z_v/∂(h·W_v)·T (1 without a softcap, 1 − tanh²(h·W_v/softcap) with one)."""
+    rows, width = hidden.shape[0], hidden.shape[1]
+    m = hidden.new_full((rows, 1), float("-inf"), dtype=torch.float32)
+    total, total_z = (hidden.new_zeros((rows, 1), dtype=torch.float32) for _ in range(2))
+    expect, expect_z = (hidden.new_zeros((rows, width), dtype=torch.float32) for _ in range(2))
+    for start in range(0, weight.shape[0], FUSED_COLUMNS):
+        w = weight[start : start + FUSED_COLUMNS]
+        z = torch.mm(hidden, w.T).float()
+        if softcap:
+            capped = torch.tanh(z / softcap)
+            z, slope = softcap * capped, 1 - capped * capped
+        z = z / temperature
+        m_new = torch.maximum(m, z.amax(1, keepdim=True))
+        rescale, p = torch.exp(m - m_new), torch.exp(z - m_new)
+        m = m_new
+        total = total * rescale + p.sum(1, keepdim=True)
+        total_z = total_z * rescale + (p * z).sum(1, keepdim=True)
+        pc = p * slope if softcap else p
+        w32 = w.float()
+        expect = expect * rescale + torch.mm(pc, w32)
+        if entropy_grad:
+            expect_z = expect_z * rescale + torch.mm(pc * z, w32)
+    mean_z = total_z / total
+    expect = expect / total
+    expect_z = expect_z / total - mean_z * expect if entropy_grad else None
+    return (m + torch.log(total)).squeeze(1), mean_z.squeeze(1), expect, expect_z
+
+
+class _FrozenHeadLogprobs(torch.autograd.Function):
+    """log π(y_t) and H_t with the gradient to the hidden states only (W frozen):
+    ∂log π(y_t)/∂h_t = (c_y W_y − E_t)/T and ∂H_t/∂h_t = −E_z,t/T, both kept from the forward pass."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, ids, temperature, softcap, entropy_grad):  # noqa: ANN001, ANN205
+        target_w = weight[ids].float()
+        target = (hidden.float() * target_w).sum(1)  # h·W_y
+        if softcap:
+            capped = torch.tanh(target / softcap)
+            target, target_w = softcap * capped, target_w * (1 - capped * capped).unsqueeze(1)
+        blocks = [_frozen_head_block(hidden[s : s + FUSED_ROWS], weight, temperature=temperature, softcap=softcap,
+                                     entropy_grad=entropy_grad) for s in range(0, hidden.shape[0], FUSED_ROWS)]
+        lse, mean_z, expect = (torch.cat([b[i] for b in blocks]) for i in range(3))
+        expect_z = torch.cat([b[3] for b in blocks]) if entropy_grad else None
+        ctx.save_for_backward(target_w - expect, expect_z)
+        ctx.temperature, ctx.dtype = temperature, hidden.dtype
+        return target / temperature - lse, lse - mean_z
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):  # noqa: ANN001, ANN205
+        logp_slope, expect_z = ctx.saved_tensors
+        grad = grad_logp.unsqueeze(1) * logp_slope
+        if expect_z is not None and grad_entropy is not None:
+            grad = grad - grad_entropy.unsqueeze(1) * expect_z
+        return (grad / ctx.temperature).to(ctx.dtype), None, None, None, None, None
+
+
+def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
+                         softcap: float | None = None, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(y_t), H_t) for N hidden states (N, d) through a frozen LM head W (V, d), as `token_logprobs_and_entropy`
+    defines them, fused: per block of tokens and vocabulary entries, z = hWᵀ, an online logsumexp, and the
+    p-weighted sum of W's rows E_t = Σ_v p_v W_v that the gradient needs — two matrix products per token (three
+    with `entropy_grad`), where computing logits, then recomputing them for the backward pass, then
+    multiplying the logits' gradient by W takes three, plus a dozen passes over N × V logits in memory.
+    Gradients reach `hidden` only. `entropy_grad=False`: H_t is returned detached."""
+    if weight.requires_grad and torch.is_grad_enabled():
+        raise ValueError("frozen_head_logprobs: the LM head weight requires grad (full fine-tuning); use token_logprobs_and_entropy")
+    logp, entropy = _FrozenHeadLogprobs.apply(hidden, weight.detach(), ids, temperature, softcap, entropy_grad)
+    return logp, entropy if entropy_grad else entropy.detach()
 
 
 LOGIT_CHUNK_ELEMENTS = 2**27

@@ -134,7 +134,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     flat, u = probs.reshape(-1, vocab), u.reshape(-1).to(probs.dtype)
     rows, blocks = flat.shape[0], -(-vocab // SAMPLE_BLOCK)
     width = min(SAMPLE_BLOCK, vocab)
-    tiles = torch.nn.functional.pad(flat, (0, blocks * width - vocab)).view(rows, blocks, width)
+    padding = blocks * width - vocab  # none for Gemma's 262,144 = 512²: no copy of the probabilities then
+    tiles = (torch.nn.functional.pad(flat, (0, padding)) if padding else flat).view(rows, blocks, width)
     block_cdf = tiles.sum(-1).cumsum(-1)  # (rows, blocks)
     target = u * block_cdf[:, -1]
     block = (block_cdf < target.unsqueeze(-1)).sum(-1).clamp(max=blocks - 1)
@@ -183,6 +184,73 @@ def choose_tokens(
             # the CDF; step back to the last token with mass
             tokens = torch.where(torch.isinf(filtered.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)), filtered.argmax(-1), tokens)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class HeadInput:
+    """A decode step's final hidden states (B, d) with the LM head still to apply: `_draw` streams the head
+    through the draw (`draw_from_head`) when it can, and otherwise makes the logits."""
+
+    hidden: torch.Tensor
+    head: torch.nn.Module
+    softcap: float | None
+
+    def logits(self) -> torch.Tensor:
+        logits = decoder.lm_head_logits(self.head, self.hidden)
+        return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
+
+    def streams(self, settings: SamplingSettings) -> bool:
+        """Plain sampling or greedy, with a plain large head on the CPU: what `draw_from_head` covers."""
+        weight = getattr(self.head, "weight", None)
+        return (type(self.head) is torch.nn.Linear and self.head.bias is None and self.hidden.device.type == "cpu"
+                and weight.shape[0] >= 8 * decoder.LM_HEAD_BLOCK and weight.shape[0] % SAMPLE_BLOCK == 0
+                and (settings.greedy or (not settings.top_k and settings.top_p >= 1.0)))
+
+
+def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
+                   softcap: float | None, greedy: bool, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
+    leave the cache: for each block (decoder.LM_HEAD_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
+    maximum m_b and the masses Σ exp(z − m_b) of its SAMPLE_BLOCK-entry tiles (greedy: its best entry). Then
+
+        lse = M + log Σ_b e^{m_b − M} mass_b,  M = max_b m_b;   the tile where u·Σ mass crosses, recomputed
+        (SAMPLE_BLOCK × d per row), gives the token as `inverse_cdf` does, and log π = z_token − lse.
+
+    Same tokens as `choose_tokens` on the full logits except where u lands within float rounding of a CDF
+    boundary; log-probs equal up to float summation order."""
+    rows, vocab, block = hidden.shape[0], weight.shape[0], decoder.LM_HEAD_BLOCK
+    t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
+    h = hidden.float()
+    xt = h.T.contiguous()
+
+    def scaled(z: torch.Tensor) -> torch.Tensor:
+        return (torch.tanh(z / softcap) * softcap if softcap else z) / t
+
+    # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
+    maxima, masses, best = [], [], []
+    for start in range(0, vocab, block):
+        z = scaled(torch.mm(weight[start : start + block], xt))
+        m = z.amax(0, keepdim=True)
+        maxima.append(m)
+        masses.append(torch.exp(z - m).view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
+        if greedy:
+            best.append(z.argmax(0) + start)
+    maxima = torch.cat(maxima)  # (blocks, rows)
+    top = maxima.amax(0)
+    tiles = torch.cat([mass * torch.exp(maxima[b] - top) for b, mass in enumerate(masses)]).T  # (rows, V/512)
+    cdf = tiles.cumsum(1)
+    lse = top + torch.log(cdf[:, -1])
+    if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
+        return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse
+    target = uniforms.to(cdf.dtype) * cdf[:, -1]
+    tile = (cdf < target.unsqueeze(1)).sum(1).clamp(max=tiles.shape[1] - 1)
+    before = (cdf.gather(1, tile.unsqueeze(1)) - tiles.gather(1, tile.unsqueeze(1))).squeeze(1)
+    # each row's tile of W read in place (a view per row, no gathered copy of 512 × d rows)
+    z_tile = scaled(torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK].float() @ h[r]
+                                 for r, s in enumerate(tile.tolist())]))
+    inside = torch.exp(z_tile - top.unsqueeze(1)).cumsum(1) + before.unsqueeze(1)
+    offset = (inside < target.unsqueeze(1)).sum(1).clamp(max=SAMPLE_BLOCK - 1)
+    return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse
 
 
 @dataclass(frozen=True)
@@ -274,10 +342,15 @@ class SamplerState:
             self.uniforms = self.uniforms[keep]
 
 
-def _draw(logits: torch.Tensor, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
+def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
           settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device)."""
     u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
+    if isinstance(logits, HeadInput):
+        if (u is not None or settings.greedy) and logits.streams(settings):
+            return draw_from_head(logits.hidden, logits.head.weight, temperature=settings.temperature,
+                                  softcap=logits.softcap, greedy=settings.greedy, uniforms=u)
+        logits = logits.logits()
     return choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                          greedy=settings.greedy, uniforms=u)
 
@@ -375,8 +448,10 @@ def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
         consts = decoder.Constants.build(prompts.hf, plen + prompts.max_new_tokens)
         state = _prefill_lean(prompts, consts, visible=plen)
     with monitor.phase("decode", **prompts.shapes):
-        _decode(state, prompts, lambda s, t: decoder.forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos,
-                                                             consts=consts, visible=plen + t + 1), drop_finished=True)
+        softcap = getattr(prompts.hf.config, "final_logit_softcapping", None)
+        _decode(state, prompts, lambda s, t: HeadInput(
+            decoder.forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
+                            visible=plen + t + 1, head=False), prompts.hf.lm_head, softcap), drop_finished=True)
         return _completions(state, prompts)
 
 
@@ -490,8 +565,10 @@ def completion_logprobs(
     chunk_rows: int | None = None,
     group_size: int = 1,
     padding_free: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
+    `entropy_grad=False`: no gradient will flow through the entropy (it may come back detached).
 
     One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
     the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`). Picks the forward:
@@ -507,7 +584,7 @@ def completion_logprobs(
     checkpointing = hf.training and _checkpointing(hf)
     if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
         return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, chunk_rows=chunk_rows,
-                               group_size=group_size)
+                               group_size=group_size, entropy_grad=entropy_grad)
     if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
@@ -517,11 +594,12 @@ def completion_logprobs(
             use_cache=False,
         ).last_hidden_state[:, prompt_len - 1 : -1, :]
     return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
-                                      softcap=_softcap(hf), chunk_rows=chunk_rows)
+                                      softcap=_softcap(hf), chunk_rows=chunk_rows, entropy_grad=entropy_grad)
 
 
 def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
-                    temperature: float, chunk_rows: int | None, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    temperature: float, chunk_rows: int | None, group_size: int,
+                    entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs` on the real tokens only: `decoder.packed_completion_hidden` computes no left padding,
     no padding after the stop tokens and each group's prompt once, and the LM head runs on the real completion
     tokens only; log-probs and entropies at padding are 0. The completion masks must be 1 up to the stop token
@@ -535,7 +613,7 @@ def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask
     flat_targets = targets.reshape(-1)[index]
     flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
     logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap=_softcap(hf),
-                                               chunk_rows=chunk_rows)
+                                               chunk_rows=chunk_rows, entropy_grad=entropy_grad)
 
     def unpacked(x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)

@@ -67,7 +67,8 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[to
     ids, attn = batch["input_ids"], batch["attention_mask"]
     hidden = hf.model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False).last_hidden_state
     logp, _ = token_logprobs_and_entropy(hidden[:, :-1], hf.lm_head.weight, ids[:, 1:],
-                                         softcap=getattr(hf.config, "final_logit_softcapping", None), with_entropy=False)
+                                         softcap=getattr(hf.config, "final_logit_softcapping", None), with_entropy=False,
+                                         entropy_grad=False)
     mask = batch["target_mask"].to(logp.dtype)
     tokens = mask.sum()
     return -(logp * mask).sum() / tokens.clamp(min=1), tokens

@@ -21,13 +21,15 @@ from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 from grpo_kit.sampling import completion_logprobs, encode_prompts, sample
 
 
-def gemma3_sliding(window: int = 6) -> torch.nn.Module:
+def gemma3_sliding(window: int = 6, vocab_size: int | None = None) -> torch.nn.Module:
     """The tiny Gemma 3 with half its layers on a sliding window (6 tokens: shorter than the prompts), and as in
     the real Gemma 3 a different RoPE base for them (local 10k, global 1M): a decoder that used one table for
     both kinds of layer would differ from HF's forward."""
     cfg = {k: v for k, v in TINY_CONFIG.items() if k != "architectures"}
     cfg.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"] * 2,
                rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+    if vocab_size is not None:
+        cfg["vocab_size"] = vocab_size
     config = AutoConfig.for_model(**cfg)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -57,7 +59,15 @@ def lora_gemma3() -> torch.nn.Module:
     return working_lora(add_lora(gemma3_sliding(), ModelConfig(lora=True)))
 
 
-MODELS = {"gemma3-sliding": gemma3_sliding, "gemma2-softcap": gemma2_softcapped, "gemma3-lora": lora_gemma3}
+def lora_gemma3_large_vocabulary() -> torch.nn.Module:
+    """LoRA on a Gemma 3 whose vocabulary (40,000) is large enough for the paths Gemma's 262k vocabulary takes:
+    the decode step's block-wise LM head (`decoder.lm_head_logits`) and the fused frozen-head log-probs
+    (`losses.frozen_head_logprobs`). Token ids stay below 106, as the test batches make them."""
+    return working_lora(add_lora(gemma3_sliding(vocab_size=40_000), ModelConfig(lora=True)))
+
+
+MODELS = {"gemma3-sliding": gemma3_sliding, "gemma2-softcap": gemma2_softcapped, "gemma3-lora": lora_gemma3,
+          "gemma3-lora-large-vocab": lora_gemma3_large_vocabulary}
 
 
 def grouped_batch(groups: int = 3, group: int = 4, prompt: int = 20, new: int = 14) -> tuple[torch.Tensor, ...]:
@@ -76,6 +86,10 @@ def grouped_batch(groups: int = 3, group: int = 4, prompt: int = 20, new: int = 
     completion_mask[6, 1:] = 0  # stopped at its first token
     completion_ids = completion_ids.masked_fill(completion_mask == 0, 0)
     return prompt_ids, prompt_mask, completion_ids, completion_mask
+
+
+def base_of(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def test_supports_gemma_only():
@@ -117,6 +131,8 @@ def test_finished_rows_leaving_the_batch_change_nothing(name):
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     stops = list(range(1, 20))
+    vocab = base_of(model).config.vocab_size
+    stops += list(range(106, vocab, 4))  # a large vocabulary: every 4th token stops too, so rows still finish early
     rolls = [sample(model, prompt_ids, prompt_mask, 24, stops, 0, temperature=1.0, generator=torch.Generator().manual_seed(4),
                     group_size=4, lean=lean) for lean in (True, False)]
     lengths = rolls[1].completion_mask.sum(1)

@@ -35,6 +35,46 @@ def test_recompute_gives_same_gradients():
     assert torch.allclose(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_the_fused_frozen_head_equals_the_plain_log_softmax_with_its_gradients(softcap):
+    """Several row and vocabulary blocks (300 tokens, 40,000 entries): log-probs, entropies and the gradient to the
+    hidden states through both, against log_softmax in float64."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 100, 32, requires_grad=True)
+    weight, ids = torch.randn(40_000, 32) * 0.3, torch.randint(0, 40_000, (3, 100))
+    g_logp, g_ent = torch.randn(3, 100), torch.randn(3, 100)
+    results = []
+    for fused in (True, False):
+        hidden.grad = None
+        h, w = (hidden, weight) if fused else (hidden.double(), weight.double())
+        logp, ent = L.token_logprobs_and_entropy(h, w, ids, temperature=0.7, softcap=softcap, fused=fused)
+        ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+        results.append((logp.detach().float(), ent.detach().float(), hidden.grad.clone()))
+    for got, want in zip(*results, strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (got - want).abs().max()
+    assert results[0][2].abs().max() > 0.1  # gradients that mean something
+
+
+def _backward_ops(t: torch.Tensor, depth: int = 3) -> set[str]:
+    names, frontier = set(), [t.grad_fn]
+    for _ in range(depth):
+        frontier = [f for f in frontier if f is not None]
+        names |= {type(f).__name__ for f in frontier}
+        frontier = [n for f in frontier for n, _ in f.next_functions]
+    return names
+
+
+def test_the_fused_head_skips_the_entropy_gradient_when_told_and_is_picked_only_for_a_frozen_large_head():
+    hidden, weight, ids = torch.randn(2, 5, 8, requires_grad=True), torch.randn(40_000, 8), torch.randint(0, 40_000, (2, 5))
+    logp, ent = L.token_logprobs_and_entropy(hidden, weight, ids, entropy_grad=False)
+    assert "_FrozenHeadLogprobsBackward" in _backward_ops(logp) and ent.grad_fn is None
+    logp.sum().backward()
+    trainable = torch.randn(40_000, 8, requires_grad=True)
+    assert "_FrozenHeadLogprobsBackward" not in _backward_ops(L.token_logprobs_and_entropy(hidden, trainable, ids)[0], depth=8)
+    with pytest.raises(ValueError, match="LM head weight requires grad"):
+        L.frozen_head_logprobs(hidden.view(-1, 8), trainable, ids.view(-1))
+
+
 def test_kl_estimators_by_hand():
     logp, ref = torch.tensor([-1.0]), torch.tensor([-2.0])
     assert L.kl_estimate(logp, ref, "k1").item() == pytest.approx(1.0)
