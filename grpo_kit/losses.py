@@ -127,7 +127,8 @@ class _FrozenHeadLogprobs(torch.autograd.Function):
     ∂log π(y_t)/∂h_t = (c_y W_y − E_t)/T and ∂H_t/∂h_t = −E_z,t/T, both kept from the forward pass."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, ids, temperature, softcap, entropy_grad):  # noqa: ANN001, ANN205
+    def forward(ctx, hidden, weight, ids, settings):  # noqa: ANN001, ANN205
+        temperature, softcap, entropy_grad = settings
         target_w = weight[ids].float()
         target = (hidden.float() * target_w).sum(1)  # h·W_y
         if softcap:
@@ -147,7 +148,7 @@ class _FrozenHeadLogprobs(torch.autograd.Function):
         grad = grad_logp.unsqueeze(1) * logp_slope
         if expect_z is not None and grad_entropy is not None:
             grad = grad - grad_entropy.unsqueeze(1) * expect_z
-        return (grad / ctx.temperature).to(ctx.dtype), None, None, None, None, None
+        return (grad / ctx.temperature).to(ctx.dtype), None, None, None
 
 
 def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
@@ -160,7 +161,7 @@ def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
     Gradients reach `hidden` only. `entropy_grad=False`: H_t is returned detached."""
     if weight.requires_grad and torch.is_grad_enabled():
         raise ValueError("frozen_head_logprobs: the LM head weight requires grad (full fine-tuning); use token_logprobs_and_entropy")
-    logp, entropy = _FrozenHeadLogprobs.apply(hidden, weight.detach(), ids, temperature, softcap, entropy_grad)
+    logp, entropy = _FrozenHeadLogprobs.apply(hidden, weight.detach(), ids, (temperature, softcap, entropy_grad))
     return logp, entropy if entropy_grad else entropy.detach()
 
 
