@@ -99,23 +99,35 @@ def _frozen_head_block(hidden: torch.Tensor, weight: torch.Tensor, *, temperatur
     m = hidden.new_full((rows, 1), float("-inf"), dtype=torch.float32)
     total, total_z = (hidden.new_zeros((rows, 1), dtype=torch.float32) for _ in range(2))
     expect, expect_z = (hidden.new_zeros((rows, width), dtype=torch.float32) for _ in range(2))
+    # block-sized buffers written in place: a fresh 16 MiB tensor per operation costs more in page faults
+    # than the operation itself on a CPU
+    z_buffer, p_buffer, pz_buffer = (hidden.new_empty((rows, FUSED_COLUMNS), dtype=torch.float32) for _ in range(3))
     for start in range(0, weight.shape[0], FUSED_COLUMNS):
         w = weight[start : start + FUSED_COLUMNS]
-        z = torch.mm(hidden, w.T).float()
+        cols = w.shape[0]
+        z, p = z_buffer[:, :cols], p_buffer[:, :cols]
+        if hidden.dtype == torch.float32 and cols == FUSED_COLUMNS:
+            torch.mm(hidden, w.T, out=z)
+        else:
+            z.copy_(torch.mm(hidden, w.T))
         if softcap:
-            capped = torch.tanh(z / softcap)
-            z, slope = softcap * capped, 1 - capped * capped
-        z = z / temperature
+            z.div_(softcap).tanh_()
+            slope = 1 - z * z
+            z.mul_(softcap)
+        if temperature != 1.0:
+            z.div_(temperature)
         m_new = torch.maximum(m, z.amax(1, keepdim=True))
-        rescale, p = torch.exp(m - m_new), torch.exp(z - m_new)
+        rescale = torch.exp(m - m_new)
+        torch.sub(z, m_new, out=p).exp_()
         m = m_new
         total = total * rescale + p.sum(1, keepdim=True)
-        total_z = total_z * rescale + (p * z).sum(1, keepdim=True)
-        pc = p * slope if softcap else p
+        total_z = total_z * rescale + torch.mul(p, z, out=pz_buffer[:, :cols]).sum(1, keepdim=True)
+        if softcap:
+            p.mul_(slope)
         w32 = w.float()
-        expect = expect * rescale + torch.mm(pc, w32)
+        expect = expect * rescale + torch.mm(p, w32)
         if entropy_grad:
-            expect_z = expect_z * rescale + torch.mm(pc * z, w32)
+            expect_z = expect_z * rescale + torch.mm(p.mul_(z), w32)
     mean_z = total_z / total
     expect = expect / total
     expect_z = expect_z / total - mean_z * expect if entropy_grad else None
