@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench lint clean platforms
+.PHONY: demo test setup browser bench bench-twice lint clean platforms
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,9 +51,16 @@ test: $(STAMP) $(CLASSIC_STAMP) browser
 platforms: $(STAMP)
 	$(BIN)/python scripts/platforms.py
 
-# docs/benchmarks.md and its plots, from one run (≈ 25 minutes on 2 cores; `grpo-kit bench --quick` ≈ 10).
+# docs/benchmarks.md and its plots, from one run (`grpo-kit bench --quick` ≤ 25 minutes on 2 cores).
 bench: $(STAMP)
 	$(BIN)/grpo-kit bench --report docs
+
+# Two quick bench runs in a row and how far each ratio moved between them (the goal: within 15 %).
+bench-twice: $(STAMP)
+	mkdir -p runs
+	$(BIN)/grpo-kit bench --quick --json > runs/bench-quick-1.json
+	$(BIN)/grpo-kit bench --quick --json > runs/bench-quick-2.json
+	$(BIN)/python -m grpo_kit.devtools.bench agree runs/bench-quick-1.json runs/bench-quick-2.json
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts

@@ -241,6 +241,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .devtools.bench import BenchSizes, run_bench, write_report
 
     sizes = BenchSizes.quick() if args.quick else BenchSizes.full()
+    if args.no_real_model:
+        sizes = dataclasses.replace(sizes, real_model=None)
     result = run_bench(sizes, xla=not args.no_xla, progress=not args.quiet)
     if args.report:
         print(f"wrote {write_report(result, args.report)}", file=sys.stderr)
@@ -315,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_smoke)
     p = sub.add_parser("bench", help="(developer) kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy per second")
-    p.add_argument("--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ~10 minutes on 2 cores")
+    p.add_argument("--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ≤ 25 minutes on 2 cores")
     p.add_argument("--no-xla", action="store_true", help="skip the XLA graph counts")
+    p.add_argument("--no-real-model", action="store_true", help="skip the real-model section (Gemma 3 270M)")
     p.add_argument("--report", default=None, help="write DIR/benchmarks.md, DIR/bench_*.png and DIR/benchmarks.json (e.g. docs)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -197,6 +197,12 @@ class GRPOConfig:
     matrix and unpacked for attention (`decoder.packed_completion_hidden`). Same log-probs and gradients (up
     to float order). XLA keeps the padded fixed shapes (packed sizes change every step: a new graph each
     time); under gradient checkpointing the padded forward runs too."""
+    reuse_sampler_head: bool = True
+    """On the CPU, with a frozen LM head of ≥ 32k entries (LoRA), no final softcap, no dropout and entropy_coef 0:
+    the sampler also keeps, for each token it draws, the policy's expected head row E = Σ_v π_v W_v (one more
+    product with the head per token, streamed with the draw), and the update's first pass takes log π's gradient
+    from it, ∂log π(y)/∂h = (W_y − E)/T, instead of running the head again (two products per token). The weights
+    are those the tokens were sampled with, so the gradients are the same up to float order; False recomputes."""
     advantage: str = "zscore"
     """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
     `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""

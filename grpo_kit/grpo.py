@@ -47,9 +47,9 @@ from .device import (
 )
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
-from .models import ReferencePolicy, is_lora
+from .models import ReferencePolicy, base_model, is_lora
 from .rewards import RewardFunc, compute_rewards, reward_name
-from .sampling import Rollout, completion_logprobs, encode_prompts, prompt_tokens, sample
+from .sampling import Rollout, SampledHead, completion_logprobs, encode_prompts, prompt_tokens, sample
 from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
 
 # The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
@@ -162,6 +162,7 @@ class GRPOTrainer:
             self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
             group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
+            head_moments=self._reuses_sampler_head(),
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
@@ -204,23 +205,28 @@ class GRPOTrainer:
         temperature = controls["temperature"]
         group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
 
-        def logprobs(model: torch.nn.Module, m: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
             return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group, padding_free=cfg.padding_free,
-                                       entropy_grad=cfg.entropy_coef != 0)
+                                       entropy_grad=cfg.entropy_coef != 0, sampled=head)
 
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
+        clock = _PhaseClock()
         with torch.no_grad(), monitor.phase("logprob", **shapes):
             old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=isinstance(beta, torch.Tensor) or beta > 0)
+        clock.lap("logprob_seconds")
         self.model.train()
-        sums: dict[str, torch.Tensor] = {}
+        sums: dict[str, torch.Tensor | float] = {}
         grad_norms, skipped = [], torch.zeros((), device=self.device)
-        for _ in range(cfg.num_iterations):
+        for iteration in range(cfg.num_iterations):
+            # the first pass runs on the weights the rollout sampled with: the sampler's head moments stand in for the head
+            sampled = iteration == 0 and roll.head_mean is not None
             with monitor.phase("train", **shapes):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_total = torch.zeros((), device=self.device)
                 for m in micro:
-                    logp, entropy = logprobs(self.model, m)
+                    logp, entropy = logprobs(self.model, m, sampled=sampled)
                     old = old_logp[m] if old_logp is not None else logp.detach()
                     loss, stats = policy_loss(
                         logp, old, adv[m], loss_mask[m],
@@ -230,7 +236,9 @@ class GRPOTrainer:
                         entropy=entropy, entropy_coef=cfg.entropy_coef, max_completion_length=cfg.max_new_tokens,
                         total_sequences=n, total_tokens=total_tokens,
                     )
+                    clock.lap("forward_seconds")
                     loss.backward()
+                    clock.lap("backward_seconds")
                     loss_total = loss_total + loss.detach()
                     share = (m.stop - m.start) / n / cfg.num_iterations
                     for k, v in stats.items():
@@ -238,11 +246,23 @@ class GRPOTrainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 skipped = skipped + guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss_total)
                 mark_step(self.device)
+                clock.lap("optimizer_seconds")
             grad_norms.append(grad_norm)
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
         sums["grad_norm"] = torch.stack(grad_norms).mean()
         sums["skipped_updates"] = skipped
-        return sums
+        return {**sums, **clock.seconds}
+
+    def _reuses_sampler_head(self) -> bool:
+        """`GRPOConfig.reuse_sampler_head` applies: the update's forward would see the hidden states the sampler saw
+        (no dropout) through a frozen, large, uncapped LM head on the CPU, and no gradient flows through the entropy."""
+        hf = base_model(self.model)
+        head = hf.get_output_embeddings()
+        return bool(
+            self.config.reuse_sampler_head and self.config.entropy_coef == 0 and self.device.type == "cpu"
+            and head is not None and not head.weight.requires_grad and head.weight.shape[0] >= 32768
+            and not getattr(hf.config, "final_logit_softcapping", None) and not getattr(hf.config, "attention_dropout", 0.0)
+            and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()))
 
     def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
                         micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -289,6 +309,7 @@ class GRPOTrainer:
         t_rollout = time.perf_counter()
         result, texts, prompts, lengths = self.score(rows, roll, controls)  # 2
         adv = self.advantages(result.total)  # 3
+        t_reward = time.perf_counter()
         device_stats = self.update(roll, adv, step_controls, step_beta)  # 4
         self.step += 1
 
@@ -305,7 +326,7 @@ class GRPOTrainer:
             step=self.step, lr=controls["learning_rate"] * warmup, beta=beta, temperature=controls["temperature"],
             top_p=controls["top_p"], epsilon=controls["epsilon"], controls_version=controls["version"],
             reward_weights=dict(zip(result.names, result.weights, strict=True)),
-            step_seconds=elapsed, rollout_seconds=t_rollout - start,
+            step_seconds=elapsed, rollout_seconds=t_rollout - start, reward_seconds=t_reward - t_rollout,
             tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),
             completions=self._logged_completions(result, adv, prompts, texts),
         )
@@ -431,6 +452,21 @@ class GRPOTrainer:
         # prompt order continues from the same seed: skip the prompts already used
         for _ in itertools.repeat(None, self.step * self.config.prompts_per_step):
             next(self.prompts)
+
+
+class _PhaseClock:
+    """Host seconds per phase of the update (`lap(name)` adds the time since the previous lap to `name`). On cpu
+    the work runs as it is issued; on cuda and XLA it is queued, so device time lands in the phase that waits
+    for it (on XLA: `optimizer_seconds`, which holds the step's `mark_step`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
 
 
 def _num(x: torch.Tensor) -> float | None:

@@ -177,6 +177,21 @@ def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
     return logp, entropy if entropy_grad else entropy.detach()
 
 
+def logprobs_from_head_mean(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *, logprobs: torch.Tensor,
+                            head_mean: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """log π(y_t) through a frozen LM head W (no softcap) from what the sampler kept when it drew y_t from the same
+    policy: its log-prob and the expected head row E_t = Σ_v π_v W_v (`sampling.HeadMoments`). No pass over the
+    vocabulary:
+
+        log π(y_t) = logprobs_t + (h_t − sg(h_t)) · (W_{y_t} − E_t) / T
+
+    Its value is `logprobs`; its gradient with respect to h_t is (W_{y_t} − E_t)/T, the exact gradient of
+    log softmax(h_t Wᵀ/T)_{y_t} — so long as h_t is the hidden state the sampler saw (the same weights, no dropout),
+    up to float summation order. Shapes: hidden (…, d), ids/logprobs (…), head_mean (…, d)."""
+    rows = torch.nn.functional.embedding(ids, weight.detach()).float()
+    return logprobs + ((hidden.float() - hidden.float().detach()) * (rows - head_mean)).sum(-1) / temperature
+
+
 LOGIT_CHUNK_ELEMENTS = 2**27
 """Logits computed at once: 2²⁷ fp32 values = 512 MiB (the tiny model's 106-token vocabulary fits whole
 batches; Gemma's 262k vocabulary gets 2 rows of 256 tokens per chunk)."""

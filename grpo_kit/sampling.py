@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -25,7 +25,7 @@ from transformers import DynamicCache, StaticCache
 from . import decoder
 from .decoder import position_ids_from_mask
 from .device import compile_monitor, host_syncs_are_cheap, mark_step, padded_rows, shard_batch
-from .losses import token_logprobs_and_entropy
+from .losses import logprobs_from_head_mean, token_logprobs_and_entropy
 from .models import base_model
 
 
@@ -45,10 +45,17 @@ class Rollout:
     """(B, N) log-prob of each sampled token under the temperature-scaled policy at sampling time."""
     truncated: torch.Tensor
     """(B,) True where no stop token appeared within N tokens."""
+    head_mean: torch.Tensor | None = None
+    """(B, N, d) at each sampled position, the policy's expected LM-head row Σ_v π_v W_v under the temperature-scaled
+    distribution over the whole vocabulary (0 after the stop token); only from `sample(..., head_moments=True)`.
+    With the sampled token's row W_y, (W_y − head_mean)/T is the gradient of log π(y) with respect to the final
+    hidden state — what the update needs from the LM head (`losses.logprobs_from_head_mean`)."""
+    entropy: torch.Tensor | None = None
+    """(B, N) the entropy of that distribution (0 after the stop token); with `head_mean`."""
 
     def head(self, rows: int) -> Rollout:
         """The first `rows` rows."""
-        return Rollout(*(getattr(self, f.name)[:rows] for f in fields(self)))
+        return Rollout(*(None if (x := getattr(self, f.name)) is None else x[:rows] for f in fields(self)))
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -62,7 +69,9 @@ class Rollout:
         if width == self.completion_ids.shape[1]:
             return self
         return replace(self, completion_ids=self.completion_ids[:, :width],
-                       completion_mask=self.completion_mask[:, :width], sampling_logprobs=self.sampling_logprobs[:, :width])
+                       completion_mask=self.completion_mask[:, :width], sampling_logprobs=self.sampling_logprobs[:, :width],
+                       head_mean=None if self.head_mean is None else self.head_mean[:, :width],
+                       entropy=None if self.entropy is None else self.entropy[:, :width])
 
     @property
     def attention_mask(self) -> torch.Tensor:
@@ -186,6 +195,37 @@ def choose_tokens(
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+class HeadMoments(NamedTuple):
+    """What the update needs from the LM head at a sampled position, computed while sampling it."""
+
+    mean_row: torch.Tensor
+    """(B, d) Σ_v π_v W_v: the LM head's rows weighted by the temperature-scaled policy."""
+    entropy: torch.Tensor
+    """(B,) H = logsumexp(z) − Σ_v π_v z_v."""
+
+
+def head_moments(logits: torch.Tensor, weight: torch.Tensor, temperature: float | torch.Tensor) -> HeadMoments:
+    """`HeadMoments` from full logits (B, V) = h Wᵀ (no final softcap: with one, ∂z/∂h is not W):
+    π = softmax(z/T), mean_row = π W, H = logsumexp(z/T) − Σ π z/T."""
+    t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
+    z = logits.float() / t
+    logp = torch.log_softmax(z, dim=-1)
+    probs = logp.exp()
+    return HeadMoments(probs @ weight.float(), -(probs * logp).sum(-1))
+
+
+class SampledHead(NamedTuple):
+    """What a rollout kept of the LM head at each of its completion tokens (B, N …), for the update to use in place
+    of its own pass over the head (`losses.logprobs_from_head_mean`)."""
+
+    logprobs: torch.Tensor
+    """(B, N) `Rollout.sampling_logprobs`."""
+    head_mean: torch.Tensor
+    """(B, N, d) `Rollout.head_mean`."""
+    entropy: torch.Tensor
+    """(B, N) `Rollout.entropy`."""
+
+
 @dataclass
 class HeadInput:
     """A decode step's final hidden states (B, d) with the LM head still to apply: `_draw` streams the head
@@ -208,7 +248,8 @@ class HeadInput:
 
 
 def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
-                   softcap: float | None, greedy: bool, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   softcap: float | None, greedy: bool, uniforms: torch.Tensor | None,
+                   moments: bool = False) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
     leave the cache: for each block (decoder.LM_HEAD_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
     maximum m_b and the masses Σ exp(z − m_b) of its SAMPLE_BLOCK-entry tiles (greedy: its best entry). Then
@@ -217,7 +258,11 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
         (SAMPLE_BLOCK × d per row), gives the token as `inverse_cdf` does, and log π = z_token − lse.
 
     Same tokens as `choose_tokens` on the full logits except where u lands within float rounding of a CDF
-    boundary; log-probs equal up to float summation order."""
+    boundary; log-probs equal up to float summation order. With `moments` (no softcap) the same pass also gives
+    `HeadMoments`: per block Σ e^{z−m_b} W_blk and Σ e^{z−m_b} z, rescaled by e^{m_b − M} and summed — one more
+    product per block; returned third (else None)."""
+    if moments and softcap:
+        raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
     rows, vocab, block = hidden.shape[0], weight.shape[0], decoder.LM_HEAD_BLOCK
     t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
     h = hidden.float()
@@ -227,21 +272,33 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
         return (torch.tanh(z / softcap) * softcap if softcap else z) / t
 
     # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
-    maxima, masses, best = [], [], []
+    maxima, masses, best, rows_sums, z_sums = [], [], [], [], []
     for start in range(0, vocab, block):
-        z = scaled(torch.mm(weight[start : start + block], xt))
+        w = weight[start : start + block]
+        z = scaled(torch.mm(w, xt))
         m = z.amax(0, keepdim=True)
         maxima.append(m)
-        masses.append(torch.exp(z - m).view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
+        e = torch.exp(z - m)
+        masses.append(e.view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
+        if moments:
+            rows_sums.append(torch.mm(e.T, w))  # (rows, d)
+            z_sums.append((e * z).sum(0))
         if greedy:
             best.append(z.argmax(0) + start)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
-    tiles = torch.cat([mass * torch.exp(maxima[b] - top) for b, mass in enumerate(masses)]).T  # (rows, V/512)
+    scales = torch.exp(maxima - top)  # (blocks, rows)
+    tiles = torch.cat([mass * scales[b] for b, mass in enumerate(masses)]).T  # (rows, V/512)
     cdf = tiles.cumsum(1)
-    lse = top + torch.log(cdf[:, -1])
+    total = cdf[:, -1]
+    lse = top + torch.log(total)
+    found = None
+    if moments:
+        weights = (scales / total).unsqueeze(-1)  # (blocks, rows, 1): e^{m_b − M} / Σ e^{z − M}
+        found = HeadMoments((torch.stack(rows_sums) * weights).sum(0),
+                            lse - (torch.stack(z_sums) * weights.squeeze(-1)).sum(0))
     if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
-        return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse
+        return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse, found
     target = uniforms.to(cdf.dtype) * cdf[:, -1]
     tile = (cdf < target.unsqueeze(1)).sum(1).clamp(max=tiles.shape[1] - 1)
     before = (cdf.gather(1, tile.unsqueeze(1)) - tiles.gather(1, tile.unsqueeze(1))).squeeze(1)
@@ -250,7 +307,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
                                  for r, s in enumerate(tile.tolist())]))
     inside = torch.exp(z_tile - top.unsqueeze(1)).cumsum(1) + before.unsqueeze(1)
     offset = (inside < target.unsqueeze(1)).sum(1).clamp(max=SAMPLE_BLOCK - 1)
-    return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse
+    return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse, found
 
 
 @dataclass(frozen=True)
@@ -285,6 +342,8 @@ class Prompts:
     """(B, N) one U(0, 1) per row and step (None when greedy)."""
     can_peek: bool
     """Host reads of device values are cheap (cpu/cuda): the loop may stop once every row has finished."""
+    moments_of: torch.Tensor | None = None
+    """The LM head's weight W when `HeadMoments` are kept for every sampled token (else None)."""
 
     @property
     def length(self) -> int:
@@ -330,9 +389,11 @@ class SamplerState:
     """(B',) which of the B rows these are."""
     written: torch.Tensor | None = None
     """(B',) what goes into the completion (`<pad>` on finished rows) and is fed to the next step."""
-    steps: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
-    """Per step (rows, tokens, log-probs, alive), stacked once at the end: writing into a buffer at a Python
-    index t would bake t into the graph and compile one graph per token on XLA."""
+    moments: HeadMoments | None = None
+    """The head moments of the token just drawn (`Prompts.moments_of`)."""
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    """Per step (rows, tokens, log-probs, alive, moments), stacked once at the end: writing into a buffer at a
+    Python index t would bake t into the graph and compile one graph per token on XLA."""
 
     def keep(self, keep: torch.Tensor) -> None:
         """Only the rows at `keep` go on decoding (each drop copies their KV cache)."""
@@ -343,16 +404,18 @@ class SamplerState:
 
 
 def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
-          settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device)."""
+          settings: SamplingSettings, moments_of: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+    """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device); with
+    `moments_of` (the head's weight) also the `HeadMoments` of the full temperature-scaled distribution."""
     u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
     if isinstance(logits, HeadInput):
         if (u is not None or settings.greedy) and logits.streams(settings):
             return draw_from_head(logits.hidden, logits.head.weight, temperature=settings.temperature,
-                                  softcap=logits.softcap, greedy=settings.greedy, uniforms=u)
+                                  softcap=logits.softcap, greedy=settings.greedy, uniforms=u, moments=moments_of is not None)
         logits = logits.logits()
-    return choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                         greedy=settings.greedy, uniforms=u)
+    token, logprob = choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                                   greedy=settings.greedy, uniforms=u)
+    return token, logprob, None if moments_of is None else head_moments(logits, moments_of, settings.temperature)
 
 
 def _start(prompts: Prompts, cache: Any, logits: torch.Tensor) -> SamplerState:
@@ -364,10 +427,11 @@ def _start(prompts: Prompts, cache: Any, logits: torch.Tensor) -> SamplerState:
     # made on the CPU and split like the batch: the decode steps then see the same layout
     alive = shard_batch(torch.ones(batch, dtype=torch.bool).to(device))
     rows = torch.arange(batch, device=device)
-    token, logprob = _draw(logits, uniforms=prompts.uniforms, step_index=step_index, settings=prompts.settings)
+    token, logprob, moments = _draw(logits, uniforms=prompts.uniforms, step_index=step_index, settings=prompts.settings,
+                                    moments_of=prompts.moments_of)
     mark_step(device)
     return SamplerState(cache=cache, token=token, logprob=logprob, uniforms=prompts.uniforms, step_index=step_index,
-                        next_pos=next_pos, cache_pos=cache_pos, alive=alive, rows=rows)
+                        next_pos=next_pos, cache_pos=cache_pos, alive=alive, rows=rows, moments=moments)
 
 
 def _prefill_lean(prompts: Prompts, consts: decoder.Constants, visible: int | None) -> SamplerState:
@@ -385,8 +449,12 @@ def _prefill_lean(prompts: Prompts, consts: decoder.Constants, visible: int | No
 def _record(state: SamplerState, prompts: Prompts) -> None:
     """Keep the token just drawn (`<pad>` on finished rows); a stop token ends its row after this step."""
     state.written = torch.where(state.alive, state.token, prompts.pad[: len(state.rows)])
+    moments = None
+    if state.moments is not None:  # zero after the stop token, as the log-probs are
+        moments = HeadMoments(torch.where(state.alive.unsqueeze(1), state.moments.mean_row, 0.0),
+                              torch.where(state.alive, state.moments.entropy, 0.0))
     state.steps.append((state.rows, state.written, torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
-                        state.alive))
+                        state.alive, moments))
     state.alive = state.alive & ~(state.token.unsqueeze(-1) == prompts.stop).any(-1)  # torch.isin has no XLA lowering
 
 
@@ -408,8 +476,8 @@ def _decode(state: SamplerState, prompts: Prompts, step_logits: Callable[[Sample
                 state.keep(state.alive.nonzero().squeeze(1))
         logits = step_logits(state, t)
         state.step_index = state.step_index + 1
-        state.token, state.logprob = _draw(logits, uniforms=state.uniforms, step_index=state.step_index,
-                                           settings=prompts.settings)
+        state.token, state.logprob, state.moments = _draw(logits, uniforms=state.uniforms, step_index=state.step_index,
+                                                          settings=prompts.settings, moments_of=prompts.moments_of)
         state.next_pos = state.next_pos + 1
         state.cache_pos = state.cache_pos + 1
         mark_step(prompts.ids.device)
@@ -418,7 +486,10 @@ def _decode(state: SamplerState, prompts: Prompts, step_logits: Callable[[Sample
 def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tensor]:
     """The steps stacked into (B, N) completions; rows that left the batch early are scattered back."""
     batch, device = prompts.ids.shape[0], prompts.ids.device
-    rows, tokens, logprobs, alive = (list(x) for x in zip(*state.steps, strict=True))
+    rows, tokens, logprobs, alive, moments = (list(x) for x in zip(*state.steps, strict=True))
+    kept = {}
+    if moments[0] is not None:
+        kept = {"head_mean": [m.mean_row for m in moments], "entropy": [m.entropy for m in moments]}
     if any(r.shape[0] != batch for r in rows):
         def scatter(fill: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
             return [fill.index_copy(0, r, x) for r, x in zip(rows, values, strict=True)]
@@ -426,6 +497,7 @@ def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tenso
         tokens = scatter(prompts.pad, tokens)
         logprobs = scatter(torch.zeros_like(prompts.pad, dtype=logprobs[0].dtype), logprobs)
         alive = scatter(torch.zeros_like(prompts.pad, dtype=torch.bool), alive)
+        kept = {k: scatter(v[0].new_zeros(batch, *v[0].shape[1:]), v) for k, v in kept.items()}
     missing = prompts.max_new_tokens - len(tokens)  # cpu/cuda stopped early: every row had finished
     truncated = state.alive
     if state.rows.shape[0] != batch:
@@ -433,7 +505,8 @@ def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tenso
     result = {"completion_ids": torch.stack(tokens + [prompts.pad] * missing, dim=1),
               "sampling_logprobs": torch.stack(logprobs + [torch.zeros_like(logprobs[0])] * missing, dim=1),
               "completion_mask": torch.stack(alive + [torch.zeros_like(alive[0])] * missing, dim=1).long(),
-              "truncated": truncated}
+              "truncated": truncated,
+              **{k: torch.stack(v + [torch.zeros_like(v[0])] * missing, dim=1) for k, v in kept.items()}}
     mark_step(device)
     return result
 
@@ -511,6 +584,7 @@ def sample(
     group_size: int = 1,
     lean: bool | None = None,
     compiled: bool = False,
+    head_moments: bool = False,
 ) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
@@ -519,7 +593,10 @@ def sample(
     modules) — `sample_eager` on cpu/cuda, `sample_fixed` on XLA or with `compiled` (`torch.compile` on
     cpu/cuda) — others through HF's forward (`sample_hf`). `lean` None = the lean forward when
     `decoder.supports` the model; False forces HF's. `group_size` G > 1 says rows come in groups of G copies of
-    one prompt (as the trainer lays them out): the lean prefill then runs each prompt once.
+    one prompt (as the trainer lays them out): the lean prefill then runs each prompt once. `head_moments` keeps,
+    for every sampled token, the policy's expected LM-head row and entropy (`Rollout.head_mean`, `.entropy`):
+    one more product with the head per token (streamed with the draw on the CPU), which the update can use in place
+    of its own pass over the head. The model's LM head must have no final softcap.
     """
     device = next(model.parameters()).device
     rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
@@ -532,15 +609,19 @@ def sample(
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
         return sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                       pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                      lean=lean, compiled=compiled).head(rows_given)
+                      lean=lean, compiled=compiled, head_moments=head_moments).head(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
+    if head_moments and getattr(hf.config, "final_logit_softcapping", None):
+        raise ValueError("sample(head_moments=True) needs an LM head without a final softcap "
+                         f"({type(hf).__name__} has final_logit_softcapping={hf.config.final_logit_softcapping})")
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     uniforms = None if greedy else _uniforms(ids.shape[0], max_new_tokens, generator=generator, device=device)
     prompts = Prompts(model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
                       stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
                       settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
-                      group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device))
+                      group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
+                      moments_of=hf.get_output_embeddings().weight if head_moments else None)
     was_training = model.training
     model.eval()
     try:
@@ -566,9 +647,12 @@ def completion_logprobs(
     group_size: int = 1,
     padding_free: bool = False,
     entropy_grad: bool = True,
+    sampled: SampledHead | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
-    `entropy_grad=False`: no gradient will flow through the entropy (it may come back detached).
+    `entropy_grad=False`: no gradient will flow through the entropy (it may come back detached). `sampled`: what
+    the sampler kept of the head when it drew these tokens with this model's current weights — the head is then
+    not applied at all (`losses.logprobs_from_head_mean`; the entropy comes back as sampled, detached).
 
     One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
     the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`). Picks the forward:
@@ -584,7 +668,7 @@ def completion_logprobs(
     checkpointing = hf.training and _checkpointing(hf)
     if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
         return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, chunk_rows=chunk_rows,
-                               group_size=group_size, entropy_grad=entropy_grad)
+                               group_size=group_size, entropy_grad=entropy_grad, sampled=sampled)
     if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
@@ -593,13 +677,16 @@ def completion_logprobs(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
             use_cache=False,
         ).last_hidden_state[:, prompt_len - 1 : -1, :]
+    if sampled is not None:
+        return logprobs_from_head_mean(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], logprobs=sampled.logprobs,
+                                       head_mean=sampled.head_mean, temperature=temperature), sampled.entropy
     return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
                                       softcap=_softcap(hf), chunk_rows=chunk_rows, entropy_grad=entropy_grad)
 
 
 def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
                     temperature: float, chunk_rows: int | None, group_size: int,
-                    entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                    entropy_grad: bool = True, sampled: SampledHead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs` on the real tokens only: `decoder.packed_completion_hidden` computes no left padding,
     no padding after the stop tokens and each group's prompt once, and the LM head runs on the real completion
     tokens only; log-probs and entropies at padding are 0. The completion masks must be 1 up to the stop token
@@ -607,6 +694,15 @@ def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask
     targets = input_ids[:, prompt_len:]
     check_grouped(input_ids[:, :prompt_len], group_size)
     hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
+
+    def unpacked(x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
+
+    if sampled is not None:
+        logp = logprobs_from_head_mean(hidden, hf.lm_head.weight, targets.reshape(-1)[index],
+                                       logprobs=sampled.logprobs.reshape(-1)[index],
+                                       head_mean=sampled.head_mean.reshape(-1, hidden.shape[1])[index], temperature=temperature)
+        return unpacked(logp), sampled.entropy
     width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
     rows = -(-index.numel() // width)
     hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
@@ -614,10 +710,6 @@ def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask
     flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
     logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap=_softcap(hf),
                                                chunk_rows=chunk_rows, entropy_grad=entropy_grad)
-
-    def unpacked(x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
-
     return unpacked(logp), unpacked(entropy)
 
 

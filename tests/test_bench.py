@@ -20,9 +20,10 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     env = {**os.environ, "PJRT_DEVICE": "CPU", "USE_TORCH_XLA": "0"}
     script = (
         "import json; from grpo_kit.devtools.bench import BenchSizes, run_bench, write_report\n"
-        "sizes = BenchSizes(prompts=2, group=4, new_tokens=8, repeats=1, rollout_repeats=1, sft_steps=10,\n"
+        "sizes = BenchSizes(prompts=2, group=4, new_tokens=8, repeats=2, rollout_repeats=2, sft_steps=10,\n"
         "                   xla_token_counts=(4, 8), learning_budget_s=3, eval_every_s=1, num_eval=8,\n"
-        "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8})\n"
+        "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
+        "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2)\n"
         f"result = run_bench(sizes, progress=False); write_report(result, {str(tmp_path)!r})\n"
         "print(json.dumps({k: v for k, v in result.items() if k != 'details'}, default=str))\n"
     )
@@ -33,6 +34,18 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
         assert result[key] > 0
     assert set(result["grpo_step_s"]) == set(result["trl_step_s"]) == {"0.0", "0.04"}
     assert all(v > 0 for v in [*result["grpo_step_s"].values(), *result["trl_step_s"].values()])
+    low, high = result["sampler_speedup_spread"]
+    assert low <= result["sampler_speedup"] <= high
+    for beta, ratio in result["step_time_ratio"].items():  # the median of pairs lies within their spread
+        assert result["step_time_ratio_spread"][beta][0] <= ratio <= result["step_time_ratio_spread"][beta][1]
+
+    # the real-model section: the real Gemma 3 270M (offline copy), both sides timed
+    assert result["real_model"] == "gemma-3-270m"
+    for key in ("real_rollout_tokens_per_s", "real_hf_generate_tokens_per_s", "real_grpo_step_s", "real_trl_step_s"):
+        assert result[key] > 0, key
+    assert set(result["real_breakdown"]) == {f"{p}_s" for p in ("rollout", "reward", "logprob", "forward", "backward", "optimizer")}
+    assert sum(result["real_breakdown"].values()) <= result["real_grpo_step_s"] * 1.01 + 0.02
+    assert result["real_rollout_speedup_spread"][0] <= result["real_rollout_speedup"] <= result["real_rollout_speedup_spread"][1]
 
     kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
     assert set(kit) == set(hf) == {"4", "8"}
@@ -46,6 +59,20 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
 
     report = (tmp_path / "benchmarks.md").read_text()
     assert "| rollout tokens/s" in report and "TRL" in report
+    assert "**gemma-3-270m**" in report and "step by phase" in report
     for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "benchmarks.json").read_text())["sizes"]["new_tokens"] == 8
+
+
+def test_paired_ratios_and_run_agreement():
+    from grpo_kit.devtools.bench import paired_ratio, ratio_agreement
+
+    ratio = paired_ratio([1.0, 2.0, 6.0], [2.0, 2.0, 3.0])  # pairs 0.5, 1, 2
+    assert (ratio["median"], ratio["min"], ratio["max"]) == (1.0, 0.5, 2.0)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0, 2.0], [1.0])  # unpaired repeats are a bug in the caller
+    first = {"sampler_speedup": 2.0, "step_time_ratio": {"0.0": 0.5, "0.04": 0.4}, "real_step_time_ratio": None}
+    second = {"sampler_speedup": 2.2, "step_time_ratio": {"0.0": 0.45, "0.04": 0.4}, "real_step_time_ratio": 0.3}
+    gaps = ratio_agreement(first, second)
+    assert gaps == pytest.approx({"sampler_speedup": 0.1, "step_time_ratio[0.0]": 0.1, "step_time_ratio[0.04]": 0.0})

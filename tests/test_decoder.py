@@ -318,3 +318,116 @@ def test_compile_sampler_default_is_on_for_cuda_only(task):
     for setting, expected in ((None, False), (True, True), (False, False)):
         cfg = GRPOConfig(compile_sampler=setting, output_dir=None)
         assert GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg).compile_sampler is expected
+
+
+def lora_gemma3_streamed_vocabulary() -> torch.nn.Module:
+    """LoRA on a Gemma 3 with 40,960 = 80 × 512 vocabulary entries: large and even enough for the CPU sampler to
+    stream the head through the draw (`sampling.draw_from_head`), as it does Gemma's 262,144. Its (tied) head is
+    scaled up so the policy is peaked, as a trained model's is: over a random init's nearly flat distribution
+    Σ_v π_v W_v is close to 0 and an error in it would hardly show."""
+    model = gemma3_sliding(vocab_size=40_960)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)
+    return working_lora(add_lora(model, ModelConfig(lora=True)))
+
+
+def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0) -> object:
+    """A grouped rollout with head moments in which some rows stop early: tokens that a first rollout drew midway
+    through rows 1 and 6 are made stop tokens, and the same draws (same seed) end those rows there."""
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+
+    def draw(stops: list[int]) -> object:
+        return sample(model, prompt_ids, prompt_mask, 12, stops, 0, temperature=0.9, top_p=top_p,
+                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True)
+
+    first = draw([])
+    return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])  # streamed through the draw, and from the full logits
+def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
+    """`sample(head_moments=True)`: at every sampled token, Σ_v π_v W_v and the entropy of the temperature-scaled
+    policy, as a plain forward over the finished sequences computes them (float64); 0 after each stop token,
+    rows that stopped early included."""
+    from grpo_kit.sampling import head_moments
+
+    model = lora_gemma3_streamed_vocabulary()
+    roll = rollout_with_early_stops(model, top_p=top_p)
+    mask = roll.completion_mask.bool()
+    assert 0 < int(mask.sum()) < mask.numel() and roll.head_mean.shape == (*mask.shape, base_of(model).config.hidden_size)
+    hf = base_of(model)
+    with torch.no_grad():
+        out = hf(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
+                 position_ids=decoder.position_ids_from_mask(roll.attention_mask), use_cache=False)
+    plen = roll.prompt_ids.shape[1]
+    logits = out.logits[:, plen - 1 : -1].double()
+    want = head_moments(logits, hf.lm_head.weight.double(), 0.9)
+    scale = want.mean_row[mask].abs().max()
+    assert (roll.head_mean[mask].double() - want.mean_row[mask]).abs().max() < 1e-4 * scale
+    assert (roll.entropy[mask].double() - want.entropy[mask]).abs().max() < 1e-4
+    assert not roll.head_mean[~mask].any() and not roll.entropy[~mask].any()
+    assert (roll.entropy[mask] > 0).all()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_logprobs_from_the_samplers_head_moments_have_the_recomputed_heads_gradients(packed):
+    """The update's log-probs from the rollout's head moments (no pass over the head): values and gradients (LoRA)
+    equal those of the head recomputed, padding-free and group-shared forwards alike."""
+    from grpo_kit.sampling import SampledHead
+
+    model = lora_gemma3_streamed_vocabulary()
+    roll = rollout_with_early_stops(model)
+    assert not roll.completion_mask.all()
+    model.train()
+    weights = torch.randn(roll.completion_mask.shape, generator=torch.Generator().manual_seed(2)) * roll.completion_mask
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for sampled in (None, SampledHead(roll.sampling_logprobs, roll.head_mean, roll.entropy)):
+        logp, entropy = completion_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_ids.shape[1], 0.9,
+                                            group_size=4, padding_free=packed, entropy_grad=False, sampled=sampled)
+        results.append((logp.detach(), entropy.detach(), torch.autograd.grad((logp * weights).sum(), params)))
+    (lp, en, grads), (lp_s, en_s, grads_s) = results
+    real = roll.completion_mask.bool()
+    assert (lp - lp_s)[real].abs().max() < 1e-4 and (en - en_s)[real].abs().max() < 1e-4
+    for a, b in zip(grads, grads_s, strict=True):  # float rounding moves them by ~1e-4 of their norm; a 1 % error in E by ~1e-2
+        assert (a - b).norm() <= 1e-3 * a.norm() + 1e-7
+
+
+def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(task):
+    """A trainer step with `reuse_sampler_head` on (the default) and off, from the same LoRA weights: the rollout
+    kept the moments only when on; the same tokens, and the same losses, gradient norms and weights after it. (One
+    step: over this random model's nearly flat 40,960-way distribution, weights that differ in float rounding
+    may already draw a different token at the next step.)"""
+    from grpo_kit.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+
+    def token_reward(prompts, completions, completion_ids, **kw):  # noqa: ANN001, ANN003
+        return [float(sum(i % 7 for i in ids)) / max(1, len(ids)) for ids in completion_ids]
+
+    runs = []
+    for reuse in (True, False):
+        model = lora_gemma3_streamed_vocabulary()
+        cfg = GRPOConfig(prompts_per_step=2, group_size=4, micro_batch_size=4, max_new_tokens=10, temperature=0.9,
+                         learning_rate=1e-3, warmup_steps=0, reuse_sampler_head=reuse, output_dir=None, log_completions=0)
+        trainer = GRPOTrainer(model, tok, [token_reward], task.prompt_stream(seed=5), cfg)
+        assert trainer._reuses_sampler_head() is reuse
+        kept: list = []
+
+        def keep(*args, kept=kept, rollout=trainer.rollout):  # noqa: ANN002, ANN202
+            kept.append(rollout(*args))
+            return kept[-1]
+
+        trainer.rollout = keep
+        rows = [trainer.train_step()]
+        assert len(kept) == 1 and (kept[0].head_mean is not None) is reuse
+        runs.append((rows, kept, [p.detach().clone() for p in model.parameters() if p.requires_grad]))
+    (rows_on, kept_on, params_on), (rows_off, kept_off, params_off) = runs
+    for a, b in zip(kept_on, kept_off, strict=True):
+        assert torch.equal(a.completion_ids, b.completion_ids)
+    for a, b in zip(rows_on, rows_off, strict=True):
+        assert a["reward_std"] > 0
+        for key in ("policy_loss", "grad_norm", "entropy"):
+            assert abs(a[key] - b[key]) <= 1e-3 * max(1.0, abs(b[key])), key
+    for a, b in zip(params_on, params_off, strict=True):
+        assert (a - b).norm() <= 1e-4 * b.norm()

@@ -61,6 +61,9 @@ def test_grpo_step_metrics_and_controls(sft_model, task, tmp_path):
                 "zero_std_fraction", "grad_norm", "lr", "beta", "step_seconds", "tokens_per_s", "completions"):
         assert key in row, key
     assert sum(row["advantage_hist"]) == 16
+    phases = ("rollout_seconds", "reward_seconds", "logprob_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds")
+    assert all(row[k] > 0 for k in phases), {k: row.get(k) for k in phases}
+    assert sum(row[k] for k in phases) <= row["step_seconds"]  # disjoint parts of the step
     assert abs(row["policy_loss"]) < 1e-4 + abs(row["kl"]) * 0.04 + 1e-3  # ρ = 1 at μ = 1: loss ≈ β·KL
     controls.update(beta=0.123, learning_rate=5e-4, reward_weights={"strict_format_reward": 0.7})
     row2 = trainer.train_step()

