@@ -567,6 +567,14 @@ def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, devic
     return shard_batch(uniforms.to(device))
 
 
+def _moments_weight(hf: torch.nn.Module) -> torch.Tensor:
+    """The LM head's weight, for `HeadMoments`: refused for a head with a final softcap (∂z/∂h is then not W)."""
+    if getattr(hf.config, "final_logit_softcapping", None):
+        raise ValueError("sample(head_moments=True) needs an LM head without a final softcap "
+                         f"({type(hf).__name__} has final_logit_softcapping={hf.config.final_logit_softcapping})")
+    return hf.get_output_embeddings().weight
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -612,16 +620,13 @@ def sample(
                       lean=lean, compiled=compiled, head_moments=head_moments).head(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
-    if head_moments and getattr(hf.config, "final_logit_softcapping", None):
-        raise ValueError("sample(head_moments=True) needs an LM head without a final softcap "
-                         f"({type(hf).__name__} has final_logit_softcapping={hf.config.final_logit_softcapping})")
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     uniforms = None if greedy else _uniforms(ids.shape[0], max_new_tokens, generator=generator, device=device)
     prompts = Prompts(model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
                       stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
                       settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
                       group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
-                      moments_of=hf.get_output_embeddings().weight if head_moments else None)
+                      moments_of=_moments_weight(hf) if head_moments else None)
     was_training = model.training
     model.eval()
     try:

@@ -395,7 +395,8 @@ def machine() -> dict[str, Any]:
     import transformers
 
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__}
     try:
         import trl
@@ -615,7 +616,8 @@ def _report_text(result: dict[str, Any]) -> str:
         "# Benchmarks", "",
         "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~25-minute version). "
         "All numbers below come from one run of that command.", "",
-        f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads), "
+        f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads"
+        f"{', ' + m['cpu_capability'] if m.get('cpu_capability') else ''}), "
         f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, TRL {m.get('trl', '—')}. "
         f"{'Quick mode. ' if result['quick'] else ''}Run time {result['seconds']:.0f} s.", "",
         *_report_rows(result), "",
