@@ -31,7 +31,8 @@ PUBLIC: dict[str, str | None] = {
     "resolve_model": "hub", "ModelAccessError": "hub", "stop_token_ids": "chat", "GEMMA_CHAT_TEMPLATE": "chat",
     "get_device": "device", "xla_problem": "device", "SetupError": "device",
     # data and rewards
-    "ArithmeticTask": "tasks", "load_gsm8k": "tasks", "DEFAULT_REWARDS": "rewards", "DEFAULT_WEIGHTS": "rewards",
+    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "load_gsm8k": "tasks", "parse_number": "tasks",
+    "DEFAULT_REWARDS": "rewards", "DEFAULT_WEIGHTS": "rewards",
     "strict_format_reward": "rewards", "soft_format_reward": "rewards", "correctness_reward": "rewards",
     "answer_digits_reward": "rewards", "arithmetic_steps_reward": "rewards", "make_length_penalty": "rewards",
     "ClassifierReward": "rewards", "RewardError": "rewards", "compute_rewards": "rewards", "rewards": None,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .tasks import completion_text
+from .tasks import completion_text, parse_number
 
 RewardFunc = Callable[..., list]
 
@@ -47,18 +47,14 @@ def extract_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def _as_number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", "").replace("$", "").strip())
-    except ValueError:
-        return None
 
 
 def make_correctness_reward(
     abs_tol: float = 1e-6, rel_tol: float = 0.0, numeric_credit: float = 1.0, name: str = "correctness_reward"
 ) -> RewardFunc:
     """Build a correctness reward: 1.0 for an exact string match of the extracted answer, `numeric_credit`
-    when both parse as numbers and |x − y| ≤ max(abs_tol, rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0.
+    when both hold one number (`tasks.parse_number`: "$1,350.00", "18 dollars.") and |x − y| ≤ max(abs_tol,
+    rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0.
 
     Needs the dataset column `answer`.
     """
@@ -74,7 +70,7 @@ def make_correctness_reward(
             elif got == str(truth).strip():
                 scores.append(1.0)
             else:
-                x, y = _as_number(got), _as_number(str(truth))
+                x, y = parse_number(got), parse_number(str(truth))
                 close = x is not None and y is not None and abs(x - y) <= max(abs_tol, rel_tol * abs(y))
                 scores.append(numeric_credit if close else 0.0)
         return scores

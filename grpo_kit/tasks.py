@@ -1,4 +1,4 @@
-"""Tasks: the built-in arithmetic problems, a GSM8K-style loader, and chat-format prompts.
+"""Tasks: the built-in arithmetic problems, generated GSM8K-style word problems, a GSM8K loader, and chat-format prompts.
 
 Every example has the columns the trainers and rewards use:
     prompt      list of chat messages, e.g. [{"role": "user", "content": "What is 23 + 45?"}]
@@ -8,10 +8,15 @@ Every example has the columns the trainers and rewards use:
 
 from __future__ import annotations
 
+import ast
 import json
+import operator
 import random
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +124,192 @@ class ArithmeticTask:
                 yield make_problem(a, b, rng.randrange(len(QUESTION_TEMPLATES)), self.system_prompt)
 
 
+NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Julia", "Kofi", "Lena", "Mateo",
+         "Nia", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tariq")
+
+
+@dataclass(frozen=True)
+class WordProblemTemplate:
+    """A multi-step word problem: its question (slots {a}, {b}, … in the order they appear, and {name}), the answer as
+    a formula in the slots, the worked solution as steps (the words before each equation, its expression in the
+    slots and earlier results t1, t2, …, the unit after it) and each slot's values (a range or a tuple of choices)."""
+
+    question: str
+    formula: str
+    steps: tuple[tuple[str, str, str], ...]
+    slots: dict[str, tuple[int, int] | tuple[int, ...]]
+
+
+WORD_PROBLEMS = (
+    WordProblemTemplate(
+        "{name} buys {a} boxes of {b} pencils and gives {c} pencils to friends. How many pencils does {name} have left?",
+        "a * b - c", (("{a} boxes of {b} pencils is", "a * b", "pencils"), ("After giving away {c}, {name} has", "t1 - c", "pencils")),
+        {"a": (2, 9), "b": (6, 24), "c": (1, 40)}),
+    WordProblemTemplate(
+        "{name} earns ${a} an hour and works {b} hours a day. How many dollars does {name} earn in {c} days?",
+        "a * b * c", (("In one day {name} earns", "a * b", "dollars"), ("In {c} days that is", "t1 * c", "dollars")),
+        {"a": (8, 25), "b": (2, 8), "c": (2, 6)}),
+    WordProblemTemplate(
+        "Pens cost ${a} each. {name} buys {b} pens and pays with a ${c} bill. How many dollars of change does {name} get?",
+        "c - a * b", (("{b} pens cost", "a * b", "dollars"), ("The change is", "c - t1", "dollars")),
+        {"a": (2, 9), "b": (2, 9), "c": (20, 50, 100)}),
+    WordProblemTemplate(
+        "{name} has {a} stickers and buys {b} packs of {c} stickers, then shares all of them equally among {d} friends. "
+        "How many stickers does each friend get?",
+        "(a + b * c) / d", (("The packs hold", "b * c", "stickers"), ("Together {name} has", "a + t1", "stickers"),
+                            ("Each friend gets", "t2 / d", "stickers")),
+        {"a": (1, 30), "b": (2, 9), "c": (4, 12), "d": (2, 6)}),
+    WordProblemTemplate(
+        "A train goes {a} km per hour for {b} hours, then {c} km per hour for {d} hours. How many km does it go in all?",
+        "a * b + c * d", (("First it covers", "a * b", "km"), ("then", "c * d", "km"), ("In all it goes", "t1 + t2", "km")),
+        {"a": (40, 120), "b": (2, 5), "c": (30, 100), "d": (2, 5)}),
+    WordProblemTemplate(
+        "{name} saves ${a} a week for {b} weeks, then spends ${c} on a gift and ${d} on books. How many dollars are left?",
+        "a * b - c - d", (("{name} saves", "a * b", "dollars"), ("After the gift", "t1 - c", "dollars are left"),
+                          ("After the books", "t2 - d", "dollars are left")),
+        {"a": (5, 30), "b": (3, 12), "c": (5, 40), "d": (5, 40)}),
+    WordProblemTemplate(
+        "A baker makes {a} trays of {b} muffins, sells {c} of them and packs the rest in bags of {d}. How many bags does "
+        "the baker fill?",
+        "(a * b - c) / d", (("The baker makes", "a * b", "muffins"), ("After selling {c}, there are", "t1 - c", "muffins"),
+                            ("They fill", "t2 / d", "bags")),
+        {"a": (2, 8), "b": (6, 24), "c": (1, 40), "d": (2, 8)}),
+    WordProblemTemplate(
+        "{name} reads {a} pages on Monday and {b} times as many on Tuesday. On Wednesday {name} reads {c} pages fewer than "
+        "on Tuesday. How many pages does {name} read over the three days?",
+        "a + a * b + (a * b - c)", (("On Tuesday {name} reads", "a * b", "pages"), ("On Wednesday", "t1 - c", "pages"),
+                                    ("Monday and Tuesday make", "a + t1", "pages"), ("With Wednesday that is", "t3 + t2", "pages")),
+        {"a": (5, 40), "b": (2, 4), "c": (1, 30)}),
+    WordProblemTemplate(
+        "A farm has {a} rows of {b} apple trees, and each tree gives {c} apples. The farmer sells {d} apples and shares "
+        "the rest equally among {e} shops. How many apples does each shop get?",
+        "(a * b * c - d) / e", (("There are", "a * b", "trees"), ("They give", "t1 * c", "apples"),
+                                ("After selling {d}, there are", "t2 - d", "apples"), ("Each shop gets", "t3 / e", "apples")),
+        {"a": (2, 9), "b": (3, 12), "c": (5, 30), "d": (10, 200), "e": (2, 9)}),
+    WordProblemTemplate(
+        "Adult tickets cost ${a} and child tickets cost ${b}. A group buys {c} adult and {d} child tickets and pays with "
+        "${e}. How many dollars of change does the group get?",
+        "e - (a * c + b * d)", (("Adult tickets cost", "a * c", "dollars"), ("child tickets cost", "b * d", "dollars"),
+                                ("Together they cost", "t1 + t2", "dollars"), ("The change is", "e - t3", "dollars")),
+        {"a": (8, 30), "b": (4, 15), "c": (1, 6), "d": (1, 8), "e": (200, 300, 500)}),
+)
+"""The word-problem templates of `WordProblemTask`: three with 2 operations, four with 3 and three with 4."""
+
+
+def evaluate_expression(expression: str, values: dict[str, Fraction]) -> Fraction:
+    """+, −, ×, ÷ and parentheses over named values, exactly (fractions): the word problems' arithmetic."""
+    operators = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+    def value(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp) and type(node.op) in operators:
+            return operators[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return Fraction(node.value)
+        raise ValueError(f"evaluate_expression: {ast.dump(node)} in {expression!r} is not +, -, *, / of names or integers")
+
+    return value(ast.parse(expression, mode="eval").body)
+
+
+def make_word_problem(template: WordProblemTemplate, rng: random.Random, system_prompt: str | None = None) -> dict[str, Any]:
+    """One example from `template` with values drawn from `rng` such that every step is a positive whole number
+    (prompt / answer / completion, and `operations`): the reasoning is its steps, "… 3 * 12 = 36 pencils."."""
+    for _ in range(1000):
+        values = {k: Fraction(rng.choice(v) if len(v) != 2 else rng.randint(*v)) for k, v in template.slots.items()}
+        results, sentences = dict(values), []
+        for i, (words, expression, unit) in enumerate(template.steps, start=1):
+            result = evaluate_expression(expression, results)
+            if result.denominator != 1 or result <= 0:
+                break
+            results[f"t{i}"] = result
+            shown = re.sub(r"[a-z]\d*", lambda m, known=results: str(known[m.group(0)]), expression)
+            sentences.append((words, shown, result, unit))
+        else:
+            name, answer = rng.choice(NAMES), str(results[f"t{len(template.steps)}"])
+            fill = {k: str(v) for k, v in values.items()} | {"name": name}
+            reasoning = " ".join(f"{words.format(**fill)} {shown} = {result} {unit}." for words, shown, result, unit in sentences)
+            return {"prompt": make_messages(template.question.format(**fill), system_prompt), "answer": answer,
+                    "completion": format_completion(reasoning, answer), "operations": len(template.steps)}
+    raise ValueError(f"no values of {template.slots} make every step of {template.formula!r} a positive whole number")
+
+
+class WordProblemTask:
+    """GSM8K-style multi-step word problems with worked solutions, generated from a seed (offline; the task the
+    CPU runs train on, and the fixture for the GSM8K code path). `operations` picks the difficulty: templates with
+    that many steps (2–4). Held-out, demonstration and GRPO-prompt questions never repeat across the three."""
+
+    def __init__(self, seed: int = 1234, num_demonstrations: int = 200, num_test: int = 200,
+                 operations: tuple[int, ...] = (2, 3, 4), system_prompt: str | None = None) -> None:
+        self.templates = [t for t in WORD_PROBLEMS if len(t.steps) in operations]
+        if not self.templates:
+            known = sorted({len(t.steps) for t in WORD_PROBLEMS})
+            raise ValueError(f"WordProblemTask: operations={operations}: no template has that many steps (have {known})")
+        self.seed, self.system_prompt = seed, system_prompt
+        self._test = self._unique(num_test, seed + 2, exclude=set())
+        self._demos = self._unique(num_demonstrations, seed + 1, exclude=self._questions(self._test))
+
+    @staticmethod
+    def _questions(rows: list[dict[str, Any]]) -> set[str]:
+        return {row["prompt"][-1]["content"] for row in rows}
+
+    def _unique(self, count: int, seed: int, *, exclude: set[str]) -> list[dict[str, Any]]:
+        rng, rows, seen = random.Random(seed), [], set(exclude)
+        for _ in range(count * 100):
+            if len(rows) == count:
+                return rows
+            row = make_word_problem(rng.choice(self.templates), rng, self.system_prompt)
+            question = row["prompt"][-1]["content"]
+            if question not in seen:
+                seen.add(question)
+                rows.append(row)
+        raise ValueError(f"WordProblemTask: could not make {count} distinct problems from {len(self.templates)} templates")
+
+    def demonstrations(self) -> Dataset:
+        """The fixed SFT pool (prompt, answer, completion, operations)."""
+        return Dataset.from_list(self._demos)
+
+    def test_set(self) -> Dataset:
+        """The fixed held-out set."""
+        return Dataset.from_list(self._test)
+
+    def prompt_stream(self, seed: int = 0) -> Iterator[dict[str, Any]]:
+        """An endless stream of GRPO prompts, none of them a held-out or demonstration question."""
+        rng, taken = random.Random(self.seed * 1000 + seed), self._questions(self._test) | self._questions(self._demos)
+        while True:
+            row = make_word_problem(rng.choice(self.templates), rng, self.system_prompt)
+            if row["prompt"][-1]["content"] not in taken:
+                yield row
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def _number_text(text: str) -> str | None:
+    cleaned = _THOUSANDS.sub("", str(text).replace("$", "").replace("\u2212", "-"))  # 1,350 → 1350; "3, 4" stays two
+    found = _NUMBER.findall(cleaned)
+    return found[0] if len(found) == 1 else None
+
+
+def parse_number(text: str) -> float | None:
+    """The one number in an answer as GSM8K writes it and models answer it — thousands separators, a currency sign,
+    a unit or a trailing period around it: "$1,350.00" → 1350.0, "18 dollars." → 18.0, "-7" → -7.0, "0.5 kg" → 0.5.
+    None when there is no number or more than one ("3 or 4", "2/3")."""
+    found = _number_text(text)
+    return None if found is None else float(found)
+
+
+def canonical_number(text: str) -> str | None:
+    """`parse_number`'s number written as the `answer` column holds it, exactly (no float rounding): "1,350.00" →
+    "1350", "$27.50" → "27.5", "-3" → "-3". None as for `parse_number`."""
+    found = _number_text(text)
+    if found is None:
+        return None
+    value = format(Decimal(found).normalize(), "f")
+    return "0" if value == "-0" else value
+
+
 _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.S)
 _GSM8K_CALC = re.compile(r"<<[^>]*>>")
 
@@ -127,7 +318,7 @@ def gsm8k_row_to_example(row: dict[str, Any], index: int = 0, system_prompt: str
     """Map one GSM8K row (`question`, `answer` ending in `#### 42`) to prompt / answer / completion.
 
     The worked solution becomes the reasoning (calculator annotations `<<…>>` removed) and the number after
-    `####` the answer (thousands separators removed).
+    `####` the answer (`canonical_number`: no thousands separators, currency sign or trailing zeros).
     """
     for key in ("question", "answer"):
         if key not in row:
@@ -135,7 +326,9 @@ def gsm8k_row_to_example(row: dict[str, Any], index: int = 0, system_prompt: str
     match = _GSM8K_FINAL.search(row["answer"])
     if not match:
         raise ValueError(f"GSM8K row {index}: answer does not end with '#### <number>': {row['answer'][-80:]!r}")
-    final = match.group(1).replace(",", "").strip()
+    final = canonical_number(match.group(1))
+    if final is None:
+        raise ValueError(f"GSM8K row {index}: the final answer {match.group(1)!r} is not one number")
     reasoning = _GSM8K_CALC.sub("", row["answer"][: match.start()]).strip()
     return {
         "prompt": make_messages(row["question"].strip(), system_prompt),

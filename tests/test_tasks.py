@@ -1,4 +1,6 @@
 import json
+import re
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,91 @@ def test_gsm8k_loader_on_rows_in_the_repo():
         load_gsm8k([rows[0], {"question": "q", "answer": "no final"}])
     with pytest.raises(ValueError, match="row 0: missing column 'answer'"):
         load_gsm8k([{"question": "q"}])
+
+
+@pytest.mark.parametrize(("text", "number", "canonical"), [
+    ("72", 72.0, "72"), ("1,350", 1350.0, "1350"), ("$1,350.00", 1350.0, "1350"), ("1,562,500", 1562500.0, "1562500"),
+    ("18 dollars.", 18.0, "18"), ("$27.50", 27.5, "27.5"), ("0.5 kg", 0.5, "0.5"), ("-3", -3.0, "-3"),
+    ("\u22124 degrees", -4.0, "-4"), ("-0", 0.0, "0"), ("100", 100.0, "100"), ("The answer is 42.", 42.0, "42"),
+    ("3 or 4", None, None), ("2/3", None, None), ("3, 4", None, None), ("none", None, None), ("", None, None),
+])
+def test_answer_numbers_as_gsm8k_writes_them_and_models_answer_them(text, number, canonical):
+    from grpo_kit.tasks import canonical_number, parse_number
+
+    assert parse_number(text) == number and canonical_number(text) == canonical
+
+
+def test_gsm8k_final_answers_are_normalised_and_scored_numerically():
+    """Real GSM8K rows and GSM8K-format rows with thousands separators, a currency sign, decimals and a negative
+    answer: the answer column is the plain number, and a completion that writes it GSM8K's way still scores."""
+    ds = load_gsm8k(DATA / "gsm8k_sample.jsonl")
+
+    def row(start: str) -> dict:
+        return next(r for r in ds if r["prompt"][-1]["content"].startswith(start))
+
+    assert row("Natalia sold clips")["answer"] == "72"  # the first two rows of GSM8K's train split
+    assert row("Weng earns $12")["answer"] == "10" and "<<" not in row("Weng earns $12")["completion"]
+    assert row("The temperature was")["answer"] == "-3"
+    assert row("A town spends $1,250,000")["answer"] == "1562500"
+    assert row("A recipe needs 0.75")["answer"] == "1.5"
+    written = ["<reasoning>…</reasoning><answer>$1,562,500</answer>", "<reasoning>…</reasoning><answer>1.50 cups.</answer>",
+               "<reasoning>…</reasoning><answer>-3 degrees</answer>", "<reasoning>…</reasoning><answer>3</answer>"]
+    assert correctness_reward(None, written, answer=["1562500", "1.5", "-3", "-3"]) == [1.0, 1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="row 0: the final answer '3 or 4' is not one number"):
+        load_gsm8k([{"question": "q", "answer": "work\n#### 3 or 4"}])
+
+
+def _solve_independently(question: str) -> tuple[Fraction, int]:
+    """The answer of a generated word problem from its question text alone: the template whose wording it has, its
+    numbers in order of appearance as the slots, the formula evaluated by Python on fractions."""
+    from grpo_kit.tasks import WORD_PROBLEMS
+
+    for template in WORD_PROBLEMS:
+        pattern = re.escape(template.question).replace(re.escape("{name}"), r"\w+")
+        for slot in template.slots:
+            pattern = pattern.replace(re.escape("{" + slot + "}"), r"(\d+)")
+        match = re.fullmatch(pattern, question)
+        if match:
+            values = {slot: Fraction(int(v)) for slot, v in zip(template.slots, match.groups(), strict=True)}
+            return eval(template.formula, {"__builtins__": {}}, values), len(template.steps)  # noqa: S307
+    raise AssertionError(f"no template reads {question!r}")
+
+
+def test_generated_word_problems_are_right_by_an_independent_check():
+    """Every generated problem (all three difficulties): the answer solved again from the question alone, every
+    equation of the worked solution true, one equation per operation, and the demonstration in the course format."""
+    from grpo_kit.tasks import WordProblemTask
+
+    task = WordProblemTask(seed=3, num_demonstrations=150, num_test=150)
+    stream = task.prompt_stream()
+    rows = list(task.test_set()) + list(task.demonstrations()) + [next(stream) for _ in range(150)]
+    seen_ops = set()
+    for row in rows:
+        answer, operations = _solve_independently(row["prompt"][-1]["content"])
+        assert answer.denominator == 1 and answer > 0 and row["answer"] == str(answer.numerator), row
+        equations = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", row["completion"])
+        assert len(equations) == operations == row["operations"], row["completion"]
+        for x, op, y, z in equations:
+            assert eval(f"Fraction({x}) {op} Fraction({y})", {"Fraction": Fraction}) == int(z), row["completion"]  # noqa: S307
+        seen_ops.add(operations)
+    assert seen_ops == {2, 3, 4}
+    assert strict_format_reward(None, [r["completion"] for r in rows]) == [1.0] * len(rows)
+    assert correctness_reward(None, [r["completion"] for r in rows], answer=[r["answer"] for r in rows]) == [1.0] * len(rows)
+
+
+def test_word_problem_splits_are_seeded_disjoint_and_by_difficulty():
+    from grpo_kit.tasks import WordProblemTask
+
+    def questions(rows) -> list[str]:  # noqa: ANN001
+        return [r["prompt"][-1]["content"] for r in rows]
+
+    task, again = WordProblemTask(seed=5, num_demonstrations=80, num_test=60), WordProblemTask(seed=5, num_demonstrations=80, num_test=60)
+    test, demos = questions(task.test_set()), questions(task.demonstrations())
+    assert test == questions(again.test_set()) and demos == questions(again.demonstrations())
+    assert len(set(test)) == 60 and len(set(demos)) == 80 and not set(test) & set(demos)
+    stream = task.prompt_stream(seed=1)
+    assert not set(questions(next(stream) for _ in range(300))) & (set(test) | set(demos))
+    hard = WordProblemTask(seed=5, num_demonstrations=10, num_test=10, operations=(4,))
+    assert {r["operations"] for r in hard.test_set()} == {4}
+    with pytest.raises(ValueError, match=r"operations=\(7,\): no template has that many steps \(have \[2, 3, 4\]\)"):
+        WordProblemTask(operations=(7,))
