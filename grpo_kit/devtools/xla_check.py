@@ -106,7 +106,9 @@ def _lockstep(eager: Any, xla: Any, steps: int) -> tuple[list[dict], list[dict],
         captured["agreement"] = float(same.float().mean())
         from ..device import shard_batch
 
-        return Rollout(**{f.name: shard_batch(getattr(ref, f.name).to(xla.device)) for f in fields(Rollout)})
+        # the XLA sampler keeps no head moments: the XLA update recomputes the head, as it does for its own rollouts
+        return Rollout(**{f.name: shard_batch(getattr(ref, f.name).to(xla.device)) for f in fields(Rollout)
+                          if f.name not in ("head_mean", "entropy")})
 
     eager.rollout, xla.rollout = eager_capture, xla_on_eager_data
     eager_rows, xla_rows, agreement = [], [], []
