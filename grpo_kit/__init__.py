@@ -25,13 +25,13 @@ PUBLIC: dict[str, str | None] = {
     # trainers and their settings
     "GRPOTrainer": "grpo", "SFTTrainer": "sft", "GRPOConfig": "config", "SFTConfig": "config",
     "ModelConfig": "config", "TaskConfig": "config", "DemoConfig": "config", "Controls": "controls",
-    "PRESETS": "config", "load_demo_config": "config",
+    "PRESETS": "config", "PRESET_TIMES": "config", "load_demo_config": "config", "Arc": "demo", "run_demo": "demo",
     # models and devices
     "load_model": "models", "load_tokenizer": "models", "add_lora": "models", "count_parameters": "models",
     "resolve_model": "hub", "ModelAccessError": "hub", "stop_token_ids": "chat", "GEMMA_CHAT_TEMPLATE": "chat",
     "get_device": "device", "xla_problem": "device", "SetupError": "device",
     # data and rewards
-    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "load_gsm8k": "tasks", "parse_number": "tasks",
+    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "GSM8KTask": "tasks", "make_task": "tasks", "load_gsm8k": "tasks", "parse_number": "tasks",
     "DEFAULT_REWARDS": "rewards", "DEFAULT_WEIGHTS": "rewards",
     "strict_format_reward": "rewards", "soft_format_reward": "rewards", "correctness_reward": "rewards",
     "answer_digits_reward": "rewards", "arithmetic_steps_reward": "rewards", "make_length_penalty": "rewards",
@@ -40,7 +40,7 @@ PUBLIC: dict[str, str | None] = {
     "compute_advantages": "advantages", "group_zscore": "advantages", "zero_std_fraction": "advantages",
     "policy_loss": "losses", "kl_estimate": "losses",
     # generation, evaluation, SFT batches
-    "encode_prompts": "sampling", "generate_completions": "evaluation", "evaluate": "evaluation",
+    "encode_prompts": "sampling", "generate_completions": "evaluation", "evaluate": "evaluation", "pass_at_k": "evaluation",
     "encode_demonstrations": "sft", "collate": "sft",
     # watching, steering, saving
     "Dashboard": "dashboard", "control_changes": "dashboard", "read_jsonl": "metrics",

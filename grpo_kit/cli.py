@@ -44,9 +44,12 @@ def _print(obj: dict[str, Any]) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    summary = run_demo(_config(args, "runs/demo"), args.device, progress=not args.quiet)
-    _print({k: v for k, v in summary.items() if k != "samples_after_grpo"})
-    print(f"\nWrote {Path(_config(args, 'runs/demo').output_dir).resolve()}/ (summary.json, metrics.jsonl, *.png)", file=sys.stderr)
+    cfg = _config(args, "runs/demo")
+    if args.time_budget is not None:
+        cfg = dataclasses.replace(cfg, time_budget_minutes=args.time_budget)
+    summary = run_demo(cfg, args.device, progress=not args.quiet, resume=not args.overwrite)
+    _print({k: v for k, v in summary.items() if k not in ("samples_after_grpo", "plan")})
+    print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)", file=sys.stderr)
     return 0
 
 
@@ -56,7 +59,7 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
 
     from .device import get_device
     from .models import load_model
-    from .tasks import ArithmeticTask
+    from .tasks import make_task
 
     cfg = cfg or _config(args, default_out)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -67,7 +70,7 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
         from .checkpoint import load_checkpoint
 
         load_checkpoint(init_from, model)
-    task = ArithmeticTask(**dataclasses.asdict(cfg.task))
+    task = make_task(cfg.task)
     return cfg, dev, model, tokenizer, task
 
 
@@ -262,8 +265,13 @@ def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="SFT, then GRPO, then evaluation on the CPU with the tiny Gemma")
+    p = sub.add_parser("demo", help="the whole arc: evaluate the base model, SFT, GRPO (and the SFT control), evaluating "
+                       "after each; default: the tiny Gemma on the CPU; --preset cpu-gemma-270m: a real Gemma in under an hour")
     _common(p, preset="cpu-tiny")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help="size SFT and GRPO so the whole run takes about this long (overrides the preset)")
+    p.add_argument("--overwrite", action="store_true", help="start over; by default a run in the output directory with "
+                   "the same settings continues where it stopped")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint as it goes")
     _common(p)

@@ -50,8 +50,17 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    """The built-in arithmetic task."""
+    """Which problems to train and evaluate on (`tasks.make_task` builds them)."""
 
+    kind: str = "arithmetic"
+    """`arithmetic` (two-operand addition, the tiny model's course task), `word_problems` (generated GSM8K-style
+    multi-step problems, offline: the real-Gemma CPU preset's task) or `gsm8k` (GSM8K itself from `source`)."""
+    operations: tuple[int, ...] = (2, 3, 4)
+    """word_problems: how many arithmetic steps a problem takes (its templates' lengths, from 2 to 4) — the
+    difficulty knob."""
+    source: str = "openai/gsm8k"
+    """gsm8k: the hub dataset (needs network; test split held out) or a local GSM8K-format .jsonl/.json file
+    (`question`, `answer` ending in `#### N`; its first num_test rows held out)."""
     seed: int = 1234
     """Seed for problems; demonstrations, the prompt stream and the held-out set are disjoint."""
     num_demonstrations: int = 200
@@ -59,9 +68,9 @@ class TaskConfig:
     num_test: int = 200
     """Held-out problems for greedy evaluation."""
     min_value: int = 10
-    """Smallest operand."""
+    """arithmetic: smallest operand."""
     max_value: int = 99
-    """Largest operand (two-digit addition by default)."""
+    """arithmetic: largest operand (two-digit addition by default)."""
     system_prompt: str | None = None
     """Optional instruction folded into the first user turn (Gemma has no system role). The tiny model
     learns the format from SFT; real Gemma benefits from an instruction."""
@@ -273,8 +282,31 @@ class DemoConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     output_dir: str = "runs/demo"
-    """Where summary.json, metrics.jsonl and the plots go."""
+    """Where summary.json, progress.json, the plots and each phase's directory (sft/, grpo/, control/: metrics and
+    checkpoints) go. Running again with the same settings continues where the last run stopped."""
+    time_budget_minutes: float | None = None
+    """Size the SFT and GRPO phases so that the whole run — model load, every evaluation and the control
+    included — takes about this long, from step and evaluation times measured as it goes (so it fits a Colab or
+    Kaggle session). None = run sft.steps and grpo.steps as set."""
+    sft_fraction: float = 0.3
+    """With a time budget: the share of the training time (the budget less load and evaluations) that SFT gets;
+    GRPO gets the rest (split evenly with the control when there is one)."""
+    control: bool = False
+    """After GRPO, also continue SFT from the SFT model for as long as GRPO trained, and evaluate it the same way:
+    does GRPO beat simply more SFT in the same time? Off by default (it doubles the training time)."""
+    eval_pass_k: int = 0
+    """Also report pass@k (k completions sampled at GRPO's temperature per held-out problem) after SFT, GRPO and
+    the control; 0 = greedy accuracy only (pass@k costs k evaluations)."""
 
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+WORD_PROBLEM_INSTRUCTION = ("Solve the problem step by step inside <reasoning></reasoning>, then give only the final "
+                            "number inside <answer></answer>.")
+"""The system prompt of the presets that train on word problems (generated or GSM8K)."""
+GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
+"""GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
 
 # Named presets: overrides per config section, picked by name (CLI `--preset`).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -284,26 +316,62 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "grpo": {"steps": 6, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
         "task": {"num_test": 32},
     },
-    # TPU presets: LoRA on Gemma 3 1B with the micro-batch the memory planner (`grpo-kit plan`) picks for
-    # each board; prompts × group is a multiple of 8 so the batch splits over every core. A fixed prompt
-    # length (one bucket) keeps the graph count fixed.
+    # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
+    # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured run).
+    "cpu-gemma-270m": {
+        "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "float32"},
+        "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
+                 "system_prompt": WORD_PROBLEM_INSTRUCTION},
+        "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5, "log_every": 5},
+        "grpo": {"steps": 1000, "learning_rate": 1e-4, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
+                 "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
+                 "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
+        "time_budget_minutes": 55, "control": True, "sft_fraction": 0.3,
+    },
+    # TPU presets: LoRA on Gemma 3 1B-IT on GSM8K, with the micro-batch the memory planner (`grpo-kit plan`) picks for
+    # each board; prompts × group is a multiple of 8 so the batch splits over every core. One prompt bucket (256
+    # tokens holds every GSM8K question with the instruction) keeps the graph count fixed.
     **{
         f"tpu-{tpu}-gemma-3-1b": {
             "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": ckpt},
-            "task": {"system_prompt": "Think step by step inside <reasoning></reasoning>, then give the final number inside <answer></answer>."},
-            "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256},
+            "task": GSM8K_TASK,
+            "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768, "pad_to_multiple_of": 256},
             "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 8, "group_size": 8,
-                     "micro_batch_size": micro, "prompt_bucket": 128},
+                     "micro_batch_size": micro, "prompt_bucket": 256},
+            "time_budget_minutes": 90, "eval_pass_k": 8,
         }
-        for tpu, micro, ckpt in (("v2-8", 16, False), ("v3-8", 64, False), ("v5e-1", 8, False), ("v5e-8", 64, False))
+        for tpu, micro, ckpt in (("v2-8", 8, False), ("v3-8", 32, False), ("v5e-1", 4, False), ("v5e-8", 32, False))
     },
+    # Colab GPU: Gemma 3 1B-IT with LoRA on GSM8K; float32 on a T4 (no bf16), bf16 on L4/A100 (ModelConfig.dtype auto).
     "gpu-gemma-3-1b": {
         "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": True},
-        "task": {"system_prompt": "Think step by step inside <reasoning></reasoning>, then give the final number inside <answer></answer>."},
-        "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256},
-        "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4, "micro_batch_size": 8},
+        "task": GSM8K_TASK,
+        "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768},
+        "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4, "micro_batch_size": 8,
+                 "prompt_bucket": 64},
+        "time_budget_minutes": 90, "eval_pass_k": 8,
     },
 }
+
+PRESET_TIMES: dict[str, dict[str, Any]] = {
+    "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
+                 "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
+    "cpu-gemma-270m": {"grpo_step_seconds": None, "run_minutes": 55,
+                       "basis": "measured: `grpo-kit demo --preset cpu-gemma-270m` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
+    "tpu-v5e-1-gemma-3-1b": {"grpo_step_seconds": 20, "run_minutes": 90,
+                             "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "
+                                      "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s"},
+    "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "run_minutes": 90,
+                             "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)"},
+    "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "run_minutes": 90, "basis": "estimate: as v5e-8, older chips"},
+    "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "run_minutes": 90, "basis": "estimate: as v5e-8, 8 GiB per core"},
+    "gpu-gemma-3-1b": {"grpo_step_seconds": 45, "run_minutes": 90,
+                       "basis": "estimate for a T4 (fp32, 8 TFLOP/s): 256 eager decode steps at ≈ 50 ms + the update "
+                                "with gradient checkpointing; an L4 or A100 (bf16) is several times faster"},
+}
+"""Expected wall time per GRPO step and per run of each real-Gemma preset (a run is its time budget), and where the
+number comes from: measured on the named machine, or an estimate from the hardware's published speed where we have no
+such machine. `notebook.capstone_config` prints the line for the preset it picks."""
 
 C = TypeVar("C")
 

@@ -1,76 +1,343 @@
-"""The CPU demo: SFT warm-up → GRPO with verifier rewards only → greedy evaluation, with plots."""
+"""The whole arc, phase by phase: the base model → SFT warm-up → GRPO with verifier rewards → greedy evaluation after
+each, and optionally a control (SFT continued from the SFT model for as long as GRPO trained).
+
+`grpo-kit demo` runs it in one go; notebook 08 calls the phases one cell at a time (GRPO under the live dashboard).
+Each finished phase is recorded in `output_dir/progress.json` and each training phase saves checkpoints as it goes,
+so running again after a disconnect continues where it stopped. With `time_budget_minutes` the SFT and GRPO phases
+are sized from step and evaluation times measured along the way.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import shutil
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .checkpoint import load_checkpoint
 from .config import DemoConfig
 from .device import get_device
-from .evaluation import evaluate
+from .evaluation import evaluate, pass_at_k
 from .grpo import GRPOTrainer
 from .metrics import read_jsonl
-from .models import load_model
+from .models import is_lora, load_model, merge_and_restart_lora
 from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards
-from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
 from .sft import SFTTrainer
-from .tasks import ArithmeticTask
+from .tasks import make_task
+
+STAGES = ("base", "sft", "grpo", "control")
+"""The models the arc evaluates: before training, after SFT, after GRPO, after the SFT control."""
+PROBE_STEPS = 2
+"""Steps run before a phase is sized to its time: the first may compile (XLA) or warm caches; the last one's time
+is the estimate."""
 
 
-def run_demo(cfg: DemoConfig | None = None, device: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run the whole demo and write `summary.json`, `metrics.jsonl` and PNG plots to `cfg.output_dir`."""
-    cfg = cfg or DemoConfig()
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(os.cpu_count() or 1)
-    wall = time.perf_counter()
-    dev = get_device(device)
-    model, tokenizer = load_model(cfg.model, dev)
-    task = ArithmeticTask(**dataclasses.asdict(cfg.task))
-    test = task.test_set()
-    n_new = cfg.grpo.max_new_tokens
+class Arc:
+    """One run of the arc in `cfg.output_dir`. Phases: `evaluate("base")`, `sft()`, `evaluate("sft")`, `grpo()`,
+    `evaluate("grpo")`, `control()`, `evaluate("control")`, then `summary()`; `run()` does them all. A phase
+    already recorded in progress.json returns its record; `resume=False` starts the directory over."""
 
-    baseline = evaluate(model, tokenizer, test, max_new_tokens=n_new)
-    t0 = time.perf_counter()
-    sft = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=str(out)))
-    sft.train(progress=progress)
-    sft_seconds = time.perf_counter() - t0
-    after_sft = evaluate(model, tokenizer, test, max_new_tokens=n_new)
+    def __init__(self, cfg: DemoConfig, device: str | torch.device | None = None, *, progress: bool = True,
+                 resume: bool = True, rewards: Sequence[RewardFunc] | None = None) -> None:
+        self.cfg, self.progress = cfg, progress
+        self.rewards = list(rewards) if rewards is not None else list(DEFAULT_REWARDS)
+        """GRPO's reward functions (default: the verifier rewards, weighted by grpo.reward_weights or DEFAULT_WEIGHTS)."""
+        self.out = Path(cfg.output_dir)
+        self.clock = time.perf_counter()
+        self.record_path = self.out / "progress.json"
+        self.records = self._open(resume)
+        torch.set_num_threads(os.cpu_count() or 1)
+        self.device = get_device(device)
+        t0 = time.perf_counter()
+        self.model, self.tokenizer = load_model(cfg.model, self.device)
+        self.records.setdefault("load", {"seconds": time.perf_counter() - t0})
+        self.task = make_task(cfg.task)
+        self.test = self.task.test_set()
+        self.holds = "base"  # which stage's weights the model holds now
+        self._fresh_adapter: dict[str, torch.Tensor] | None = None
+        self.trainer: GRPOTrainer | None = None
+        self._save()
 
-    t0 = time.perf_counter()
-    grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=str(out), reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
-    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg)
-    trainer.train(progress=progress)
-    grpo_seconds = time.perf_counter() - t0
-    after_grpo = evaluate(model, tokenizer, test, max_new_tokens=n_new)
+    # -- progress.json ---------------------------------------------------------------------------------------
+    def _open(self, resume: bool) -> dict[str, Any]:
+        settings = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str))
+        settings["model"].pop("hf_token", None)
+        if self.record_path.exists() and resume:
+            records = json.loads(self.record_path.read_text())
+            if records.get("settings") != settings:
+                changed = _first_difference(records.get("settings", {}), settings)
+                raise ValueError(f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
+                                 "or start over with resume=False (CLI: --overwrite)")
+            return records
+        for name in ("progress.json", "summary.json", "sft", "grpo", "control"):
+            target = self.out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        return {"settings": settings, "phases": {}, "plan": {}}
 
-    summary = {
-        "baseline_accuracy": baseline["accuracy"],
-        "sft_accuracy": after_sft["accuracy"],
-        "grpo_accuracy": after_grpo["accuracy"],
-        "grpo_gain_points": 100 * (after_grpo["accuracy"] - after_sft["accuracy"]),
-        "format_rate": after_grpo["format_rate"],
-        "sft_format_rate": after_sft["format_rate"],
-        "sft_seconds": sft_seconds,
-        "grpo_seconds": grpo_seconds,
-        "sft_steps": sft.step,
-        "grpo_steps": trainer.step,
-        "test_size": len(test),
-        "device": str(dev),
-        "model": cfg.model.name,
-        "samples_after_grpo": after_grpo["samples"][:4],
-    }
-    rows = read_jsonl(out / "metrics.jsonl")
-    plot_rewards(rows, out / "reward_curve.png")
-    plot_kl(rows, out / "kl.png")
-    plot_advantage_histograms(rows, out / "advantage_histograms.png")
-    plot_accuracy(summary, out / "accuracy.png")
-    summary["wall_seconds"] = time.perf_counter() - wall
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    def _save(self) -> None:
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.records, indent=2))
+        os.replace(tmp, self.record_path)
+
+    def done(self, phase: str) -> dict[str, Any] | None:
+        """The record of a finished phase (`base_eval`, `sft`, `sft_eval`, `grpo`, …), or None."""
+        return self.records["phases"].get(phase)
+
+    def _finish(self, phase: str, record: dict[str, Any]) -> dict[str, Any]:
+        self.records["phases"][phase] = record
+        self._save()
+        return record
+
+    # -- weights -----------------------------------------------------------------------------------------------
+    def _hold(self, stage: str) -> None:
+        """Put the weights after `stage` in the model: the SFT checkpoint, then (GRPO, control) that phase's on top."""
+        if stage == self.holds:
+            return
+        if stage == "base" or (stage == "sft" and self.holds != "base"):
+            raise RuntimeError(f"the arc cannot go back from the {self.holds} model to the {stage} model")
+        if stage == "sft":
+            load_checkpoint(self.out / "sft" / "final", self.model)
+        else:
+            self._start_from_sft()
+            load_checkpoint(self.out / stage / "final", self.model)
+        self.holds = stage
+
+    def _start_from_sft(self) -> None:
+        """The SFT model as a starting point for GRPO or the control: with LoRA its adapter merged into the weights
+        and a fresh adapter on top (so GRPO's reference, the adapter switched off, is the SFT model)."""
+        lora = is_lora(self.model)
+        if self.holds == "base" or (not lora and self.holds != "sft"):
+            load_checkpoint(self.out / "sft" / "final", self.model)
+        if lora and self._fresh_adapter is None:
+            self.model = merge_and_restart_lora(self.model, self.cfg.model)
+            self._fresh_adapter = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        elif lora:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    if name in self._fresh_adapter:
+                        p.copy_(self._fresh_adapter[name])
+        self.holds = "sft"
+
+    # -- time budget -------------------------------------------------------------------------------------------
+    def _spent(self) -> float:
+        return sum(r.get("seconds", 0.0) for r in [self.records["load"], *self.records["phases"].values()])
+
+    def _evals_left(self) -> int:
+        stages = ["sft", "grpo"] + (["control"] if self.cfg.control else [])
+        return sum(1 for s in stages if not self.done(f"{s}_eval"))
+
+    def _eval_seconds(self) -> float:
+        """The latest evaluation's time, with pass@k's k samples per problem where it will run (counted as k greedy
+        evaluations when not yet measured)."""
+        last = [r for name, r in self.records["phases"].items() if name.endswith("_eval")][-1]
+        k = self.cfg.eval_pass_k
+        return last["seconds"] if f"pass@{k}" in last else last["greedy_seconds"] * (1 + k)
+
+    def _training_seconds(self) -> float:
+        """Budget left for training: the budget less what is spent and the evaluations still to come."""
+        left = 60 * self.cfg.time_budget_minutes - self._spent() - self._evals_left() * self._eval_seconds()
+        return max(left, 0.0)
+
+    # -- phases ------------------------------------------------------------------------------------------------
+    def evaluate(self, stage: str) -> dict[str, Any]:
+        """Greedy accuracy and format rate on the held-out set (and pass@k when `eval_pass_k`) of the model after
+        `stage` (base, sft, grpo, control), with GRPO's max_new_tokens."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
+        if record := self.done(f"{stage}_eval"):
+            return record
+        self._hold(stage)
+        t0 = time.perf_counter()
+        g = self.cfg.grpo
+        result = evaluate(self.model, self.tokenizer, self.test, max_new_tokens=g.max_new_tokens, bucket=g.prompt_bucket)
+        record = {"accuracy": result["accuracy"], "format_rate": result["format_rate"], "n": result["n"],
+                  "correct": result["correct"], "samples": result["samples"][:4], "greedy_seconds": time.perf_counter() - t0}
+        if self.cfg.eval_pass_k and stage != "base":
+            record[f"pass@{self.cfg.eval_pass_k}"] = pass_at_k(
+                self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k, max_new_tokens=g.max_new_tokens,
+                temperature=g.temperature, bucket=g.prompt_bucket, seed=g.seed)
+        record["seconds"] = time.perf_counter() - t0
+        return self._finish(f"{stage}_eval", record)
+
+    def sft(self) -> dict[str, Any]:
+        """SFT on the task's demonstrations from the base model; with a time budget sized to its share of it."""
+        if record := self.done("sft"):
+            return record
+        self._hold("base")
+        t0 = time.perf_counter()
+        plan = self.records["plan"]
+        if self.cfg.time_budget_minutes and "sft_seconds" not in plan:
+            self.evaluate("base")  # its time sizes what is left
+            plan["sft_seconds"] = self.cfg.sft_fraction * self._training_seconds()
+        trainer = self._sft_trainer("sft", steps=plan.get("sft_steps"))
+        if self.cfg.time_budget_minutes and "sft_steps" not in plan:
+            trainer.train(progress=self.progress, steps=PROBE_STEPS)
+            plan["sft_probe_step_seconds"] = trainer.step_seconds[-1]
+            plan["sft_steps"] = max(PROBE_STEPS, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
+            self._save()
+            trainer.set_steps(plan["sft_steps"])
+        trainer.train(progress=self.progress)
+        trainer.save(self.out / "sft" / "final")
+        self.holds = "sft"
+        if trainer.step_seconds:  # the control's step count comes from it
+            plan["sft_step_seconds"] = statistics.median(trainer.step_seconds)
+        return self._finish("sft", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+
+    def grpo_trainer(self) -> GRPOTrainer:
+        """The GRPO trainer, starting from the SFT model (or from its own checkpoint after a disconnect): for a
+        dashboard to wrap before `grpo(run=dashboard.run)`."""
+        if self.trainer is None:
+            self._start_from_sft()
+            g = self.cfg.grpo
+            weights = g.reward_weights or (DEFAULT_WEIGHTS if self.rewards == list(DEFAULT_REWARDS) else None)
+            config = dataclasses.replace(g, output_dir=str(self.out / "grpo"), reward_weights=weights)
+            checkpoint = self.out / "grpo" / "checkpoint"
+            self.trainer = GRPOTrainer(self.model, self.tokenizer, self.rewards, self.task.prompt_stream(), config,
+                                       resume_metrics=checkpoint.exists())
+            if checkpoint.exists():
+                self.trainer.load(checkpoint)
+        return self.trainer
+
+    def grpo(self, run: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        """GRPO from the SFT model: `grpo.steps` steps, or with a time budget as many as fit its share (sized after
+        the first steps). `run(total_steps)` trains (default: the trainer's `train`; notebook 08 passes the
+        dashboard's `run`)."""
+        if record := self.done("grpo"):
+            return record
+        trainer = self.grpo_trainer()
+        run = run or (lambda steps: trainer.train(steps=steps, progress=self.progress))
+        t0 = time.perf_counter()
+        plan = self.records["plan"]
+        if self.cfg.time_budget_minutes and "grpo_steps" not in plan:
+            share = 2 if self.cfg.control else 1
+            plan["grpo_seconds"] = self._training_seconds() / share
+            run(min(PROBE_STEPS, self.cfg.grpo.steps))
+            plan["grpo_step_seconds"] = trainer.logger.rows[-1]["step_seconds"]
+            plan["grpo_probe_seconds"] = time.perf_counter() - t0
+            left = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
+            plan["grpo_steps"] = trainer.step + max(0, math.floor(left / plan["grpo_step_seconds"]))
+            self._save()
+        if not trainer.controls.snapshot()["stop_requested"]:  # a stop pressed during the first steps ends the phase
+            run(plan.get("grpo_steps", self.cfg.grpo.steps))
+        trainer.save(self.out / "grpo" / "final")
+        self.holds = "grpo"
+        return self._finish("grpo", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
+                                     "step_seconds": [r["step_seconds"] for r in trainer.logger.rows]})
+
+    def control(self) -> dict[str, Any]:
+        """The control: SFT continued from the SFT model on the same demonstrations (a new warm-up and cosine
+        schedule) for as many steps as fit the seconds GRPO trained, at the SFT phase's step time."""
+        if record := self.done("control"):
+            return record
+        grpo = self.done("grpo")
+        if grpo is None:
+            raise RuntimeError("the control runs for as long as GRPO did: run grpo() first")
+        self._start_from_sft()
+        t0 = time.perf_counter()
+        plan = self.records["plan"]
+        plan.setdefault("control_steps", max(1, round(grpo["seconds"] / plan["sft_step_seconds"])))  # median SFT step
+        self._save()
+        trainer = self._sft_trainer("control", steps=plan["control_steps"])
+        trainer.train(progress=self.progress)
+        trainer.save(self.out / "control" / "final")
+        self.holds = "control"
+        return self._finish("control", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+
+    def _sft_trainer(self, phase: str, *, steps: int | None) -> SFTTrainer:
+        config = dataclasses.replace(self.cfg.sft, output_dir=str(self.out / phase), steps=steps or self.cfg.sft.steps)
+        checkpoint = self.out / phase / "checkpoint"
+        trainer = SFTTrainer(self.model, self.tokenizer, self.task.demonstrations(), config, resume_metrics=checkpoint.exists())
+        if checkpoint.exists():
+            trainer.load(checkpoint)
+        return trainer
+
+    def export(self, stage: str = "grpo", out_dir: str | Path | None = None) -> Path:
+        """The model after `stage` as a plain transformers directory (LoRA merged; `export.export_model`) in
+        `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies."""
+        from .export import export_model
+
+        self._hold(stage)
+        metrics = {f"{s}_accuracy": r["accuracy"] for s in STAGES if (r := self.done(f"{s}_eval"))}
+        return export_model(self.model, self.tokenizer, out_dir or self.out / f"export-{stage}", base_name=self.cfg.model.name,
+                            metrics={**metrics, "test_size": len(self.test), "task": self.cfg.task.kind})
+
+    def run(self) -> dict[str, Any]:
+        """Every phase in order, then the summary."""
+        self.evaluate("base")
+        self.sft()
+        self.evaluate("sft")
+        self.grpo()
+        self.evaluate("grpo")
+        if self.cfg.control:
+            self.control()
+            self.evaluate("control")
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """`summary.json`: accuracy and format rate after each stage, seconds per phase, steps; and the plots."""
+        phases, cfg = self.records["phases"], self.cfg
+        summary: dict[str, Any] = {"model": cfg.model.name, "task": cfg.task.kind, "device": str(self.device),
+                                   "test_size": len(self.test), "max_new_tokens": cfg.grpo.max_new_tokens,
+                                   "time_budget_minutes": cfg.time_budget_minutes}
+        for stage in STAGES:
+            if record := phases.get(f"{stage}_eval"):
+                summary[f"{stage}_accuracy"] = record["accuracy"]
+                summary[f"{stage}_format_rate"] = record["format_rate"]
+                summary.update({f"{stage}_{k}": v for k, v in record.items() if k.startswith("pass@")})
+        summary["format_rate"] = summary.get("grpo_format_rate")
+        if "grpo_accuracy" in summary and "sft_accuracy" in summary:
+            summary["grpo_gain_points"] = 100 * (summary["grpo_accuracy"] - summary["sft_accuracy"])
+        for phase in ("sft", "grpo", "control"):
+            if record := phases.get(phase):
+                summary[f"{phase}_steps"] = record["steps"]
+        summary["paired"] = {f"{a} → {b}": _paired(phases[f"{a}_eval"]["correct"], phases[f"{b}_eval"]["correct"])
+                             for a, b in (("sft", "grpo"), ("control", "grpo"), ("sft", "control"))
+                             if f"{a}_eval" in phases and f"{b}_eval" in phases}
+        summary["phase_seconds"] = {"load": self.records["load"]["seconds"],
+                                    **{name: record["seconds"] for name, record in phases.items()}}
+        summary.update({f"{name}_seconds": s for name, s in summary["phase_seconds"].items()})
+        summary["wall_seconds"] = sum(summary["phase_seconds"].values())
+        summary["plan"] = self.records["plan"]
+        if record := phases.get("grpo_eval"):
+            summary["samples_after_grpo"] = record["samples"]
+        rows = read_jsonl(self.out / "grpo" / "metrics.jsonl")
+        if rows:
+            plot_rewards(rows, self.out / "reward_curve.png")
+            plot_kl(rows, self.out / "kl.png")
+            plot_advantage_histograms(rows, self.out / "advantage_histograms.png")
+        plot_accuracy(summary, self.out / "accuracy.png")
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def _paired(first: list[bool], second: list[bool]) -> dict[str, int]:
+    """Problem by problem: how many the second model solves that the first did not (`fixed`), the reverse
+    (`broken`), and both (`both`). A difference in accuracy is fixed − broken over the number of problems."""
+    return {"fixed": sum(b and not a for a, b in zip(first, second, strict=True)),
+            "broken": sum(a and not b for a, b in zip(first, second, strict=True)),
+            "both": sum(a and b for a, b in zip(first, second, strict=True))}
+
+
+def _first_difference(old: Any, new: Any, where: str = "") -> str:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                return _first_difference(old.get(key), new.get(key), f"{where}.{key}" if where else key)
+    return f"{where} was {old!r}, is {new!r} now"
+
+
+def run_demo(cfg: DemoConfig | None = None, device: str | None = None, progress: bool = True, *,
+             resume: bool = True) -> dict[str, Any]:
+    """Run the whole arc and write `summary.json`, progress.json, each phase's metrics and checkpoints, and PNG
+    plots to `cfg.output_dir` (see `Arc`)."""
+    return Arc(cfg or DemoConfig(), device, progress=progress, resume=resume).run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,9 +17,10 @@ def generate_completions(
     bucket: int = 32, greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
     generator: torch.Generator | None = None,
 ) -> list[str]:
-    """Completions for `prompts` with the kit's sampler, in fixed-size batches (the last one padded with
-    repeats so every batch has the same shape)."""
+    """Completions for `prompts` with the kit's sampler, in equal batches of at most `batch_size` (200 prompts at 64:
+    four of 50), the last one padded with repeats where they cannot be equal, so every batch has the same shape."""
     stops, pad = stop_token_ids(tokenizer), tokenizer.pad_token_id
+    batch_size = math.ceil(len(prompts) / math.ceil(len(prompts) / batch_size)) if prompts else batch_size
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
@@ -35,7 +37,8 @@ def generate_completions(
 def evaluate(
     model: torch.nn.Module, tokenizer: Any, dataset: Any, *, max_new_tokens: int = 40, batch_size: int = 64, bucket: int = 32,
 ) -> dict[str, Any]:
-    """Greedy accuracy (correct answer in `<answer>`) and strict-format rate on `dataset` (prompt, answer)."""
+    """Greedy accuracy (correct answer in `<answer>`) and strict-format rate on `dataset` (prompt, answer); `correct`
+    says which problems were solved, `samples` shows the first eight."""
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     completions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                        bucket=bucket)
@@ -46,8 +49,29 @@ def evaluate(
         "accuracy": sum(correct) / n,
         "format_rate": sum(formatted) / n,
         "n": len(completions),
+        "correct": [bool(k) for k in correct],
         "samples": [
             {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": c, "answer": a, "correct": bool(k)}
             for p, c, a, k in list(zip(prompts, completions, answers, correct, strict=True))[:8]
         ],
     }
+
+
+def pass_at_k(
+    model: torch.nn.Module, tokenizer: Any, dataset: Any, *, k: int, max_new_tokens: int = 40, temperature: float = 1.0,
+    batch_size: int = 64, bucket: int = 32, seed: int = 0,
+) -> float:
+    """pass@k: the share of problems in `dataset` (prompt, answer) with at least one correct answer among k sampled
+    completions (temperature `temperature`, seeded) — how often the model *can* solve a problem, where greedy
+    accuracy says how often its first choice does. With exactly k samples per problem this is the unbiased
+    estimator 1 − C(n − c, k) / C(n, k) at n = k."""
+    if k < 1:
+        raise ValueError(f"pass_at_k: k={k}: must be ≥ 1")
+    prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
+    repeated = [p for p in prompts for _ in range(k)]
+    completions = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                       bucket=bucket, greedy=False, temperature=temperature,
+                                       generator=torch.Generator().manual_seed(seed))
+    correct = correctness_reward(repeated, completions, answer=[a for a in answers for _ in range(k)])
+    solved = [any(correct[i * k : (i + 1) * k]) for i in range(len(prompts))]
+    return sum(solved) / max(len(prompts), 1)

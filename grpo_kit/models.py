@@ -135,6 +135,18 @@ def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
     return get_peft_model(model, lora)
 
 
+def merge_and_restart_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Fold a trained LoRA adapter into the base weights and put a fresh adapter (B = 0: the same function) on
+    top. A GRPO run after LoRA SFT starts like this, so that its reference policy — the model with the adapter
+    off — is the SFT model and not the base model from before SFT."""
+    device = next(model.parameters()).device
+    merged = model.merge_and_unload()
+    fresh = add_lora(merged, cfg)
+    if cfg.gradient_checkpointing:
+        fresh.enable_input_require_grads()
+    return move_model(fresh, device, resolve_dtype(cfg.dtype, device))
+
+
 def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 

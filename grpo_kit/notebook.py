@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import DemoConfig, auto_preset, load_demo_config
+from .config import PRESET_TIMES, DemoConfig, auto_preset, load_demo_config
 
 
 def quick() -> bool:
@@ -71,6 +71,54 @@ def choose_config(preset: str = "auto", model: str | None = None) -> DemoConfig:
         cfg = load_demo_config("cpu-tiny")
     print(f"preset {name if ok else 'cpu-tiny'} · model {cfg.model.name} · hardware {environment()['hardware']}")
     return cfg
+
+
+CAPSTONE_PRESETS = {"cuda": "gpu-gemma-3-1b", "cpu": "cpu-gemma-270m"}
+"""Notebook 08's preset per runtime; a TPU board takes its own `tpu-<board>-gemma-3-1b`."""
+
+
+def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto") -> tuple[DemoConfig, str]:
+    """Notebook 08's settings: the runtime's real-Gemma preset — a TPU board's or the GPU's Gemma 3 1B-IT on GSM8K,
+    on a CPU Gemma 3 270M on generated word problems — writing to `runs_dir()/capstone/<preset>` (so a re-run after
+    a disconnect continues there), with `time_budget_minutes` (None: the preset's). Where a piece cannot be had it
+    falls back and says so: GSM8K without network → generated word problems; Gemma 3 1B without access → Gemma 3
+    270M from PyPI; no Gemma 3 270M either → the tiny Gemma on arithmetic. Under quick mode (CI, platform replicas):
+    16 held-out problems, 4 SFT steps, 2 GRPO steps of 2 prompts × 4, no time budget. Returns (config, preset)."""
+    from .tasks import make_task
+
+    hardware = environment()["hardware"]
+    name = preset if preset != "auto" else CAPSTONE_PRESETS.get(hardware, auto_preset(hardware))
+    cfg = load_demo_config(name)
+    ok, why = model_access(cfg.model.name, cfg.model.hf_token)
+    if not ok and cfg.model.name != "gemma-3-270m-offline":
+        print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}): "
+              "Gemma 3 270M from PyPI on generated word problems instead")
+        name, cfg = "cpu-gemma-270m", load_demo_config("cpu-gemma-270m")
+        ok, why = model_access(cfg.model.name)
+    if not ok:
+        print(f"⚠️  no real Gemma can be loaded here ({why.splitlines()[-1].strip()}): the tiny Gemma on arithmetic "
+              "instead (every cell still runs; install grpo-kit[gemma-offline] for Gemma 3 270M)")
+        name, cfg = "cpu-tiny", dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
+    if cfg.task.kind == "gsm8k":
+        try:
+            make_task(cfg.task)
+        except Exception as e:  # no network, or the hub refused: the offline generator stands in
+            print(f"⚠️  GSM8K cannot be loaded here ({type(e).__name__}: {str(e).splitlines()[0][:160]}): "
+                  "generated GSM8K-style word problems instead")
+            cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, kind="word_problems", operations=(2, 3)))
+    budget = time_budget_minutes if time_budget_minutes is not None else cfg.time_budget_minutes
+    cfg = dataclasses.replace(cfg, output_dir=str(runs_dir() / "capstone" / name), time_budget_minutes=budget)
+    if quick():
+        cfg = dataclasses.replace(
+            cfg, time_budget_minutes=None, task=dataclasses.replace(cfg.task, num_test=16),
+            sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1),
+            grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4, micro_batch_size=8))
+    print(f"preset {name} · model {cfg.model.name} · task {cfg.task.kind} · hardware {hardware} · "
+          f"time budget {f'{cfg.time_budget_minutes:g} min' if cfg.time_budget_minutes else 'none (steps as set)'}")
+    expected = PRESET_TIMES.get(name)
+    if expected and expected["grpo_step_seconds"]:
+        print(f"expected: ≈ {expected['grpo_step_seconds']:g} s per GRPO step ({expected['basis']})")
+    return cfg, name
 
 
 def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-it", "gemma-3-270m")) -> tuple[Any, Any, str]:
@@ -130,7 +178,7 @@ def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Pa
     Returns (model, tokenizer, checkpoint path)."""
     from .checkpoint import load_checkpoint
     from .models import load_model
-    from .tasks import ArithmeticTask
+    from .tasks import make_task
 
     if stage not in COURSE_STAGES:
         raise ValueError(f"unknown course stage {stage!r}; choose one of {sorted(COURSE_STAGES)}")
@@ -140,7 +188,7 @@ def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Pa
         load_checkpoint(path, model)
         print(f"{stage}: loaded {path}")
         return model, tokenizer, path
-    task = ArithmeticTask(**dataclasses.asdict(cfg.task))
+    task = make_task(cfg.task)
     start = time.perf_counter()
     if stage == "sft":
         from .sft import SFTTrainer

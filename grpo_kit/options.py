@@ -11,6 +11,7 @@ KL_ESTIMATORS = ("k1", "k3")
 ADVANTAGE_ESTIMATORS = ("zscore", "centered", "mad", "batch")
 ADVANTAGE_CLIPS = ("none", "symmetric", "asymmetric", "tanh")
 REWARD_ON_ERROR = ("raise", "zero")
+TASK_KINDS = ("arithmetic", "word_problems", "gsm8k")
 
 
 def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:

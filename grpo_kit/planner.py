@@ -123,7 +123,7 @@ def model_spec(name: str) -> ModelSpec:
     path = Path(name)
     if (path / "config.json").exists():
         return ModelSpec.from_config(path.name, json.loads((path / "config.json").read_text()))
-    key = name.split("/")[-1].lower()
+    key = name.split("/")[-1].lower().removesuffix("-offline")  # gemma-3-270m-offline: the PyPI copy, same shapes
     for candidate in (key, key.removesuffix("-it"), key + "-it", key.removesuffix("-pt") + "-it"):
         if candidate in MODELS:
             return MODELS[candidate]

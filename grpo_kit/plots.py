@@ -80,11 +80,12 @@ def draw_advantage_heatmap(ax: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def draw_accuracy_bars(ax: Any, summary: dict[str, Any]) -> None:
-    """Held-out greedy accuracy before training, after SFT and after GRPO (a demo summary)."""
-    labels = ["random init", "after SFT", "after GRPO"]
-    values = [summary["baseline_accuracy"], summary["sft_accuracy"], summary["grpo_accuracy"]]
-    bars = ax.bar(labels, [100 * v for v in values], color=["C7", "C0", "C2"])
-    for bar, v in zip(bars, values, strict=True):
+    """Held-out greedy accuracy of the base model, after SFT, after GRPO and (when run) after the SFT control."""
+    stages = [("base", "base model", "C7"), ("sft", "after SFT", "C0"), ("grpo", "after GRPO", "C2"),
+              ("control", "SFT control\n(same time)", "C1")]
+    shown = [(label, summary[f"{key}_accuracy"], color) for key, label, color in stages if f"{key}_accuracy" in summary]
+    bars = ax.bar([s[0] for s in shown], [100 * s[1] for s in shown], color=[s[2] for s in shown])
+    for bar, (_, v, _) in zip(bars, shown, strict=True):
         ax.text(bar.get_x() + bar.get_width() / 2, 100 * v + 1, f"{100 * v:.1f}%", ha="center")
     ax.set_ylim(0, 105)
     ax.set_ylabel("held-out greedy accuracy (%)")

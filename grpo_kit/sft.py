@@ -61,15 +61,26 @@ def collate(examples: list[tuple[list[int], int]], pad_id: int, bucket: int) -> 
     return {"input_ids": ids, "attention_mask": attn, "target_mask": target[:, 1:]}
 
 
-def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean negative log-likelihood of completion tokens: −Σ m log π(y_t | y_<t) / Σ m. Returns (loss, tokens)."""
+def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completion_only_head: bool | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean negative log-likelihood of completion tokens: −Σ m log π(y_t | y_<t) / Σ m. Returns (loss, tokens).
+
+    `completion_only_head` (default: off XLA) runs the LM head only at the completion positions — with Gemma's
+    262k-entry vocabulary the head costs more than the body, and prompt and padding positions are about half of
+    each row; the same loss up to float order. XLA keeps the padded shape (a fixed graph per bucket)."""
     hf = base_model(model)
     ids, attn = batch["input_ids"], batch["attention_mask"]
     hidden = hf.model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False).last_hidden_state
-    logp, _ = token_logprobs_and_entropy(hidden[:, :-1], hf.lm_head.weight, ids[:, 1:],
+    hidden, targets, mask = hidden[:, :-1], ids[:, 1:], batch["target_mask"]
+    if completion_only_head is None:
+        completion_only_head = hidden.device.type != "xla"
+    if completion_only_head:
+        keep = mask.bool()
+        hidden, targets, mask = hidden[keep].unsqueeze(0), targets[keep].unsqueeze(0), mask[keep].unsqueeze(0)
+    logp, _ = token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets,
                                          softcap=getattr(hf.config, "final_logit_softcapping", None), with_entropy=False,
                                          entropy_grad=False)
-    mask = batch["target_mask"].to(logp.dtype)
+    mask = mask.to(logp.dtype)
     tokens = mask.sum()
     return -(logp * mask).sum() / tokens.clamp(min=1), tokens
 
@@ -98,6 +109,8 @@ class SFTTrainer:
         self._last_save = time.monotonic()
         self._order: list[int] = []
         self._skipped_in_a_row = 0
+        self.step_seconds: list[float] = []
+        """Wall seconds of each step this process ran (a time budget sizes the run from them)."""
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
         if len(self._order) < self.config.batch_size:
@@ -121,15 +134,30 @@ class SFTTrainer:
         self.step += 1
         row = to_host({"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped})
         row.update(step=self.step, lr=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
+        self.step_seconds.append(row["step_seconds"])
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if row["skipped_updates"] else 0
         check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="SFTConfig.max_skipped_steps")
         return row
 
-    def train(self, progress: bool = True) -> list[dict[str, Any]]:
+    def set_steps(self, steps: int) -> None:
+        """Change the run's length mid-run (a time budget sizes it from measured step times): the cosine schedule
+        is rebuilt over the new total and continues from the current step."""
+        if steps < self.step:
+            raise ValueError(f"SFT: cannot shorten the run to {steps} steps, {self.step} are done")
+        self.config = dataclasses.replace(self.config, steps=steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, self.config.warmup_steps, steps)
+        for _ in range(self.step):
+            self.scheduler.step()
+
+    def train(self, progress: bool = True, steps: int | None = None) -> list[dict[str, Any]]:
+        """Train until `steps` (default config.steps) steps are done, or max_seconds has passed."""
         cfg = self.config
+        target = cfg.steps if steps is None else min(steps, cfg.steps)
         t0 = time.perf_counter()
-        bar = tqdm(total=cfg.steps, desc="SFT", disable=not progress)
-        while self.step < cfg.steps:
+        bar = tqdm(total=target, initial=self.step, desc="SFT", disable=not progress)
+        while self.step < target:
             row = self.train_step()
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.logger.log(row)

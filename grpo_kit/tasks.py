@@ -359,6 +359,54 @@ def load_gsm8k(
     return Dataset.from_list([gsm8k_row_to_example(r, i, system_prompt) for i, r in enumerate(rows)])
 
 
+class GSM8KTask:
+    """GSM8K with the same held-out problems every time: from the hub (`openai/gsm8k`) the first `num_test` rows of
+    the test split, the first `num_demonstrations` rows of train as SFT demonstrations and the rest of train as the
+    GRPO prompt stream; from one local file (GSM8K format), its first `num_test` rows, the next `num_demonstrations`,
+    and the rest."""
+
+    def __init__(self, source: str | Path = "openai/gsm8k", seed: int = 1234, num_demonstrations: int = 200,
+                 num_test: int = 200, system_prompt: str | None = None) -> None:
+        self.seed = seed
+        if Path(source).exists():
+            rows = load_gsm8k(source, system_prompt=system_prompt).to_list()
+            test, train = rows[:num_test], rows[num_test:]
+        else:
+            test = load_gsm8k(source, split="test", system_prompt=system_prompt).to_list()[:num_test]
+            train = load_gsm8k(source, split="train", system_prompt=system_prompt).to_list()
+        if len(test) < num_test or len(train) <= num_demonstrations:
+            raise ValueError(f"GSM8KTask: {source} has {len(test) + len(train)} rows, too few for num_test={num_test} held out, "
+                             f"num_demonstrations={num_demonstrations} and GRPO prompts besides")
+        self._test, self._demos, self._train = test, train[:num_demonstrations], train[num_demonstrations:]
+
+    def demonstrations(self) -> Dataset:
+        """The SFT demonstrations (prompt, answer, completion)."""
+        return Dataset.from_list(self._demos)
+
+    def test_set(self) -> Dataset:
+        """The held-out problems."""
+        return Dataset.from_list(self._test)
+
+    def prompt_stream(self, seed: int = 0) -> Iterator[dict[str, Any]]:
+        """The remaining training problems, reshuffled each pass."""
+        rng = random.Random(self.seed * 1000 + seed)
+        while True:
+            yield from rng.sample(self._train, len(self._train))
+
+
+def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
+    """The task a `TaskConfig` names (`kind`), built with its settings."""
+    common = {"seed": cfg.seed, "num_demonstrations": cfg.num_demonstrations, "num_test": cfg.num_test,
+              "system_prompt": cfg.system_prompt}
+    if cfg.kind == "arithmetic":
+        return ArithmeticTask(min_value=cfg.min_value, max_value=cfg.max_value, **common)
+    if cfg.kind == "word_problems":
+        return WordProblemTask(operations=tuple(cfg.operations), **common)
+    if cfg.kind == "gsm8k":
+        return GSM8KTask(cfg.source, **common)
+    raise ValueError(f"TaskConfig.kind={cfg.kind!r}: must be one of arithmetic, word_problems, gsm8k")
+
+
 def completion_text(completion: Any) -> str:
     """A completion as plain text, whether given as a string or as TRL-style chat messages."""
     if isinstance(completion, str):

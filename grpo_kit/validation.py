@@ -49,7 +49,10 @@ RULES: dict[str, dict[str, Rule]] = {
     "ModelConfig": {
         "lora_r": at_least(1), "lora_alpha": above(0), "lora_dropout": within(0, 1, high_open=True), "dtype": one_of(DTYPES),
     },
-    "TaskConfig": {"num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
+    "TaskConfig": {"kind": one_of(options.TASK_KINDS), "operations": (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4"),
+                   "num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
+    "DemoConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
+                   "eval_pass_k": at_least(0)},
     "SFTConfig": {
         "steps": at_least(0), "batch_size": at_least(1), "learning_rate": above(0), "weight_decay": at_least(0),
         "warmup_steps": at_least(0), "max_grad_norm": above(0), "max_length": at_least(8), "pad_to_multiple_of": at_least(1),
@@ -106,9 +109,10 @@ def _coerce(value: Any, hint: Any, setting: str) -> Any:
             raise ConfigError(f"{setting}={value!r}: expected {'true or false' if hint is bool else 'a string'}")
         return value
     if origin is tuple:
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{setting}={value!r}: expected a list of strings")
-        return tuple(value)
+        item = args[0] if args else str
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{setting}={value!r}: expected a list of {'whole numbers' if item is int else 'strings'}")
+        return tuple(_coerce(v, item, f"{setting}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{setting}={value!r}: expected a mapping of names to numbers")

@@ -431,3 +431,27 @@ def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(ta
             assert abs(a[key] - b[key]) <= 1e-3 * max(1.0, abs(b[key])), key
     for a, b in zip(params_on, params_off, strict=True):
         assert (a - b).norm() <= 1e-4 * b.norm()
+
+
+@pytest.mark.parametrize("large_vocabulary", [False, True])  # the plain head, and the fused frozen head (LoRA, 40,960)
+def test_sft_loss_with_the_head_on_completion_positions_only_equals_the_padded_one(large_vocabulary):
+    from grpo_kit.sft import collate, sft_loss
+
+    model = lora_gemma3_streamed_vocabulary() if large_vocabulary else gemma3_sliding()
+    vocab = model.config.vocab_size if hasattr(model, "config") else 256
+    gen = torch.Generator().manual_seed(0)
+    examples = [(torch.randint(3, vocab, (n,), generator=gen).tolist(), p) for n, p in ((9, 4), (14, 6), (5, 2))]
+    batch = collate(examples, pad_id=0, bucket=8)
+
+    def loss_and_grads(completion_only_head: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        loss, tokens = sft_loss(model, batch, completion_only_head=completion_only_head)
+        loss.backward()
+        assert int(tokens) == sum(len(ids) - p for ids, p in examples)
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad and p.grad is not None]
+
+    packed, padded = loss_and_grads(True), loss_and_grads(False)
+    assert torch.allclose(packed[0], padded[0], rtol=1e-5, atol=1e-6)
+    assert len(packed[1]) == len(padded[1]) > 0
+    for a, b in zip(packed[1], padded[1], strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)

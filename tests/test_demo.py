@@ -1,20 +1,143 @@
+import dataclasses
 import json
+import math
+
+import pytest
+import torch
 
 from grpo_kit.cli import main
+from grpo_kit.config import DemoConfig, load_demo_config
+from grpo_kit.demo import Arc
 
 
 def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("baseline_accuracy", "sft_accuracy", "grpo_accuracy", "format_rate", "sft_seconds", "grpo_seconds",
-                "wall_seconds"):
+    for key in ("base_accuracy", "sft_accuracy", "grpo_accuracy", "format_rate", "sft_seconds", "grpo_seconds",
+                "base_eval_seconds", "wall_seconds", "test_size"):
         assert key in summary, key
+    assert "control_accuracy" not in summary  # the control is off unless asked for
     assert summary["grpo_steps"] == 6 and summary["sft_steps"] == 40
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))
     for name in ("reward_curve.png", "kl.png", "advantage_histograms.png", "accuracy.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
     printed = json.loads(capsys.readouterr().out)
     assert printed["grpo_accuracy"] == summary["grpo_accuracy"]
+    # running again continues: every phase is already recorded, so nothing trains and the numbers stay
+    assert main(["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["grpo_accuracy"] == summary["grpo_accuracy"] and again["phase_seconds"] == summary["phase_seconds"]
+    # other settings in the same directory are refused, naming the setting; --overwrite starts over
+    assert main(["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet", "--config", str(_yaml(tmp_path))]) == 2
+    assert "grpo.learning_rate was 0.0001, is 0.0003 now" in capsys.readouterr().err
+    assert main(["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet", "--config", str(_yaml(tmp_path)),
+                 "--overwrite"]) == 0
+
+
+def _yaml(tmp_path):
+    path = tmp_path / "lr.yaml"
+    path.write_text("grpo: {learning_rate: 3e-4}\n")
+    return path
+
+
+def _tiny(out, **changes) -> DemoConfig:
+    cfg = load_demo_config("cpu-tiny-quick")
+    task = dataclasses.replace(cfg.task, num_test=16)
+    return dataclasses.replace(cfg, output_dir=str(out), task=task, **changes)
+
+
+def test_time_budget_sizes_each_phase_from_measured_times_and_the_control_matches_grpo(tmp_path):
+    cfg = _tiny(tmp_path / "arc", time_budget_minutes=1.0, control=True, sft_fraction=0.4)
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000), sft=dataclasses.replace(cfg.sft, steps=1000))
+    arc = Arc(cfg, "cpu", progress=False)
+    summary = arc.run()
+    plan, phases = summary["plan"], arc.records["phases"]
+    # SFT got its share of what the budget left after loading, the base evaluation and three evaluations to come
+    left = 60 - arc.records["load"]["seconds"] - phases["base_eval"]["seconds"] - 3 * phases["base_eval"]["greedy_seconds"]
+    assert plan["sft_seconds"] == pytest.approx(0.4 * left)
+    assert summary["sft_steps"] == plan["sft_steps"] == max(2, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
+    assert plan["sft_step_seconds"] > 0  # the median SFT step, which sizes the control
+    assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
+    # GRPO: half of what was left (the control gets the other half), in steps of the measured length
+    assert summary["grpo_steps"] == plan["grpo_steps"] >= 2
+    assert plan["grpo_steps"] == 2 + max(0, math.floor((plan["grpo_seconds"] - plan["grpo_probe_seconds"]) / plan["grpo_step_seconds"]))
+    assert plan["grpo_step_seconds"] == phases["grpo"]["step_seconds"][1]
+    # the control: SFT steps for GRPO's seconds at SFT's step time
+    assert summary["control_steps"] == plan["control_steps"] == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
+    for stage in ("base", "sft", "grpo", "control"):
+        assert 0 <= summary[f"{stage}_accuracy"] <= 1 and summary[f"{stage}_format_rate"] is not None
+    assert summary["test_size"] == 16 and set(summary["phase_seconds"]) == {
+        "load", "base_eval", "sft", "sft_eval", "grpo", "grpo_eval", "control", "control_eval"}
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def length_reward(prompts, completions, **_):
+    return [float(len(c)) for c in completions]
+
+
+def test_lora_arc_resumed_in_a_new_process_holds_the_same_weights_and_grpo_references_the_sft_model(tmp_path):
+    cfg = _tiny(tmp_path / "arc")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=True, lora_r=4),
+                              sft=dataclasses.replace(cfg.sft, steps=6, learning_rate=5e-3),
+                              grpo=dataclasses.replace(cfg.grpo, steps=2, learning_rate=5e-3))
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14]])
+    arc = Arc(cfg, "cpu", progress=False, rewards=[length_reward])  # rewards that always differ within a group
+    arc.evaluate("base")
+    arc.sft()
+    sft_logits = _logits(arc.model, ids)
+    trainer = arc.grpo_trainer()
+    with trainer.reference.model() as reference:  # the adapter switched off: the SFT model, not the base
+        assert torch.allclose(_logits(reference, ids), sft_logits, atol=1e-5)
+    assert torch.allclose(_logits(arc.model, ids), sft_logits, atol=1e-5)  # a fresh adapter changes nothing yet
+    arc.grpo()
+    grpo_logits = _logits(arc.model, ids)
+    assert not torch.allclose(grpo_logits, sft_logits, atol=1e-4)
+    arc.evaluate("grpo")
+
+    again = Arc(cfg, "cpu", progress=False)  # as after a disconnect: a new process, the same directory
+    assert again.done("grpo")["steps"] == 2 and again.done("base_eval") == arc.done("base_eval")
+    again._hold("grpo")
+    assert torch.allclose(_logits(again.model, ids), grpo_logits, atol=1e-5)
+    again.control()  # starts from the SFT model again, not from GRPO's
+    fresh = Arc(cfg, "cpu", progress=False)
+    fresh._hold("control")
+    assert torch.allclose(_logits(fresh.model, ids), _logits(again.model, ids), atol=1e-5)
+
+
+def test_an_interrupted_grpo_phase_continues_from_its_checkpoint(tmp_path):
+    cfg = _tiny(tmp_path / "arc")
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4), grpo=dataclasses.replace(cfg.grpo, steps=4))
+    arc = Arc(cfg, "cpu", progress=False, rewards=[length_reward])
+    arc.sft()
+    trainer = arc.grpo_trainer()
+    trainer.train(steps=2, progress=False)
+    trainer.save(tmp_path / "arc" / "grpo" / "checkpoint")  # what save_every_seconds leaves behind
+    whole = Arc(dataclasses.replace(cfg, output_dir=str(tmp_path / "whole")), "cpu", progress=False, rewards=[length_reward])
+    whole.sft()
+    whole.grpo()
+
+    resumed = Arc(cfg, "cpu", progress=False, rewards=[length_reward])  # a new process after the disconnect
+    assert resumed.grpo_trainer().step == 2
+    assert resumed.grpo()["steps"] == 4
+    rows = [json.loads(line) for line in (tmp_path / "arc" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[-1]["grad_norm"] > 0
+    expected = dict(whole.model.named_parameters())
+    for name, p in resumed.model.named_parameters():
+        assert torch.allclose(p, expected[name], atol=1e-6), name
+
+
+def test_demo_settings_are_validated():
+    from grpo_kit.validation import ConfigError
+
+    for bad, match in (({"sft_fraction": 1.0}, "sft_fraction"), ({"time_budget_minutes": 0}, "time_budget_minutes"),
+                       ({"eval_pass_k": -1}, "eval_pass_k")):
+        with pytest.raises(ConfigError, match=match):
+            DemoConfig(**bad)

@@ -53,18 +53,42 @@ def test_planner_picks_settings_that_fit_and_refuses_what_cannot():
         plan(PlanInput(tpu="v9-8"))
 
 
-def test_every_tpu_preset_fits_its_board_per_the_planner():
-    for name, _preset in PRESETS.items():
-        if not name.startswith("tpu-"):
+def _board(name: str) -> str | None:
+    if name.startswith("tpu-"):
+        return "-".join(name.split("-")[1:3])
+    return {"gpu-gemma-3-1b": "t4", "cpu-gemma-270m": "cpu"}.get(name)
+
+
+def _longest_prompt(cfg) -> int:
+    """The preset's longest prompt in tokens: measured on the generated word problems; for GSM8K (not here offline)
+    its one prompt bucket, which holds every GSM8K question."""
+    if cfg.task.kind != "word_problems":
+        return cfg.grpo.prompt_bucket
+    from grpo_kit.hub import resolve_model
+    from grpo_kit.models import load_tokenizer
+    from grpo_kit.sampling import bucket_length, prompt_tokens
+    from grpo_kit.tasks import make_task
+
+    tokenizer = load_tokenizer(resolve_model(cfg.model.name).path)
+    longest = max(prompt_tokens(tokenizer, row["prompt"]) for row in make_task(cfg.task).test_set())
+    return bucket_length(longest, cfg.grpo.prompt_bucket)
+
+
+def test_every_real_gemma_preset_fits_its_board_per_the_planner():
+    checked = []
+    for name in PRESETS:
+        board = _board(name)
+        if board is None:
             continue
-        tpu = name.split("-")[1] + "-" + name.split("-")[2]
         cfg = load_demo_config(name)
         g = cfg.grpo
-        r = plan(PlanInput(model=cfg.model.name, tpu=tpu, lora=bool(cfg.model.lora), prompts_per_step=g.prompts_per_step,
-                           group_size=g.group_size, prompt_length=g.prompt_bucket, max_new_tokens=g.max_new_tokens,
+        r = plan(PlanInput(model=cfg.model.name, tpu=board, lora=bool(cfg.model.lora), prompts_per_step=g.prompts_per_step,
+                           group_size=g.group_size, prompt_length=_longest_prompt(cfg), max_new_tokens=g.max_new_tokens,
                            micro_batch_size=g.micro_batch_size, gradient_checkpointing=cfg.model.gradient_checkpointing,
                            beta=g.beta))
         assert r["fits"], (name, r["estimate_gib"])
+        checked.append(board)
+    assert sorted(checked) == ["cpu", "t4", "v2-8", "v3-8", "v5e-1", "v5e-8"]
 
 
 def test_auto_preset_follows_the_hardware(monkeypatch):
@@ -110,3 +134,15 @@ def test_cli_picks_the_preset_for_the_hardware_except_the_cpu_demo(monkeypatch):
     monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert auto_preset() == "cpu-tiny"
+
+
+def test_every_real_gemma_preset_states_its_expected_times_and_where_they_come_from():
+    from grpo_kit.config import PRESET_TIMES
+
+    for name in PRESETS:
+        if _board(name) is None:
+            continue
+        expected = PRESET_TIMES[name]
+        assert expected["grpo_step_seconds"] > 0 and expected["run_minutes"] > 0, name
+        assert expected["basis"].startswith(("measured: ", "estimate")), name
+        assert expected["run_minutes"] == load_demo_config(name).time_budget_minutes, name
