@@ -356,7 +356,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 PRESET_TIMES: dict[str, dict[str, Any]] = {
     "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
                  "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
-    "cpu-gemma-270m": {"grpo_step_seconds": None, "run_minutes": 55,
+    "cpu-gemma-270m": {"grpo_step_seconds": 42, "run_minutes": 55,
                        "basis": "measured: `grpo-kit demo --preset cpu-gemma-270m` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
     "tpu-v5e-1-gemma-3-1b": {"grpo_step_seconds": 20, "run_minutes": 90,
                              "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "

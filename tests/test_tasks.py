@@ -144,3 +144,44 @@ def test_word_problem_splits_are_seeded_disjoint_and_by_difficulty():
     assert {r["operations"] for r in hard.test_set()} == {4}
     with pytest.raises(ValueError, match=r"operations=\(7,\): no template has that many steps \(have \[2, 3, 4\]\)"):
         WordProblemTask(operations=(7,))
+
+
+def test_a_gsm8k_file_splits_into_held_out_demonstrations_and_prompts_the_same_way_every_time():
+    from grpo_kit.config import TaskConfig
+    from grpo_kit.tasks import GSM8KTask, make_task
+
+    rows = [json.loads(line) for line in (DATA / "gsm8k_sample.jsonl").read_text().splitlines()]
+    task = make_task(TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3, num_demonstrations=2))
+    assert isinstance(task, GSM8KTask)
+    test, demos = task.test_set(), task.demonstrations()
+    assert [r["prompt"][-1]["content"] for r in test] == [r["question"].strip() for r in rows[:3]]  # the file's first rows
+    assert [r["prompt"][-1]["content"] for r in demos] == [r["question"].strip() for r in rows[3:5]]
+    stream = task.prompt_stream()
+    seen = [next(stream)["prompt"][-1]["content"] for _ in range(3 * (len(rows) - 5))]
+    assert sorted(set(seen)) == sorted(r["question"].strip() for r in rows[5:])  # the rest, every pass
+    again = make_task(TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3, num_demonstrations=2))
+    assert [row["prompt"][-1]["content"] for row, _ in zip(again.prompt_stream(), seen, strict=False)] == seen  # seeded
+    assert test[0]["answer"] == canonical_of(rows[0]) and "<<" not in demos[0]["completion"]
+    with pytest.raises(ValueError, match="too few"):
+        GSM8KTask(DATA / "gsm8k_sample.jsonl", num_test=5, num_demonstrations=len(rows))
+
+
+def canonical_of(row: dict) -> str:
+    from grpo_kit.tasks import canonical_number
+
+    return canonical_number(row["answer"].split("####")[-1])
+
+
+def test_task_settings_name_the_kind_and_the_difficulty():
+    from grpo_kit.config import TaskConfig
+    from grpo_kit.tasks import WordProblemTask, make_task
+    from grpo_kit.validation import ConfigError
+
+    task = make_task(TaskConfig(kind="word_problems", operations=[2], num_test=5, num_demonstrations=5))
+    assert isinstance(task, WordProblemTask) and set(task.test_set()["operations"]) == {2}
+    with pytest.raises(ConfigError, match=r"TaskConfig.kind='algebra': must be one of arithmetic, word_problems, gsm8k"):
+        TaskConfig(kind="algebra")
+    with pytest.raises(ConfigError, match=r"TaskConfig.operations=\(5,\): must be a non-empty list of 2, 3 or 4"):
+        TaskConfig(operations=[5])
+    with pytest.raises(ConfigError, match=r"TaskConfig.operations\[0\]='two': expected a whole number"):
+        TaskConfig(operations=["two"])

@@ -228,3 +228,44 @@ def test_the_hub_token_stays_out_of_reprs_and_saved_settings():
 
     cfg = DemoConfig(model=ModelConfig(hf_token="hf_SECRET123"))
     assert "hf_SECRET123" not in repr(cfg) and "hf_SECRET123" not in str(cfg.model)
+
+
+def test_pass_at_k_counts_a_problem_solved_by_any_of_its_k_samples(monkeypatch):
+    import grpo_kit.evaluation as evaluation
+
+    dataset = {"prompt": ["p0", "p1", "p2"], "answer": ["3", "4", "5"]}
+    scripted = {"p0": ["<answer>9</answer>", "<answer>3</answer>"], "p1": ["<answer>1</answer>", "<answer>2</answer>"],
+                "p2": ["<answer>5</answer>", "<answer>5</answer>"]}
+    seen = {}
+
+    def fake_generate(model, tokenizer, prompts, **kwargs):
+        seen.update(kwargs, prompts=prompts)
+        counts: dict[str, int] = {}
+        out = []
+        for p in prompts:
+            out.append(scripted[p][counts.get(p, 0)])
+            counts[p] = counts.get(p, 0) + 1
+        return out
+
+    monkeypatch.setattr(evaluation, "generate_completions", fake_generate)
+    assert evaluation.pass_at_k(None, None, dataset, k=2, temperature=0.7) == pytest.approx(2 / 3)
+    assert seen["prompts"] == ["p0", "p0", "p1", "p1", "p2", "p2"] and seen["greedy"] is False and seen["temperature"] == 0.7
+    with pytest.raises(ValueError, match="k=0"):
+        evaluation.pass_at_k(None, None, dataset, k=0)
+
+
+def test_sft_resized_mid_run_follows_the_schedule_of_the_new_length(tiny, task):
+    model, tok = tiny
+    cfg = SFTConfig(steps=40, batch_size=4, warmup_steps=2, output_dir=None)
+    resized = SFTTrainer(model, tok, task.demonstrations(), cfg)
+    resized.train(progress=False, steps=3)
+    resized.set_steps(10)
+    planned = SFTTrainer(model, tok, task.demonstrations(), dataclasses.replace(cfg, steps=10))
+    for _ in range(3):
+        planned.optimizer.step()
+        planned.scheduler.step()
+    assert resized.scheduler.get_last_lr() == pytest.approx(planned.scheduler.get_last_lr())
+    resized.train(progress=False)
+    assert resized.step == 10 and len(resized.step_seconds) == 10
+    with pytest.raises(ValueError, match="cannot shorten the run to 5 steps, 10 are done"):
+        resized.set_steps(5)
