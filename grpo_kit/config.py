@@ -323,7 +323,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
                  "system_prompt": WORD_PROBLEM_INSTRUCTION},
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5, "log_every": 5},
-        "grpo": {"steps": 1000, "learning_rate": 1e-4, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
+        "grpo": {"steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
                  "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
                  "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
         "time_budget_minutes": 55, "control": True, "sft_fraction": 0.3,
