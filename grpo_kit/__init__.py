@@ -27,7 +27,7 @@ PUBLIC: dict[str, str | None] = {
     "ModelConfig": "config", "TaskConfig": "config", "DemoConfig": "config", "Controls": "controls",
     "PRESETS": "config", "PRESET_TIMES": "config", "load_demo_config": "config", "Arc": "demo", "run_demo": "demo",
     # models and devices
-    "load_model": "models", "load_tokenizer": "models", "add_lora": "models", "count_parameters": "models",
+    "load_model": "models", "load_tokenizer": "models", "add_lora": "models", "merge_and_restart_lora": "models", "count_parameters": "models",
     "resolve_model": "hub", "ModelAccessError": "hub", "stop_token_ids": "chat", "GEMMA_CHAT_TEMPLATE": "chat",
     "get_device": "device", "xla_problem": "device", "SetupError": "device",
     # data and rewards

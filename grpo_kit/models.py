@@ -138,7 +138,10 @@ def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
 def merge_and_restart_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
     """Fold a trained LoRA adapter into the base weights and put a fresh adapter (B = 0: the same function) on
     top. A GRPO run after LoRA SFT starts like this, so that its reference policy — the model with the adapter
-    off — is the SFT model and not the base model from before SFT."""
+    off — is the SFT model and not the base model from before SFT. A model without an adapter is returned as it
+    is: under full fine-tuning the reference is a copy of the weights GRPO starts from already."""
+    if not is_lora(model):
+        return model
     device = next(model.parameters()).device
     merged = model.merge_and_unload()
     fresh = add_lora(merged, cfg)

@@ -177,7 +177,7 @@ def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Pa
     mode included), and saved; the rebuild is announced with its size and then its measured time.
     Returns (model, tokenizer, checkpoint path)."""
     from .checkpoint import load_checkpoint
-    from .models import load_model
+    from .models import is_lora, load_model, merge_and_restart_lora
     from .tasks import make_task
 
     if stage not in COURSE_STAGES:
@@ -185,6 +185,13 @@ def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Pa
     path = runs_dir() / "course" / stage / "checkpoint"
     if path.exists():
         model, tokenizer = load_model(cfg.model, device)
+        if stage == "grpo" and is_lora(model):  # GRPO's adapter sits on the SFT model merged, as notebook 05 trains it
+            sft_path = runs_dir() / "course" / "sft" / "checkpoint"
+            if not sft_path.exists():
+                raise FileNotFoundError(f"{path} holds a LoRA adapter trained on top of the SFT model in {sft_path}, "
+                                        "which is missing: run notebook 02 (or delete the GRPO checkpoint to rebuild both)")
+            load_checkpoint(sft_path, model)
+            model = merge_and_restart_lora(model, cfg.model)
         load_checkpoint(path, model)
         print(f"{stage}: loaded {path}")
         return model, tokenizer, path
@@ -203,6 +210,7 @@ def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Pa
         from .rewards import DEFAULT_REWARDS
 
         model, tokenizer, _ = course_model("sft", cfg, device)
+        model = merge_and_restart_lora(model, cfg.model)
         grpo_cfg = dataclasses.replace(course_grpo_config(cfg, path.parent), steps=steps(cfg.grpo.steps, 4), log_completions=0)
         print(f"grpo: no checkpoint in {path.parent} (notebook {COURSE_STAGES[stage]} ran elsewhere or not yet): "
               f"rebuilding it here — {grpo_cfg.steps} GRPO steps of {grpo_cfg.prompts_per_step} prompts × {grpo_cfg.group_size}")

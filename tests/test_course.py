@@ -35,3 +35,31 @@ def test_a_missing_checkpoint_is_rebuilt_once_then_loaded(monkeypatch, tmp_path,
         assert torch.equal(a, b), name
     untrained, _ = load_model(cfg.model, torch.device("cpu"))
     assert any(not torch.equal(a, b) for a, b in zip(untrained.state_dict().values(), again.state_dict().values(), strict=True))
+
+
+def test_lora_grpo_stands_on_the_sft_model_and_loads_back_the_same(monkeypatch, tmp_path):
+    """Under LoRA, notebook 05's GRPO trains a fresh adapter on the SFT model merged: its reference (the adapter
+    off) is the SFT model, not the base model, and loading the GRPO checkpoint rebuilds that same chain."""
+    import dataclasses
+
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("GRPO_KIT_QUICK", "1")
+    cfg = nbk.load_demo_config("cpu-tiny")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=True))
+    cpu = torch.device("cpu")
+    trained, _, _ = nbk.course_model("grpo", cfg, cpu)  # rebuilds SFT, then GRPO on it
+    sft, _, _ = nbk.course_model("sft", cfg, cpu)
+    base, _ = load_model(cfg.model, cpu)
+    loaded, _, _ = nbk.course_model("grpo", cfg, cpu)
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14, 15, 16]])
+
+    def logits(model):
+        model.eval()
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    assert torch.allclose(logits(loaded), logits(trained), atol=1e-5)
+    with loaded.disable_adapter():
+        reference = logits(loaded)
+    assert torch.allclose(reference, logits(sft), atol=1e-5)
+    assert not torch.allclose(reference, logits(base), atol=1e-3)  # the SFT adapter was trained, and merged
