@@ -318,6 +318,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
     # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured run).
+    # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
+    # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "float32"},
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
