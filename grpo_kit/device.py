@@ -147,6 +147,33 @@ def is_xla(device: torch.device | str) -> bool:
     return torch.device(device).type == "xla"
 
 
+def activation_checkpoint(function: Any, *args: Any) -> Any:
+    """`function(*args)`, keeping only its inputs for the backward pass, which runs `function` again (activation
+    checkpointing). torch's non-reentrant checkpoint looks up a `torch.xla` device module, which torch_xla
+    (2.8, 2.9) does not register, and stops with an AttributeError; for XLA tensors torch_xla's own checkpoint
+    runs instead."""
+    if any(isinstance(a, torch.Tensor) and is_xla(a.device) for a in args):
+        from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+
+        return xla_checkpoint(function, *args)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(function, *args, use_reentrant=False)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module, device: torch.device) -> None:
+    """Recompute each transformer layer's activations in the backward pass (transformers' gradient
+    checkpointing), through `activation_checkpoint`'s XLA-safe choice of checkpoint function."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if is_xla(device):
+        from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+
+        # transformers calls each layer's `_gradient_checkpointing_func`; it builds torch's, which fails on XLA
+        for module in model.modules():
+            if hasattr(module, "_gradient_checkpointing_func"):
+                module._gradient_checkpointing_func = xla_checkpoint
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on TPU and on GPUs that have it (Gemma overflows in fp16); fp32 on CPU (no fast bf16 on most CPUs)
     and on GPUs without bf16 (T4, P100, V100)."""

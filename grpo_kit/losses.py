@@ -7,8 +7,8 @@ including the stop token) and 0 after it.
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
+from .device import activation_checkpoint
 from .options import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, check_choice
 
 
@@ -77,7 +77,7 @@ def token_logprobs_and_entropy(
     for start in range(0, hidden.shape[0], chunk_rows):
         h, y = hidden[start : start + chunk_rows], ids[start : start + chunk_rows]
         if recompute:
-            lp, ent = checkpoint(_chunk_stats, h, lm_head_weight, y, temperature, softcap, with_entropy, use_reentrant=False)
+            lp, ent = activation_checkpoint(_chunk_stats, h, lm_head_weight, y, temperature, softcap, with_entropy)
         else:
             lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap=softcap, with_entropy=with_entropy)
         logps.append(lp)

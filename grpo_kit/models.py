@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from .chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .config import ModelConfig
-from .device import is_xla, move_model, resolve_dtype, shard_parameters
+from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, shard_parameters
 from .hub import TINY_GEMMA, resolve_model
 from .planner import MODEL_SHAPES
 
@@ -114,7 +114,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
     if use_lora:
         model = add_lora(model, cfg)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model, device)
         if use_lora:
             model.enable_input_require_grads()
     model = move_model(model, device, dtype)

@@ -180,3 +180,38 @@ def test_dashboard_moves_after_warm_up_compile_nothing_new(task):
     after = trainer.train(6, progress=False)[3:]
     assert [r["xla_recompiles_step"] for r in after] == [0, 0, 0], [r.get("graphs_per_phase") for r in after]
     assert after[-1]["beta"] == 0.5 and abs(after[-1]["temperature"] - 0.3) < 1e-9
+
+
+def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
+    """The two places the kit recomputes activations in the backward pass, on XLA: the chunked LM head of a
+    ≥ 32k vocabulary (every real Gemma: `recompute`) and transformers' layer checkpointing
+    (`ModelConfig.gradient_checkpointing`). torch's own checkpoint stops there with "module 'torch' has no
+    attribute 'xla'"; the gradients must equal the CPU's."""
+    from grpo_kit.config import ModelConfig
+    from grpo_kit.losses import token_logprobs_and_entropy
+    from grpo_kit.models import load_model
+
+    xla = get_device("xla")
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 8, 16, generator=gen), torch.randn(32768, 16, generator=gen) * 0.1
+    ids = torch.randint(0, 32768, (2, 8), generator=gen)
+    grads = []
+    for device in (torch.device("cpu"), xla):
+        h, w = hidden.to(device).detach().requires_grad_(), weight.to(device).detach().requires_grad_()
+        logp, entropy = token_logprobs_and_entropy(h, w, ids.to(device), recompute=True)
+        (logp.sum() + entropy.sum()).backward()
+        mark_step(device)
+        grads.append((logp.detach().cpu(), h.grad.cpu(), w.grad.cpu()))
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+    tokens = torch.tensor([[2, 10, 11, 12, 13, 14, 15, 16]])
+    layer_grads = []
+    for device in (torch.device("cpu"), xla):
+        model, _ = load_model(ModelConfig(gradient_checkpointing=True, dtype="float32"), device)
+        model.train()
+        loss = model(input_ids=tokens.to(device), labels=tokens.to(device), use_cache=False).loss
+        loss.backward()
+        mark_step(device)
+        layer_grads.append(model.model.layers[0].mlp.up_proj.weight.grad.cpu())
+    assert layer_grads[0].abs().sum() > 0 and torch.allclose(*layer_grads, atol=1e-5)
