@@ -320,8 +320,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured run).
     # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
+    # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
+    # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
     "cpu-gemma-270m": {
-        "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "float32"},
+        "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
                  "system_prompt": WORD_PROBLEM_INSTRUCTION},
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5, "log_every": 5},

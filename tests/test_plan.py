@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from grpo_kit.cli import main
 from grpo_kit.config import PRESETS, auto_preset, load_demo_config
@@ -146,3 +147,11 @@ def test_every_real_gemma_preset_states_its_expected_times_and_where_they_come_f
         assert expected["grpo_step_seconds"] > 0 and expected["run_minutes"] > 0, name
         assert expected["basis"].startswith(("measured: ", "estimate")), name
         assert expected["run_minutes"] == load_demo_config(name).time_budget_minutes, name
+
+
+def test_the_cpu_gemma_preset_trains_in_float32_on_a_cpu_and_bf16_where_notebook_08_falls_back_to_it():
+    from grpo_kit.device import resolve_dtype
+
+    dtype = load_demo_config("cpu-gemma-270m").model.dtype
+    assert resolve_dtype(dtype, torch.device("cpu")) == torch.float32  # the measured CPU run
+    assert resolve_dtype(dtype, torch.device("xla")) == torch.bfloat16  # a TPU without access to Gemma 3 1B
