@@ -17,7 +17,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import SFTConfig
-from .device import guarded_optimizer_step, mark_step
+from .device import data_parallel_size, guarded_optimizer_step, is_xla, mark_step, shard_batch
 from .losses import token_logprobs_and_entropy
 from .metrics import MetricsLogger, to_host
 from .models import base_model
@@ -98,6 +98,10 @@ class SFTTrainer:
         if len(self.examples) < cfg.batch_size:
             raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
         self.device = next(model.parameters()).device
+        devices = data_parallel_size() if is_xla(self.device) else 1
+        if cfg.batch_size % devices:
+            raise ConfigError(f"SFTConfig.batch_size={cfg.batch_size} cannot be split over the {devices} devices of the SPMD "
+                              f"mesh: make it a multiple of {devices}")
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
@@ -117,7 +121,8 @@ class SFTTrainer:
             self._order += torch.randperm(len(self.examples), generator=self.generator).tolist()
         picked, self._order = self._order[: self.config.batch_size], self._order[self.config.batch_size :]
         batch = collate([self.examples[i] for i in picked], self.tokenizer.pad_token_id, self.config.pad_to_multiple_of)
-        return {k: v.to(self.device) for k, v in batch.items()}
+        # under SPMD each device takes its share of the rows (data parallel), as GRPO's batches do
+        return {k: shard_batch(v.to(self.device)) for k, v in batch.items()}
 
     def train_step(self) -> dict[str, Any]:
         cfg = self.config

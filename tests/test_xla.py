@@ -215,3 +215,45 @@ def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
         mark_step(device)
         layer_grads.append(model.model.layers[0].mlp.up_proj.weight.grad.cpu())
     assert layer_grads[0].abs().sum() > 0 and torch.allclose(*layer_grads, atol=1e-5)
+
+
+SFT_ON_MESH = """
+import json, sys, torch
+from grpo_kit.device import enable_spmd, get_device
+devices = int(sys.argv[1])
+if devices > 1:
+    enable_spmd(devices)
+import torch_xla
+from grpo_kit.config import ModelConfig, SFTConfig
+from grpo_kit.models import load_model
+from grpo_kit.sft import SFTTrainer
+from grpo_kit.tasks import ArithmeticTask
+from grpo_kit.validation import ConfigError
+model, tok = load_model(ModelConfig(dtype="float32"), get_device("xla"))
+rows = ArithmeticTask(num_demonstrations=32).demonstrations()
+trainer = SFTTrainer(model, tok, rows, SFTConfig(steps=3, batch_size=8, output_dir=None))
+spec = torch_xla._XLAC._get_xla_sharding_spec(trainer._next_batch()["input_ids"])
+losses = [trainer.train_step()["loss"] for _ in range(3)]
+try:
+    SFTTrainer(model, tok, rows, SFTConfig(batch_size=6, output_dir=None))
+    refused = ""
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps({"spec": spec, "losses": losses, "refused": refused}))
+"""
+
+
+def test_sft_under_spmd_splits_its_batch_over_the_devices_and_matches_one_device():
+    """SFT's batch is data parallel over an 8-device mesh (each device its share of the rows, as GRPO's), with the
+    1-device losses; a batch size that does not split is refused naming the setting."""
+    runs = {}
+    for devices in (1, 8):
+        env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices)}
+        proc = subprocess.run([sys.executable, "-c", SFT_ON_MESH, str(devices)], capture_output=True, text=True, env=env,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[devices] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "devices=[8,1]" in runs[8]["spec"], runs[8]["spec"]
+    assert runs[1]["spec"] == "" and runs[1]["refused"] == ""
+    assert runs[8]["refused"].startswith("SFTConfig.batch_size=6 cannot be split over the 8 devices")
+    assert max(abs(a - b) for a, b in zip(runs[1]["losses"], runs[8]["losses"], strict=True)) <= 1e-4
