@@ -6,6 +6,8 @@ including the stop token) and 0 after it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .device import activation_checkpoint
@@ -77,7 +79,8 @@ def token_logprobs_and_entropy(
     for start in range(0, hidden.shape[0], chunk_rows):
         h, y = hidden[start : start + chunk_rows], ids[start : start + chunk_rows]
         if recompute:
-            lp, ent = activation_checkpoint(_chunk_stats, h, lm_head_weight, y, temperature, softcap, with_entropy)
+            stats = functools.partial(_chunk_stats, temperature=temperature, softcap=softcap, with_entropy=with_entropy)
+            lp, ent = activation_checkpoint(stats, h, lm_head_weight, y)
         else:
             lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap=softcap, with_entropy=with_entropy)
         logps.append(lp)
