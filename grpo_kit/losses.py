@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .device import activation_checkpoint
+from .device import activation_checkpoint, data_parallel_size, is_xla
 from .options import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, check_choice
 
 
@@ -52,7 +52,7 @@ def token_logprobs_and_entropy(
 
     Never materialises a full-vocabulary log-softmax, and never the whole batch's logits at once: with
     Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. `chunk_rows` None sizes
-    chunks to `LOGIT_CHUNK_ELEMENTS` logits. `with_entropy=False`
+    chunks to `LOGIT_CHUNK_ELEMENTS` logits (`logit_chunks`: by rows, on XLA by positions). `with_entropy=False`
     skips the entropy (returned as zeros), which costs a full softmax product per position. With `recompute`
     (default: on when grads are needed and the vocabulary is ≥ 32k) each chunk's logits are recomputed in
     the backward pass, so only the hidden states are kept.
@@ -73,11 +73,10 @@ def token_logprobs_and_entropy(
         return logp.view_as(ids), entropy
     if recompute is None:
         recompute = torch.is_grad_enabled() and lm_head_weight.shape[0] >= 32768
-    if chunk_rows is None:
-        chunk_rows = logit_chunk_rows(ids.shape[1], lm_head_weight.shape[0])
+    chunks, dim = logit_chunks(ids.shape, lm_head_weight.shape[0], chunk_rows=chunk_rows, xla=is_xla(hidden.device))
     logps, ents = [], []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        h, y = hidden[start : start + chunk_rows], ids[start : start + chunk_rows]
+    for chunk in chunks:
+        h, y = hidden[chunk], ids[chunk]
         if recompute:
             stats = functools.partial(_chunk_stats, temperature=temperature, softcap=softcap, with_entropy=with_entropy)
             lp, ent = activation_checkpoint(stats, h, lm_head_weight, y)
@@ -85,7 +84,7 @@ def token_logprobs_and_entropy(
             lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap=softcap, with_entropy=with_entropy)
         logps.append(lp)
         ents.append(ent)
-    return torch.cat(logps), torch.cat(ents)
+    return torch.cat(logps, dim), torch.cat(ents, dim)
 
 
 FUSED_ROWS, FUSED_COLUMNS = 256, 16384
@@ -203,6 +202,26 @@ batches; Gemma's 262k vocabulary gets 2 rows of 256 tokens per chunk)."""
 def logit_chunk_rows(tokens_per_row: int, vocab: int, budget: int = LOGIT_CHUNK_ELEMENTS) -> int:
     """Rows per chunk so that one chunk's logits stay within `budget` elements (at least 1 row)."""
     return max(1, budget // max(1, tokens_per_row * vocab))
+
+
+def logit_chunks(shape: tuple[int, int] | torch.Size, vocab: int, *, chunk_rows: int | None = None,
+                 xla: bool = False) -> tuple[list[tuple[slice, slice]], int]:
+    """How `token_logprobs_and_entropy` cuts a (B, T) batch so that one chunk's logits stay within
+    `LOGIT_CHUNK_ELEMENTS` (or `chunk_rows` rows' worth): (index of each chunk, the dimension they join along).
+    Off XLA by rows. On XLA by positions, every chunk holding the whole batch: under SPMD the batch is split over
+    the devices, and a chunk of its rows makes XLA's SPMD partitioner stop the process (a failed check, torch_xla
+    2.8 and 2.9); the budget then counts one device's share of the rows."""
+    rows, positions = shape
+    if not xla:
+        chunk_rows = chunk_rows or logit_chunk_rows(positions, vocab, budget=LOGIT_CHUNK_ELEMENTS)
+        return [(slice(s, s + chunk_rows), slice(None)) for s in range(0, rows, chunk_rows)], 0
+    rows_per_device = -(-rows // data_parallel_size())
+    if chunk_rows:  # the logits of `chunk_rows` whole rows on each device
+        columns = chunk_rows * positions // rows_per_device
+    else:
+        columns = LOGIT_CHUNK_ELEMENTS // (rows_per_device * vocab)
+    columns = min(positions, max(1, columns))
+    return [(slice(None), slice(s, s + columns)) for s in range(0, positions, columns)], 1
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -224,6 +224,8 @@ devices = int(sys.argv[1])
 if devices > 1:
     enable_spmd(devices)
 import torch_xla
+import grpo_kit.losses
+grpo_kit.losses.LOGIT_CHUNK_ELEMENTS = 8 * 106  # the LM head in chunks, as Gemma's ≥ 32k vocabulary has it
 from grpo_kit.config import ModelConfig, SFTConfig
 from grpo_kit.models import load_model
 from grpo_kit.sft import SFTTrainer
@@ -245,7 +247,8 @@ print(json.dumps({"spec": spec, "losses": losses, "refused": refused}))
 
 def test_sft_under_spmd_splits_its_batch_over_the_devices_and_matches_one_device():
     """SFT's batch is data parallel over an 8-device mesh (each device its share of the rows, as GRPO's), with the
-    1-device losses; a batch size that does not split is refused naming the setting."""
+    1-device losses, its LM head in chunks (cut by position on XLA: chunks of the split batch's rows stopped the
+    process in XLA's SPMD partitioner); a batch size that does not split is refused naming the setting."""
     runs = {}
     for devices in (1, 8):
         env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices)}
@@ -257,3 +260,64 @@ def test_sft_under_spmd_splits_its_batch_over_the_devices_and_matches_one_device
     assert runs[1]["spec"] == "" and runs[1]["refused"] == ""
     assert runs[8]["refused"].startswith("SFTConfig.batch_size=6 cannot be split over the 8 devices")
     assert max(abs(a - b) for a, b in zip(runs[1]["losses"], runs[8]["losses"], strict=True)) <= 1e-4
+
+
+LOGPROBS_ON_MESH = """
+import json, sys, torch
+from grpo_kit.device import enable_spmd, get_device, mark_step, shard_batch
+enable_spmd(8)
+from grpo_kit.losses import token_logprobs_and_entropy
+gen = torch.Generator().manual_seed(0)
+hidden, weight = torch.randn(16, 12, 32, generator=gen), torch.randn(40_960, 32, generator=gen) * 0.3
+ids, coef = torch.randint(0, 40_960, (16, 12), generator=gen), torch.randn(16, 12, generator=gen)
+xla = get_device("xla")
+h = shard_batch(hidden.to(xla)).requires_grad_()
+w = weight.to(xla).requires_grad_()
+# one row's logits per device at a time: 2 chunks of 6 positions (2 rows on each of the 8 devices)
+logp, entropy = token_logprobs_and_entropy(h, w, ids.to(xla), temperature=0.9, chunk_rows=1)
+((logp * coef.to(xla)).sum() + entropy.sum()).backward()
+mark_step(xla)
+print(json.dumps({k: v.detach().cpu().tolist() for k, v in
+                  {"logp": logp, "entropy": entropy, "grad_hidden": h.grad, "grad_weight_rows": w.grad.cpu()[ids.flatten()],
+                   "grad_weight_norm": w.grad.norm()}.items()}))
+"""
+
+
+@pytest.mark.skipif(not xla_available(), reason="torch_xla not installed")
+def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
+    """Gemma's vocabulary (≥ 32k) makes the LM head run in chunks, recomputed in the backward pass. On an 8-device
+    mesh, with the batch split over the devices, the chunks are cut by position (`losses.logit_chunks`): chunks of
+    rows stopped the process in XLA's SPMD partitioner. Values and gradients equal the CPU's."""
+    from grpo_kit.losses import token_logprobs_and_entropy
+
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
+    proc = subprocess.run([sys.executable, "-c", LOGPROBS_ON_MESH], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {k: torch.tensor(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(16, 12, 32, generator=gen), torch.randn(40_960, 32, generator=gen) * 0.3
+    ids, coef = torch.randint(0, 40_960, (16, 12), generator=gen), torch.randn(16, 12, generator=gen)
+    hidden.requires_grad_(), weight.requires_grad_()
+    logp, entropy = token_logprobs_and_entropy(hidden, weight, ids, temperature=0.9, chunk_rows=1)
+    ((logp * coef).sum() + entropy.sum()).backward()
+    want = {"logp": logp, "entropy": entropy, "grad_hidden": hidden.grad, "grad_weight_rows": weight.grad[ids.flatten()],
+            "grad_weight_norm": weight.grad.norm()}
+    for name, value in want.items():  # the norm sums 1.3M squares: XLA's order and exp differ in the 4th digit
+        rtol = 1e-3 if name == "grad_weight_norm" else 1e-4
+        assert torch.allclose(got[name], value.detach(), atol=1e-4, rtol=rtol), (name, (got[name] - value).abs().max())
+
+
+def test_logit_chunks_cut_rows_off_xla_and_positions_on_it(monkeypatch):
+    from grpo_kit import losses
+
+    monkeypatch.setattr(losses, "LOGIT_CHUNK_ELEMENTS", 2 * 10 * 1000)
+    rows, dim = losses.logit_chunks((5, 10), 1000)
+    assert dim == 0 and [c[0] for c in rows] == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    monkeypatch.setattr(losses, "data_parallel_size", lambda: 4)
+    columns, dim = losses.logit_chunks((8, 10), 1000, xla=True)  # 2 rows per device: 10 positions per chunk
+    assert dim == 1 and [c for c in columns] == [(slice(None), slice(0, 10))]
+    monkeypatch.setattr(losses, "data_parallel_size", lambda: 1)
+    columns, dim = losses.logit_chunks((8, 10), 1000, xla=True)  # 8 rows on one device: 2 positions per chunk
+    assert [c[1] for c in columns] == [slice(s, s + 2) for s in range(0, 10, 2)]
+    columns, dim = losses.logit_chunks((8, 10), 1000, chunk_rows=4, xla=True)  # 4 rows' worth: 5 positions of 8
+    assert [c[1] for c in columns] == [slice(0, 5), slice(5, 10)]
