@@ -259,52 +259,53 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
 
     Same tokens as `choose_tokens` on the full logits except where u lands within float rounding of a CDF
     boundary; log-probs equal up to float summation order. With `moments` (no softcap) the same pass also gives
-    `HeadMoments`: per block Σ e^{z−m_b} W_blk and Σ e^{z−m_b} z, rescaled by e^{m_b − M} and summed — one more
-    product per block; returned third (else None)."""
+    `HeadMoments`: per block Σ e^{z−m_b} W_blk, rescaled by e^{m_b − M}, summed and divided by the total mass — one
+    more product per block — is π W, and Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
+    Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
+    exponentials are taken in place, so a block costs its products and four passes over its logits."""
     if moments and softcap:
         raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
     rows, vocab, block = hidden.shape[0], weight.shape[0], decoder.LM_HEAD_BLOCK
     t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
     h = hidden.float()
-    xt = h.T.contiguous()
-
-    def scaled(z: torch.Tensor) -> torch.Tensor:
-        return (torch.tanh(z / softcap) * softcap if softcap else z) / t
+    x = h if softcap else h / t
+    xt = x.T.contiguous()
 
     # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
-    maxima, masses, best, rows_sums, z_sums = [], [], [], [], []
+    maxima, masses, best, rows_sums = [], [], [], []
     for start in range(0, vocab, block):
         w = weight[start : start + block]
-        z = scaled(torch.mm(w, xt))
+        z = torch.mm(w, xt)
+        if softcap:
+            z = torch.tanh(z / softcap) * (softcap / t)
         m = z.amax(0, keepdim=True)
         maxima.append(m)
-        e = torch.exp(z - m)
+        if greedy:
+            best.append(z.argmax(0) + start)
+        e = z.sub_(m).exp_()  # z is not needed again
         masses.append(e.view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
         if moments:
             rows_sums.append(torch.mm(e.T, w))  # (rows, d)
-            z_sums.append((e * z).sum(0))
-        if greedy:
-            best.append(z.argmax(0) + start)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
-    tiles = torch.cat([mass * scales[b] for b, mass in enumerate(masses)]).T  # (rows, V/512)
+    tiles = (torch.stack(masses) * scales.unsqueeze(1)).flatten(0, 1).T  # (rows, V/512)
     cdf = tiles.cumsum(1)
     total = cdf[:, -1]
     lse = top + torch.log(total)
     found = None
     if moments:
-        weights = (scales / total).unsqueeze(-1)  # (blocks, rows, 1): e^{m_b − M} / Σ e^{z − M}
-        found = HeadMoments((torch.stack(rows_sums) * weights).sum(0),
-                            lse - (torch.stack(z_sums) * weights.squeeze(-1)).sum(0))
+        mean_row = (torch.stack(rows_sums) * (scales / total).unsqueeze(-1)).sum(0)  # Σ_v π_v W_v
+        found = HeadMoments(mean_row, lse - (mean_row * h).sum(-1) / t)
     if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
         return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse, found
     target = uniforms.to(cdf.dtype) * cdf[:, -1]
     tile = (cdf < target.unsqueeze(1)).sum(1).clamp(max=tiles.shape[1] - 1)
     before = (cdf.gather(1, tile.unsqueeze(1)) - tiles.gather(1, tile.unsqueeze(1))).squeeze(1)
     # each row's tile of W read in place (a view per row, no gathered copy of 512 × d rows)
-    z_tile = scaled(torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK].float() @ h[r]
-                                 for r, s in enumerate(tile.tolist())]))
+    z_tile = torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK].float() @ x[r] for r, s in enumerate(tile.tolist())])
+    if softcap:
+        z_tile = torch.tanh(z_tile / softcap) * (softcap / t)
     inside = torch.exp(z_tile - top.unsqueeze(1)).cumsum(1) + before.unsqueeze(1)
     offset = (inside < target.unsqueeze(1)).sum(1).clamp(max=SAMPLE_BLOCK - 1)
     return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse, found
