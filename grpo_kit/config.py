@@ -212,6 +212,15 @@ class GRPOConfig:
     product with the head per token, streamed with the draw), and the update's first pass takes log π's gradient
     from it, ∂log π(y)/∂h = (W_y − E)/T, instead of running the head again (two products per token). The weights
     are those the tokens were sampled with, so the gradients are the same up to float order; False recomputes."""
+    skip_zero_advantage_groups: bool = True
+    """On cpu/cuda, with beta 0 (and no KL to measure: `log_kl` off or no reference), entropy_coef 0 and any
+    loss_type but `bnpo`: the update's forward and backward run only on groups whose advantages are not all 0.
+    A group whose G rewards are equal has A = 0 for every completion, so its loss terms and their gradients are
+    exactly 0, and the full-batch normalisers (sequences, tokens) are kept: the weights after the step are the
+    same up to float order, for less work (the share left out is the step's `zero_std_fraction`). At least one
+    group always runs. The step's entropy, ratio and clip statistics are then means over the groups trained on
+    (`trained_fraction` says how many). `bnpo` is left alone: its micro-batch token mean counts every row. XLA
+    keeps the full batch (one fixed shape). False trains on every group."""
     advantage: str = "zscore"
     """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
     `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""
@@ -322,6 +331,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
     # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
+    # skip_zero_advantage_groups off: the run docs/capstone.md reports trained every group, and leaving groups out
+    # makes steps faster, so more of them would fit the time budget than that run took.
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
@@ -329,6 +340,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5, "log_every": 5},
         "grpo": {"steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
                  "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
+                 "skip_zero_advantage_groups": False,
                  "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
         "time_budget_minutes": 55, "control": True, "sft_fraction": 0.3,
     },

@@ -198,10 +198,17 @@ class GRPOTrainer:
         loss_mask = roll.completion_mask.float()
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
-        adv = shard_batch(adv.to(self.device))
         n = ids.shape[0]
-        micro = [slice(s, s + cfg.micro_batch_size) for s in range(0, n, cfg.micro_batch_size)]
-        total_tokens = loss_mask.sum()
+        total_tokens = loss_mask.sum()  # the whole batch's normalisers, also when groups are left out below
+        trained = self._groups_to_train(adv, beta)
+        if trained is not None:
+            roll, adv, loss_mask = roll.rows(trained), adv[trained.to(adv.device)], loss_mask[trained.to(loss_mask.device)]
+            roll = roll.trimmed()
+            loss_mask = loss_mask[:, : roll.completion_ids.shape[1]]
+            ids, attn = roll.input_ids, roll.attention_mask
+        adv = shard_batch(adv.to(self.device))
+        n_trained = ids.shape[0]
+        micro = [slice(s, s + cfg.micro_batch_size) for s in range(0, n_trained, cfg.micro_batch_size)]
         temperature = controls["temperature"]
         group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
 
@@ -240,7 +247,7 @@ class GRPOTrainer:
                     loss.backward()
                     clock.lap("backward_seconds")
                     loss_total = loss_total + loss.detach()
-                    share = (m.stop - m.start) / n / cfg.num_iterations
+                    share = (m.stop - m.start) / n_trained / cfg.num_iterations
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -251,7 +258,23 @@ class GRPOTrainer:
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
         sums["grad_norm"] = torch.stack(grad_norms).mean()
         sums["skipped_updates"] = skipped
-        return {**sums, **clock.seconds}
+        return {**sums, **clock.seconds, "trained_fraction": n_trained / n}
+
+    def _groups_to_train(self, adv: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor | None:
+        """Row numbers of the groups the update needs when `skip_zero_advantage_groups` applies and some group has
+        A = 0 throughout (its loss terms and gradients are exactly 0); None = train on every row. At least one
+        group is kept, so every trainable weight gets its (zero) gradient and the optimizer steps as it would."""
+        cfg = self.config
+        needs_reference = self.reference is not None and cfg.log_kl
+        if not (cfg.skip_zero_advantage_groups and host_syncs_are_cheap(self.device) and not isinstance(beta, torch.Tensor)
+                and beta == 0 and not needs_reference and cfg.entropy_coef == 0 and cfg.loss_type != "bnpo"):
+            return None
+        live = (adv.detach().view(-1, cfg.group_size) != 0).any(dim=1).cpu()
+        if bool(live.all()):
+            return None
+        if not bool(live.any()):
+            live[0] = True
+        return live.repeat_interleave(cfg.group_size).nonzero().squeeze(1)
 
     def _reuses_sampler_head(self) -> bool:
         """`GRPOConfig.reuse_sampler_head` applies: the update's forward would see the hidden states the sampler saw

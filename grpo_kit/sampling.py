@@ -57,6 +57,10 @@ class Rollout:
         """The first `rows` rows."""
         return Rollout(*(None if (x := getattr(self, f.name)) is None else x[:rows] for f in fields(self)))
 
+    def rows(self, index: torch.Tensor) -> Rollout:
+        """The rows at `index` (a 1-D tensor of row numbers), in that order."""
+        return Rollout(*(None if (x := getattr(self, f.name)) is None else x[index.to(x.device)] for f in fields(self)))
+
     @property
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)

@@ -46,6 +46,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     assert set(result["real_breakdown"]) == {f"{p}_s" for p in ("rollout", "reward", "logprob", "forward", "backward", "optimizer")}
     assert sum(result["real_breakdown"].values()) <= result["real_grpo_step_s"] * 1.01 + 0.02
     assert result["real_rollout_speedup_spread"][0] <= result["real_rollout_speedup"] <= result["real_rollout_speedup_spread"][1]
+    assert 0.0 <= result["real_zero_std_fraction"]["kit"] <= 1.0
 
     kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
     assert set(kit) == set(hf) == {"4", "8"}

@@ -269,3 +269,55 @@ def test_sft_resized_mid_run_follows_the_schedule_of_the_new_length(tiny, task):
     assert resized.step == 10 and len(resized.step_seconds) == 10
     with pytest.raises(ValueError, match="cannot shorten the run to 5 steps, 10 are done"):
         resized.set_steps(5)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(loss_type="grpo"), dict(loss_type="dapo", num_iterations=2), dict(loss_type="dr_grpo"), dict(loss_type="bnpo"),
+])
+def test_groups_with_zero_advantage_are_left_out_of_the_update_with_the_same_result(sft_model, task, overrides):
+    """One step with `skip_zero_advantage_groups` on and off from the same weights: a reward that is constant on
+    the first prompt's group leaves that group out of the update when on (`trained_fraction` 2/3), and the
+    losses, gradient norms and weights after the step are the same. `bnpo` (micro-batch token mean) trains on all."""
+    model, tok = sft_model
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def first_prompt_constant(prompts, completions, completion_ids, **kw):  # noqa: ANN001, ANN003
+        return [1.0 if p == prompts[0] else float(sum(i % 5 for i in ids)) for p, ids in zip(prompts, completion_ids, strict=True)]
+
+    runs = []
+    for skip in (True, False):
+        model.load_state_dict(start)
+        cfg = GRPOConfig(prompts_per_step=3, group_size=4, micro_batch_size=4, max_new_tokens=12, learning_rate=1e-3,
+                         warmup_steps=0, log_kl=False, skip_zero_advantage_groups=skip, output_dir=None, log_completions=0,
+                         **overrides)
+        trainer = GRPOTrainer(model, tok, [first_prompt_constant], task.prompt_stream(seed=3), cfg)
+        row = trainer.train_step()
+        runs.append((row, [p.detach().clone() for p in trainer.params]))
+    (row_on, params_on), (row_off, params_off) = runs
+    assert row_on["zero_std_fraction"] == pytest.approx(1 / 3) and row_off["trained_fraction"] == 1.0
+    assert row_on["trained_fraction"] == pytest.approx(1.0 if overrides["loss_type"] == "bnpo" else 2 / 3)
+    assert row_on["grad_norm"] > 0
+    for key in ("policy_loss", "grad_norm"):
+        assert row_on[key] == pytest.approx(row_off[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(params_on, params_off, strict=True):
+        assert (a - b).norm() <= 1e-5 * b.norm()
+
+
+def test_a_step_where_every_group_has_zero_advantage_still_steps_the_optimizer(sft_model, task):
+    """All rewards equal: one group still runs (every weight gets its zero gradient), so Adam's moments and step
+    count move exactly as when the whole batch runs."""
+    model, tok = sft_model
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    runs = []
+    for skip in (True, False):
+        model.load_state_dict(start)
+        cfg = GRPOConfig(prompts_per_step=3, group_size=4, micro_batch_size=4, max_new_tokens=12, warmup_steps=0,
+                         log_kl=False, skip_zero_advantage_groups=skip, output_dir=None, log_completions=0)
+        trainer = GRPOTrainer(model, tok, [lambda prompts, completions, **kw: [0.5] * len(completions)], task.prompt_stream(seed=3), cfg)
+        row = trainer.train_step()
+        state = trainer.optimizer.state
+        runs.append((row, [int(state[p]["step"]) for p in trainer.params]))
+    (row_on, steps_on), (row_off, steps_off) = runs
+    assert row_on["trained_fraction"] == pytest.approx(1 / 3) and row_off["trained_fraction"] == 1.0
+    assert row_on["grad_norm"] == row_off["grad_norm"] == 0.0
+    assert steps_on == steps_off == [1] * len(steps_on)

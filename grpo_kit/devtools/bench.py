@@ -236,7 +236,8 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
     cfg = GRPOConfig(prompts_per_step=sizes.prompts, group_size=sizes.group, max_new_tokens=sizes.new_tokens,
                      micro_batch_size=sizes.prompts * sizes.group,
                      beta=beta, log_kl=beta > 0, loss_type="grpo", warmup_steps=0, learning_rate=1e-4,
-                     reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=0)
+                     reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=0,
+                     skip_zero_advantage_groups=False)  # the same work as TRL's update: every group
     pairs = _interleaved(GRPOTrainer(copy.deepcopy(model), tokenizer, DEFAULT_REWARDS, iter(rows), cfg))
     with tempfile.TemporaryDirectory() as out:
         trl = _trl_trainer(model_path or _saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, sizes=sizes,
@@ -244,6 +245,7 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
         trl.add_callback(pairs)
         trl.train()
         trl_lengths = [h.get("completions/mean_length") for h in trl.state.log_history if "completions/mean_length" in h]
+        trl_zero_std = [h["frac_reward_zero_std"] for h in trl.state.log_history if "frac_reward_zero_std" in h]
     kit_rows, trl_seconds = pairs.kit_rows[1:], pairs.trl_seconds[1:]
     kit_seconds = [r["step_seconds"] for r in kit_rows]
     return {"beta": beta, "grpo_step_s": _stats(kit_seconds), "trl_step_s": _stats(trl_seconds),
@@ -251,7 +253,10 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
             "kit_completion_length": statistics.mean(r["completion_length_mean"] for r in kit_rows),
             "trl_completion_length": statistics.mean(trl_lengths[1:]) if len(trl_lengths) > 1 else None,
             "kit_breakdown_s": {p: statistics.median(r[f"{p}_seconds"] for r in kit_rows) for p in PHASES},
-            "kit_rollout_share": statistics.mean(r["rollout_seconds"] / r["step_seconds"] for r in kit_rows)}
+            "kit_rollout_share": statistics.mean(r["rollout_seconds"] / r["step_seconds"] for r in kit_rows),
+            # groups whose rewards are all equal (A = 0: no gradient); both updates still run on them here
+            "kit_zero_std_fraction": statistics.mean(r["zero_std_fraction"] for r in kit_rows),
+            "trl_zero_std_fraction": statistics.mean(trl_zero_std[1:]) if len(trl_zero_std) > 1 else None}
 
 
 def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
@@ -476,6 +481,7 @@ def _real_fields(real: dict[str, Any] | None) -> dict[str, Any]:
         "real_step_time_ratio": step["step_time_ratio"]["median"],
         "real_step_time_ratio_spread": [step["step_time_ratio"]["min"], step["step_time_ratio"]["max"]],
         "real_breakdown": {f"{phase}_s": round(v, 2) for phase, v in step["kit_breakdown_s"].items()},
+        "real_zero_std_fraction": {"kit": step["kit_zero_std_fraction"], "trl": step["trl_zero_std_fraction"]},
     }
 
 
@@ -602,9 +608,15 @@ def _breakdown_text(real: dict[str, Any]) -> list[str]:
     parts = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in step["kit_breakdown_s"].items())
     return [f"The kit's {real['model']} step by phase (median seconds): {parts}; the whole step "
             f"{step['grpo_step_s']['median']:.1f} s. Completion lengths: kit {step['kit_completion_length']:.1f}, TRL "
-            f"{step['trl_completion_length'] or float('nan'):.1f} tokens. Shape: {real['prompts']} prompts × G {real['group']}, "
+            f"{step['trl_completion_length'] or float('nan'):.1f} tokens. Groups with all rewards equal: kit "
+            f"{step['kit_zero_std_fraction']:.0%}, TRL {_percent(step['trl_zero_std_fraction'])}; both updates run on every "
+            f"completion (the kit's `skip_zero_advantage_groups` is off here, so the two do the same work). Shape: {real['prompts']} prompts × G {real['group']}, "
             f"{real['new_tokens']} new tokens (forced in the rollout comparison), float32, LoRA r {real['lora_r']} "
             f"(α {2 * real['lora_r']}) on every projection on both sides, β 0, loss_type grpo.", ""]
+
+
+def _percent(share: float | None) -> str:
+    return "—" if share is None else f"{share:.0%}"
 
 
 def _report_text(result: dict[str, Any]) -> str:
