@@ -74,14 +74,11 @@ def token_logprobs_and_entropy(
     if recompute is None:
         recompute = torch.is_grad_enabled() and lm_head_weight.shape[0] >= 32768
     chunks, dim = logit_chunks(ids.shape, lm_head_weight.shape[0], chunk_rows=chunk_rows, xla=is_xla(hidden.device))
+    stats = functools.partial(_chunk_stats, temperature=temperature, softcap=softcap, with_entropy=with_entropy)
     logps, ents = [], []
     for chunk in chunks:
         h, y = hidden[chunk], ids[chunk]
-        if recompute:
-            stats = functools.partial(_chunk_stats, temperature=temperature, softcap=softcap, with_entropy=with_entropy)
-            lp, ent = activation_checkpoint(stats, h, lm_head_weight, y)
-        else:
-            lp, ent = _chunk_stats(h, lm_head_weight, y, temperature, softcap=softcap, with_entropy=with_entropy)
+        lp, ent = activation_checkpoint(stats, h, lm_head_weight, y) if recompute else stats(h, lm_head_weight, y)
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps, dim), torch.cat(ents, dim)
