@@ -275,13 +275,14 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     x = h if softcap else h / t
     xt = x.T.contiguous()
 
+    def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
+        return torch.tanh(z / softcap) * (softcap / t) if softcap else z
+
     # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
     maxima, masses, best, rows_sums = [], [], [], []
     for start in range(0, vocab, block):
         w = weight[start : start + block]
-        z = torch.mm(w, xt)
-        if softcap:
-            z = torch.tanh(z / softcap) * (softcap / t)
+        z = capped(torch.mm(w, xt))
         m = z.amax(0, keepdim=True)
         maxima.append(m)
         if greedy:
@@ -307,9 +308,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     tile = (cdf < target.unsqueeze(1)).sum(1).clamp(max=tiles.shape[1] - 1)
     before = (cdf.gather(1, tile.unsqueeze(1)) - tiles.gather(1, tile.unsqueeze(1))).squeeze(1)
     # each row's tile of W read in place (a view per row, no gathered copy of 512 × d rows)
-    z_tile = torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK].float() @ x[r] for r, s in enumerate(tile.tolist())])
-    if softcap:
-        z_tile = torch.tanh(z_tile / softcap) * (softcap / t)
+    z_tile = capped(torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK].float() @ x[r]
+                                 for r, s in enumerate(tile.tolist())]))
     inside = torch.exp(z_tile - top.unsqueeze(1)).cumsum(1) + before.unsqueeze(1)
     offset = (inside < target.unsqueeze(1)).sum(1).clamp(max=SAMPLE_BLOCK - 1)
     return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse, found
