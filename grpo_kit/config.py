@@ -211,7 +211,11 @@ class GRPOConfig:
     the sampler also keeps, for each token it draws, the policy's expected head row E = Σ_v π_v W_v (one more
     product with the head per token, streamed with the draw), and the update's first pass takes log π's gradient
     from it, ∂log π(y)/∂h = (W_y − E)/T, instead of running the head again (two products per token). The weights
-    are those the tokens were sampled with, so the gradients are the same up to float order; False recomputes."""
+    are those the tokens were sampled with, so the gradients are the same up to float order; False recomputes.
+    On a CPU with native bf16 products (AVX512-BF16 or AMX) the sampler multiplies the head in bf16, several times
+    faster, unless a reference pass or μ > 1 compares its log-probs with fp32 ones (`GRPOTrainer._rollout_head_dtype`);
+    its log-probs then differ from fp32 by bf16 rounding of the logits (< 0.1 nats), and log π's value in the update is
+    the sampler's. GRPO_KIT_CPU_BF16=0 keeps fp32 throughout."""
     skip_zero_advantage_groups: bool = True
     """On cpu/cuda, with beta 0 (and no KL to measure: `log_kl` off or no reference), entropy_coef 0 and any
     loss_type but `bnpo`: the update's forward and backward run only on groups whose advantages are not all 0.

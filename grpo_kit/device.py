@@ -183,6 +183,24 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def cpu_bf16_products() -> bool:
+    """Does this CPU multiply bf16 matrices natively (AVX512-BF16 or AMX, through oneDNN)? There a bf16 product
+    runs several times faster than fp32 with fp32 accumulation; elsewhere bf16 is emulated and slower. Read at run
+    time, so the same code picks fp32 on an AVX2-only laptop. GRPO_KIT_CPU_BF16=0 turns it off (fp32 everywhere)."""
+    if os.environ.get("GRPO_KIT_CPU_BF16", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def head_product_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the CPU sampler multiplies an LM head in (`sampling.draw_from_head`): bf16 for an fp32 head on a
+    CPU with native bf16 products (`cpu_bf16_products`), else the head's own dtype. Softmax, sums and log-probs
+    stay in fp32 either way."""
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and cpu_bf16_products():
+        return torch.bfloat16
+    return weight.dtype
+
+
 def compile_supported(device: torch.device) -> bool:
     """Can `torch.compile` (inductor → Triton) build kernels for this GPU? Triton needs compute capability
     7.0 or newer (P100 is 6.0) and the triton package; elsewhere the eager sampler is used."""

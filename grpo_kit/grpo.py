@@ -162,7 +162,7 @@ class GRPOTrainer:
             self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
             group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
-            head_moments=self._reuses_sampler_head(),
+            head_moments=self._reuses_sampler_head(), head_dtype=self._rollout_head_dtype(),
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
@@ -286,6 +286,14 @@ class GRPOTrainer:
             and head is not None and not head.weight.requires_grad and head.weight.shape[0] >= 32768
             and not getattr(hf.config, "final_logit_softcapping", None) and not getattr(hf.config, "attention_dropout", 0.0)
             and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()))
+
+    def _rollout_head_dtype(self) -> torch.dtype | None:
+        """The dtype of the rollout's LM-head products (`sample(head_dtype=…)`): None = bf16 on a CPU with native
+        bf16 products (`device.head_product_dtype`). fp32 when the update compares the sampler's log-probs with ones
+        computed in fp32 — a reference pass (β > 0, `log_kl`, …) or μ > 1 while `reuse_sampler_head` applies — so that
+        a ratio or KL of the same policy is exactly 1 or 0, not bf16 rounding noise."""
+        compared = self.reference is not None or self.config.num_iterations > 1
+        return torch.float32 if compared and self._reuses_sampler_head() else None
 
     def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
                         micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:

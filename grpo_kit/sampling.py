@@ -24,7 +24,14 @@ from transformers import DynamicCache, StaticCache
 
 from . import decoder
 from .decoder import position_ids_from_mask
-from .device import compile_monitor, host_syncs_are_cheap, mark_step, padded_rows, shard_batch
+from .device import (
+    compile_monitor,
+    head_product_dtype,
+    host_syncs_are_cheap,
+    mark_step,
+    padded_rows,
+    shard_batch,
+)
 from .losses import logprobs_from_head_mean, token_logprobs_and_entropy
 from .models import base_model
 
@@ -238,6 +245,8 @@ class HeadInput:
     hidden: torch.Tensor
     head: torch.nn.Module
     softcap: float | None
+    product_weight: torch.Tensor | None = None
+    """The head's weight in the dtype `draw_from_head` multiplies in (`Prompts.head_weight`); None = its own."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
@@ -266,14 +275,21 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     `HeadMoments`: per block Σ e^{z−m_b} W_blk, rescaled by e^{m_b − M}, summed and divided by the total mass — one
     more product per block — is π W, and Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
     Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
-    exponentials are taken in place, so a block costs its products and four passes over its logits."""
+    exponentials are taken in place, so a block costs its products and four passes over its logits.
+
+    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.head_product_dtype`) on a CPU
+    with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
+    the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of its fp32 value, E
+    within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32 argmax wherever
+    the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF, log-probs) is fp32."""
     if moments and softcap:
         raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
     rows, vocab, block = hidden.shape[0], weight.shape[0], decoder.LM_HEAD_BLOCK
     t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
     h = hidden.float()
     x = h if softcap else h / t
-    xt = x.T.contiguous()
+    xp = x.to(weight.dtype)  # the products' operand: fp32, or bf16 with a bf16 head
+    xt = xp.T.contiguous()
 
     def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
         return torch.tanh(z / softcap) * (softcap / t) if softcap else z
@@ -282,7 +298,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     maxima, masses, best, rows_sums = [], [], [], []
     for start in range(0, vocab, block):
         w = weight[start : start + block]
-        z = capped(torch.mm(w, xt))
+        z = capped(torch.mm(w, xt).float())
         m = z.amax(0, keepdim=True)
         maxima.append(m)
         if greedy:
@@ -290,7 +306,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
         e = z.sub_(m).exp_()  # z is not needed again
         masses.append(e.view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
         if moments:
-            rows_sums.append(torch.mm(e.T, w))  # (rows, d)
+            rows_sums.append(torch.mm(e.T.to(w.dtype), w).float())  # (rows, d)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
@@ -308,8 +324,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     tile = (cdf < target.unsqueeze(1)).sum(1).clamp(max=tiles.shape[1] - 1)
     before = (cdf.gather(1, tile.unsqueeze(1)) - tiles.gather(1, tile.unsqueeze(1))).squeeze(1)
     # each row's tile of W read in place (a view per row, no gathered copy of 512 × d rows)
-    z_tile = capped(torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK].float() @ x[r]
-                                 for r, s in enumerate(tile.tolist())]))
+    z_tile = capped(torch.stack([weight[s * SAMPLE_BLOCK : (s + 1) * SAMPLE_BLOCK] @ xp[r]
+                                 for r, s in enumerate(tile.tolist())]).float())
     inside = torch.exp(z_tile - top.unsqueeze(1)).cumsum(1) + before.unsqueeze(1)
     offset = (inside < target.unsqueeze(1)).sum(1).clamp(max=SAMPLE_BLOCK - 1)
     return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse, found
@@ -349,6 +365,8 @@ class Prompts:
     """Host reads of device values are cheap (cpu/cuda): the loop may stop once every row has finished."""
     moments_of: torch.Tensor | None = None
     """The LM head's weight W when `HeadMoments` are kept for every sampled token (else None)."""
+    head_dtype: torch.dtype | None = None
+    """The dtype the CPU draw multiplies the LM head in (`draw_from_head`); None = `device.head_product_dtype`."""
 
     @property
     def length(self) -> int:
@@ -415,7 +433,8 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
     u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
     if isinstance(logits, HeadInput):
         if (u is not None or settings.greedy) and logits.streams(settings):
-            return draw_from_head(logits.hidden, logits.head.weight, temperature=settings.temperature,
+            weight = logits.head.weight if logits.product_weight is None else logits.product_weight
+            return draw_from_head(logits.hidden, weight, temperature=settings.temperature,
                                   softcap=logits.softcap, greedy=settings.greedy, uniforms=u, moments=moments_of is not None)
         logits = logits.logits()
     token, logprob = choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
@@ -527,9 +546,13 @@ def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
         state = _prefill_lean(prompts, consts, visible=plen)
     with monitor.phase("decode", **prompts.shapes):
         softcap = getattr(prompts.hf.config, "final_logit_softcapping", None)
+        weight = prompts.hf.lm_head.weight
+        dtype = prompts.head_dtype or head_product_dtype(weight)
+        product_weight = weight.detach().to(dtype) if dtype != weight.dtype else None  # cast once per rollout
         _decode(state, prompts, lambda s, t: HeadInput(
             decoder.forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
-                            visible=plen + t + 1, head=False), prompts.hf.lm_head, softcap), drop_finished=True)
+                            visible=plen + t + 1, head=False), prompts.hf.lm_head, softcap, product_weight),
+                drop_finished=True)
         return _completions(state, prompts)
 
 
@@ -598,6 +621,7 @@ def sample(
     lean: bool | None = None,
     compiled: bool = False,
     head_moments: bool = False,
+    head_dtype: torch.dtype | None = None,
 ) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
@@ -609,7 +633,9 @@ def sample(
     one prompt (as the trainer lays them out): the lean prefill then runs each prompt once. `head_moments` keeps,
     for every sampled token, the policy's expected LM-head row and entropy (`Rollout.head_mean`, `.entropy`):
     one more product with the head per token (streamed with the draw on the CPU), which the update can use in place
-    of its own pass over the head. The model's LM head must have no final softcap.
+    of its own pass over the head. The model's LM head must have no final softcap. `head_dtype` is the dtype of
+    the LM head's products in the CPU draw (`draw_from_head`): None = bf16 on a CPU with native bf16 products and
+    the head's own dtype elsewhere (`device.head_product_dtype`); torch.float32 keeps them exact.
     """
     device = next(model.parameters()).device
     rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
@@ -622,7 +648,7 @@ def sample(
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
         return sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                       pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                      lean=lean, compiled=compiled, head_moments=head_moments).head(rows_given)
+                      lean=lean, compiled=compiled, head_moments=head_moments, head_dtype=head_dtype).head(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
@@ -631,7 +657,7 @@ def sample(
                       stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
                       settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
                       group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
-                      moments_of=_moments_weight(hf) if head_moments else None)
+                      moments_of=_moments_weight(hf) if head_moments else None, head_dtype=head_dtype)
     was_training = model.training
     model.eval()
     try:

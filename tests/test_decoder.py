@@ -331,14 +331,14 @@ def lora_gemma3_streamed_vocabulary() -> torch.nn.Module:
     return working_lora(add_lora(model, ModelConfig(lora=True)))
 
 
-def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0) -> object:
+def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0, head_dtype: torch.dtype | None = None) -> object:
     """A grouped rollout with head moments in which some rows stop early: tokens that a first rollout drew midway
     through rows 1 and 6 are made stop tokens, and the same draws (same seed) end those rows there."""
     prompt_ids, prompt_mask, _, _ = grouped_batch()
 
     def draw(stops: list[int]) -> object:
         return sample(model, prompt_ids, prompt_mask, 12, stops, 0, temperature=0.9, top_p=top_p,
-                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True)
+                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True, head_dtype=head_dtype)
 
     first = draw([])
     return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
@@ -367,6 +367,45 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     assert (roll.entropy[mask].double() - want.entropy[mask]).abs().max() < 1e-4
     assert not roll.head_mean[~mask].any() and not roll.entropy[~mask].any()
     assert (roll.entropy[mask] > 0).all()
+
+
+def test_bf16_head_products_in_the_rollout_stay_within_the_stated_bounds():
+    """`sample(head_dtype=torch.bfloat16)` (the CPU default where bf16 products are native) on the streamed
+    40,960-entry head: every kept log-prob within 0.1 nats of an fp32 forward's at the same token, E = π W within
+    5 % and H within 0.1 nats (`sampling.draw_from_head` states the bounds); the rows' stops and padding as fp32."""
+    from grpo_kit.sampling import head_moments
+
+    model = lora_gemma3_streamed_vocabulary()
+    roll = rollout_with_early_stops(model, head_dtype=torch.bfloat16)
+    mask = roll.completion_mask.bool()
+    assert 0 < int(mask.sum()) < mask.numel()
+    hf = base_of(model)
+    with torch.no_grad():
+        out = hf(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
+                 position_ids=decoder.position_ids_from_mask(roll.attention_mask), use_cache=False)
+    plen = roll.prompt_ids.shape[1]
+    logits = out.logits[:, plen - 1 : -1].double()
+    logp = torch.log_softmax(logits / 0.9, -1).gather(-1, roll.completion_ids.unsqueeze(-1)).squeeze(-1)
+    assert (roll.sampling_logprobs.double() - logp)[mask].abs().max() < 0.1
+    want = head_moments(logits, hf.lm_head.weight.double(), 0.9)
+    error = (roll.head_mean.double() - want.mean_row).norm(dim=-1) / want.mean_row.norm(dim=-1)
+    assert error[mask].max() < 0.05 and (roll.entropy.double() - want.entropy)[mask].abs().max() < 0.1
+    assert not roll.head_mean[~mask].any() and not roll.sampling_logprobs[~mask].any()
+
+
+def test_trainer_rollout_multiplies_the_head_in_bf16_only_where_nothing_compares_its_logprobs(task, monkeypatch):
+    """`GRPOTrainer._rollout_head_dtype`: the device default (bf16 on a bf16 CPU) when the update takes log π's value
+    from the sampler and compares it with nothing; fp32 under a reference pass (β > 0 or `log_kl`) or μ > 1."""
+    from grpo_kit.models import build_tiny_tokenizer
+
+    tok, model = build_tiny_tokenizer(), lora_gemma3_streamed_vocabulary()
+    cases = (({}, None), ({"log_kl": True}, torch.float32), ({"beta": 0.04}, torch.float32),
+             ({"num_iterations": 2}, torch.float32), ({"reuse_sampler_head": False, "log_kl": True}, None))
+    for overrides, want in cases:
+        cfg = GRPOConfig(**{"prompts_per_step": 2, "group_size": 4, "micro_batch_size": 4, "max_new_tokens": 4,
+                            "log_kl": False, "output_dir": None, **overrides})
+        trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg)
+        assert trainer._rollout_head_dtype() is want, overrides
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -21,6 +21,7 @@ from grpo_kit.sampling import (
     completion_logprobs,
     draw_from_head,
     encode_prompts,
+    head_moments,
     inverse_cdf,
     sample,
 )
@@ -158,6 +159,55 @@ def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(sof
     assert torch.equal(torch.cat(tokens), torch.cat(full_tokens))
     assert torch.allclose(torch.cat(logprobs), torch.cat(full_logprobs), atol=1e-4)
     assert len(set(torch.cat(tokens).tolist())) > (40 if not greedy else 20)  # the draws are spread, not one token
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_bf16_head_products_keep_the_draw_within_the_stated_bounds(softcap):
+    """`draw_from_head` given a bf16 copy of the head (what the CPU sampler multiplies in on a CPU with native bf16
+    products) against the fp32 policy on the whole logits (up to ≈ 18), peaked and flat rows over 65,536 entries:
+    the policies within KL 2e-3, each drawn token's log-prob within 0.1 nats of its fp32 log-prob, greedy picks
+    equal wherever the best two logits are 0.1 apart, E = π W within 5 % and H within 0.1 nats. (On a CPU
+    without native bf16 this runs emulated: slower, same numbers.)"""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(65_536, 64, generator=gen) * 0.3
+    hidden = torch.randn(64, 64, generator=gen) * torch.linspace(0.05, 1.5, 64).unsqueeze(1)
+    temperature, moments = 0.8, softcap is None
+
+    def capped(z: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(z / softcap) * softcap if softcap else z
+
+    logits = capped(hidden @ weight.T)
+    assert 15 < logits.abs().max() < 25
+    logp = torch.log_softmax(logits / temperature, -1)
+    logp_bf16 = torch.log_softmax(capped((hidden.bfloat16() @ weight.bfloat16().T).float()) / temperature, -1)
+    assert (logp.exp() * (logp - logp_bf16)).sum(-1).max() < 2e-3
+    for _ in range(5):
+        u = torch.rand(64, generator=gen)
+        tokens, logprobs, found = draw_from_head(hidden, weight.bfloat16(), temperature=temperature, softcap=softcap,
+                                                 greedy=False, uniforms=u, moments=moments)
+        assert (logprobs - logp.gather(1, tokens.unsqueeze(1)).squeeze(1)).abs().max() < 0.1
+    tokens, _, found = draw_from_head(hidden, weight.bfloat16(), temperature=temperature, softcap=softcap, greedy=True,
+                                      uniforms=None, moments=moments)
+    best_two = logits.topk(2, dim=-1).values
+    clear = best_two[:, 0] - best_two[:, 1] > 0.1
+    assert clear.sum() > 30 and torch.equal(tokens[clear], logits.argmax(-1)[clear])
+    if moments:
+        want = head_moments(logits, weight, temperature)
+        error = (found.mean_row - want.mean_row).norm(dim=-1) / want.mean_row.norm(dim=-1)
+        assert error.max() < 0.05 and (found.entropy - want.entropy).abs().max() < 0.1
+
+
+def test_head_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
+    """bf16 products for an fp32 CPU head only where the CPU multiplies bf16 natively and GRPO_KIT_CPU_BF16 is not
+    0; a bf16 head stays bf16, and an fp32 head stays fp32 elsewhere."""
+    from grpo_kit import device
+
+    fp32, bf16 = torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for native, flag, want in ((True, "1", torch.bfloat16), (True, "0", torch.float32), (False, "1", torch.float32)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda native=native: native)
+        monkeypatch.setenv("GRPO_KIT_CPU_BF16", flag)
+        assert device.head_product_dtype(fp32) == want and device.head_product_dtype(bf16) == torch.bfloat16
 
 
 def test_reference_policy_frozen_copy_and_lora(cpu):

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
+from ..device import cpu_bf16_products
 from ..evaluation import evaluate
 from ..grpo import GRPOTrainer
 from ..models import load_model
@@ -277,6 +278,8 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
                       target_modules=list(model_cfg.lora_target_modules), task_type="CAUSAL_LM")
     step = bench_grpo_step(model, tokenizer, task, beta=0.0, sizes=real, model_path=resolved.path, peft_config=lora)
     return {"model": sizes.real_model, "source": resolved.source, "path": resolved.path, "lora_r": sizes.real_lora_r,
+            # the kit's sampler multiplies the LM head in bf16 where the CPU has native bf16 products (β 0, μ 1 here)
+            "head_products": "bfloat16" if cpu_bf16_products() else "float32",
             "prompts": real.prompts, "group": real.group, "new_tokens": real.new_tokens, "repeats": real.repeats,
             "rollouts": rollouts, "grpo_step": step}
 
@@ -401,7 +404,8 @@ def machine() -> dict[str, Any]:
 
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
+            "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__}
     try:
         import trl
@@ -611,7 +615,8 @@ def _breakdown_text(real: dict[str, Any]) -> list[str]:
             f"{step['trl_completion_length'] or float('nan'):.1f} tokens. Groups with all rewards equal: kit "
             f"{step['kit_zero_std_fraction']:.0%}, TRL {_percent(step['trl_zero_std_fraction'])}; both updates run on every "
             f"completion (the kit's `skip_zero_advantage_groups` is off here, so the two do the same work). Shape: {real['prompts']} prompts × G {real['group']}, "
-            f"{real['new_tokens']} new tokens (forced in the rollout comparison), float32, LoRA r {real['lora_r']} "
+            f"{real['new_tokens']} new tokens (forced in the rollout comparison), float32 weights (the kit's sampler "
+            f"multiplies the LM head in {real.get('head_products', 'float32')}), LoRA r {real['lora_r']} "
             f"(α {2 * real['lora_r']}) on every projection on both sides, β 0, loss_type grpo.", ""]
 
 
