@@ -634,7 +634,8 @@ def _report_text(result: dict[str, Any]) -> str:
         "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~25-minute version). "
         "All numbers below come from one run of that command.", "",
         f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads"
-        f"{', ' + m['cpu_capability'] if m.get('cpu_capability') else ''}), "
+        f"{', ' + m['cpu_capability'] if m.get('cpu_capability') else ''}"
+        f"{', native bf16 products' if m.get('cpu_bf16_products') else ''}), "
         f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, TRL {m.get('trl', '—')}. "
         f"{'Quick mode. ' if result['quick'] else ''}Run time {result['seconds']:.0f} s.", "",
         *_report_rows(result), "",
