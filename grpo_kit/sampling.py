@@ -246,7 +246,8 @@ class HeadInput:
     head: torch.nn.Module
     softcap: float | None
     product_weight: torch.Tensor | None = None
-    """The head's weight in the dtype `draw_from_head` multiplies in (`Prompts.head_weight`); None = its own."""
+    """The head's weight in the dtype `draw_from_head` multiplies in (`Prompts.head_dtype`), cast once per rollout;
+    None = the head's own weight."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
