@@ -321,7 +321,16 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
         found = HeadMoments(mean_row, lse - (mean_row * h).sum(-1) / t)
     if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
         return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse, found
-    target = uniforms.to(cdf.dtype) * cdf[:, -1]
+    token, z_token = _draw_in_tile(weight, xp, tiles=tiles, cdf=cdf, target=uniforms.to(cdf.dtype) * cdf[:, -1],
+                                   top=top, capped=capped)
+    return token, z_token - lse, found
+
+
+def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor, cdf: torch.Tensor, target: torch.Tensor,
+                  top: torch.Tensor, capped: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`draw_from_head`'s last step: the tile where each row's target u·Σ mass falls in the tiles' CDF, its logits
+    recomputed (SAMPLE_BLOCK × d per row, in the products' dtype) and searched as `inverse_cdf` does. Returns
+    each row's token and its logit z."""
     tile = (cdf < target.unsqueeze(1)).sum(1).clamp(max=tiles.shape[1] - 1)
     before = (cdf.gather(1, tile.unsqueeze(1)) - tiles.gather(1, tile.unsqueeze(1))).squeeze(1)
     # each row's tile of W read in place (a view per row, no gathered copy of 512 × d rows)
@@ -329,7 +338,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
                                  for r, s in enumerate(tile.tolist())]).float())
     inside = torch.exp(z_tile - top.unsqueeze(1)).cumsum(1) + before.unsqueeze(1)
     offset = (inside < target.unsqueeze(1)).sum(1).clamp(max=SAMPLE_BLOCK - 1)
-    return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1) - lse, found
+    return tile * SAMPLE_BLOCK + offset, z_tile.gather(1, offset.unsqueeze(1)).squeeze(1)
 
 
 @dataclass(frozen=True)
@@ -634,9 +643,8 @@ def sample(
     one prompt (as the trainer lays them out): the lean prefill then runs each prompt once. `head_moments` keeps,
     for every sampled token, the policy's expected LM-head row and entropy (`Rollout.head_mean`, `.entropy`):
     one more product with the head per token (streamed with the draw on the CPU), which the update can use in place
-    of its own pass over the head. The model's LM head must have no final softcap. `head_dtype` is the dtype of
-    the LM head's products in the CPU draw (`draw_from_head`): None = bf16 on a CPU with native bf16 products and
-    the head's own dtype elsewhere (`device.head_product_dtype`); torch.float32 keeps them exact.
+    of its own pass over the head. The model's LM head must have no final softcap. `head_dtype`: the CPU draw's
+    LM-head products (`draw_from_head`); None = `device.head_product_dtype`, torch.float32 keeps them exact.
     """
     device = next(model.parameters()).device
     rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
