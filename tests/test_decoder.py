@@ -344,6 +344,14 @@ def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0, head
     return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
 
 
+def completion_logits(hf: torch.nn.Module, roll: object) -> torch.Tensor:
+    """(B, N, V) float64 logits at each completion token, from a plain forward over the finished sequences."""
+    with torch.no_grad():
+        out = hf(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
+                 position_ids=decoder.position_ids_from_mask(roll.attention_mask), use_cache=False)
+    return out.logits[:, roll.prompt_ids.shape[1] - 1 : -1].double()
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.9])  # streamed through the draw, and from the full logits
 def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     """`sample(head_moments=True)`: at every sampled token, Σ_v π_v W_v and the entropy of the temperature-scaled
@@ -356,11 +364,7 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     mask = roll.completion_mask.bool()
     assert 0 < int(mask.sum()) < mask.numel() and roll.head_mean.shape == (*mask.shape, base_of(model).config.hidden_size)
     hf = base_of(model)
-    with torch.no_grad():
-        out = hf(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
-                 position_ids=decoder.position_ids_from_mask(roll.attention_mask), use_cache=False)
-    plen = roll.prompt_ids.shape[1]
-    logits = out.logits[:, plen - 1 : -1].double()
+    logits = completion_logits(hf, roll)
     want = head_moments(logits, hf.lm_head.weight.double(), 0.9)
     scale = want.mean_row[mask].abs().max()
     assert (roll.head_mean[mask].double() - want.mean_row[mask]).abs().max() < 1e-4 * scale
@@ -372,7 +376,7 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
 def test_bf16_head_products_in_the_rollout_stay_within_the_stated_bounds():
     """`sample(head_dtype=torch.bfloat16)` (the CPU default where bf16 products are native) on the streamed
     40,960-entry head: every kept log-prob within 0.1 nats of an fp32 forward's at the same token, E = π W within
-    5 % and H within 0.1 nats (`sampling.draw_from_head` states the bounds); the rows' stops and padding as fp32."""
+    5 % and H within 0.1 nats (`sampling.draw_from_head` states the bounds); all 0 after each stop token."""
     from grpo_kit.sampling import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
@@ -380,11 +384,7 @@ def test_bf16_head_products_in_the_rollout_stay_within_the_stated_bounds():
     mask = roll.completion_mask.bool()
     assert 0 < int(mask.sum()) < mask.numel()
     hf = base_of(model)
-    with torch.no_grad():
-        out = hf(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
-                 position_ids=decoder.position_ids_from_mask(roll.attention_mask), use_cache=False)
-    plen = roll.prompt_ids.shape[1]
-    logits = out.logits[:, plen - 1 : -1].double()
+    logits = completion_logits(hf, roll)
     logp = torch.log_softmax(logits / 0.9, -1).gather(-1, roll.completion_ids.unsqueeze(-1)).squeeze(-1)
     assert (roll.sampling_logprobs.double() - logp)[mask].abs().max() < 0.1
     want = head_moments(logits, hf.lm_head.weight.double(), 0.9)
