@@ -25,7 +25,8 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
         "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
         "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2)\n"
         f"result = run_bench(sizes, progress=False); write_report(result, {str(tmp_path)!r})\n"
-        "print(json.dumps({k: v for k, v in result.items() if k != 'details'}, default=str))\n"
+        "rounds = len(result['details']['real']['rollouts']['speedup']['all'])\n"
+        "print(json.dumps({**{k: v for k, v in result.items() if k != 'details'}, 'real_rounds': rounds}, default=str))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,6 +48,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     assert sum(result["real_breakdown"].values()) <= result["real_grpo_step_s"] * 1.01 + 0.02
     assert result["real_rollout_speedup_spread"][0] <= result["real_rollout_speedup"] <= result["real_rollout_speedup_spread"][1]
     assert 0.0 <= result["real_zero_std_fraction"]["kit"] <= 1.0
+    assert result["real_rounds"] == 2  # one rollout round after each timed step pair: real_repeats of them
 
     kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
     assert set(kit) == set(hf) == {"4", "8"}
@@ -77,3 +79,22 @@ def test_paired_ratios_and_run_agreement():
     second = {"sampler_speedup": 2.2, "step_time_ratio": {"0.0": 0.45, "0.04": 0.4}, "real_step_time_ratio": 0.3}
     gaps = ratio_agreement(first, second)
     assert gaps == pytest.approx({"sampler_speedup": 0.1, "step_time_ratio[0.0]": 0.1, "step_time_ratio[0.04]": 0.0})
+
+
+def test_interleaved_runs_a_kit_step_after_each_trl_step_and_then_after_pair():
+    from grpo_kit.devtools.bench import _interleaved
+
+    calls: list[str] = []
+
+    class Kit:
+        def train_step(self):
+            calls.append("kit")
+            return {"step_seconds": 1.0}
+
+    pairs = _interleaved(Kit(), after_pair=lambda i: calls.append(f"after {i}"))
+    for _ in range(3):
+        pairs.on_step_begin(None, None, None)
+        calls.append("trl")
+        pairs.on_step_end(None, None, None)
+    assert calls == ["trl", "kit", "after 0", "trl", "kit", "after 1", "trl", "kit", "after 2"]
+    assert len(pairs.trl_seconds) == len(pairs.kit_rows) == 3

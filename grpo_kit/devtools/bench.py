@@ -13,8 +13,8 @@
 5. the real model (Gemma 3 270M, offline from PyPI without a hub; LoRA r 8 on both sides, fp32, 8 prompts × G 4,
    48 new tokens, β 0): rollout tokens/s vs HF `generate` and a GRPO step vs TRL's, with the kit's step by phase.
 
-Every timing is repeated with the kit and the reference interleaved; a ratio is the median over (kit, reference)
-pairs, with its min–max spread. `ratio_agreement` compares two runs' ratios (`python -m grpo_kit.devtools.bench
+Every timing is repeated with the kit and the reference interleaved (the real model's rollout rounds run between
+its GRPO step pairs); a ratio is the median over (kit, reference) pairs, with its min–max spread. `ratio_agreement` compares two runs' ratios (`python -m grpo_kit.devtools.bench
 agree A.json B.json`). TRL is a bench-only dependency (extra `bench`). `write_report` turns the JSON into
 docs/benchmarks.md with PNG plots.
 """
@@ -88,9 +88,9 @@ class BenchSizes:
     """Completions per prompt on the real model."""
     real_new_tokens: int = 48
     """Tokens per completion on the real model (forced in the rollout comparison)."""
-    real_repeats: int = 3
-    """Timed rollouts and GRPO steps per side on the real model after one warm-up, interleaved: a TRL step takes
-    about a minute there."""
+    real_repeats: int = 5
+    """Timed rollouts and GRPO steps per side on the real model after one warm-up, interleaved. A TRL step takes
+    about a minute there, so each repeat costs about two; five keep one slow pair from moving the median ratio."""
     real_lora_r: int = 8
     """LoRA rank on the real model (α = 2r), the same adapter on both sides."""
 
@@ -151,51 +151,70 @@ def _fastest_seconds(run: Callable[[], Any], calls: int) -> float:
     return best
 
 
-def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes, *,
-                   variants: bool = True) -> dict[str, Any]:
-    """Tokens per second, kit sampler vs HF generate, both forced to `sizes.new_tokens` tokens per row; each round
-    times the kit's rollout and then HF's, back to back (each the fastest of `sizes.rollout_calls` calls), then the
-    variants; `speedup` is the median over rounds of kit / HF tokens per second.
+class RolloutRounds:
+    """The rollout comparison, round by round: kit sampler vs HF generate in tokens per second, both forced to
+    `sizes.new_tokens` tokens per row. `run(r)` times the kit's rollout and then HF's, back to back (each the
+    fastest of `sizes.rollout_calls` calls), then the variants; round 0 warms everything up and is not counted.
+    `result()`: medians per side, and `speedup`, the median over rounds of kit / HF tokens per second.
 
     The kit samples as its trainer does (each prompt prefilled once for its group of G). With `variants`, three
     more kit rows show where its speed comes from: every row prefilled on its own, HF's forward instead of the
     lean one, and the `torch.compile`d sampler."""
-    new_tokens = sizes.new_tokens
-    ids, mask = encode_prompts(tokenizer, _rollout_prompts(task, sizes), bucket=16)
-    tokens = ids.shape[0] * new_tokens
-    model.eval()
-    variants = {"sampler_tokens_per_s": {"group_size": sizes.group}, **({
-        "sampler_per_row_prefill_tokens_per_s": {}, "sampler_hf_forward_tokens_per_s": {"lean": False},
-        "sampler_compiled_tokens_per_s": {"group_size": sizes.group, "compiled": True}} if variants else {})}
-    compile_s = None
-    speeds: dict[str, list[float]] = {key: [] for key in [*variants, "hf_generate_tokens_per_s"]}
 
-    def kit(r: int, options: dict[str, Any]) -> None:
-        roll = sample(model, ids, mask, max_new_tokens=new_tokens, stop_ids=[], pad_id=tokenizer.pad_token_id,
-                      temperature=1.0, generator=torch.Generator().manual_seed(r), **options)
-        assert int(roll.completion_mask.sum()) == tokens, "the kit's rollout stopped early"
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes, *,
+                 variants: bool = True) -> None:
+        self.model, self.tokenizer, self.sizes = model, tokenizer, sizes
+        self.ids, self.mask = encode_prompts(tokenizer, _rollout_prompts(task, sizes), bucket=16)
+        self.tokens = self.ids.shape[0] * sizes.new_tokens
+        self.variants = {"sampler_tokens_per_s": {"group_size": sizes.group}, **({
+            "sampler_per_row_prefill_tokens_per_s": {}, "sampler_hf_forward_tokens_per_s": {"lean": False},
+            "sampler_compiled_tokens_per_s": {"group_size": sizes.group, "compiled": True}} if variants else {})}
+        self.order = ["sampler_tokens_per_s", "hf_generate_tokens_per_s",
+                      *[key for key in self.variants if key != "sampler_tokens_per_s"]]
+        self.speeds: dict[str, list[float]] = {key: [] for key in self.order}
+        self.compile_s: float | None = None
 
-    def hf(r: int) -> None:
-        torch.manual_seed(r)
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id)
-        assert out.shape[1] - ids.shape[1] == new_tokens
+    def _kit(self, r: int, options: dict[str, Any]) -> None:
+        roll = sample(self.model, self.ids, self.mask, max_new_tokens=self.sizes.new_tokens, stop_ids=[],
+                      pad_id=self.tokenizer.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(r),
+                      **options)
+        assert int(roll.completion_mask.sum()) == self.tokens, "the kit's rollout stopped early"
 
-    order = ["sampler_tokens_per_s", "hf_generate_tokens_per_s", *[key for key in variants if key != "sampler_tokens_per_s"]]
-    for r in range(sizes.rollout_repeats + 1):  # the first round warms everything up and is not counted
-        calls = sizes.rollout_calls if r else 1
-        for key in order:
+    def _hf(self, r: int) -> None:
+        new_tokens = self.sizes.new_tokens
+        with torch.random.fork_rng(devices=[]):  # seeded per round, and a TRL run around it keeps its own stream
+            torch.manual_seed(r)
+            out = self.model.generate(input_ids=self.ids, attention_mask=self.mask, do_sample=True, temperature=1.0,
+                                      top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        assert out.shape[1] - self.ids.shape[1] == new_tokens
+
+    def run(self, r: int) -> None:
+        self.model.eval()
+        calls = self.sizes.rollout_calls if r else 1
+        for key in self.order:
             if key == "hf_generate_tokens_per_s":
-                took = _fastest_seconds(lambda r=r: hf(r), calls)
+                took = _fastest_seconds(lambda: self._hf(r), calls)
             else:
-                took = _fastest_seconds(lambda r=r, key=key: kit(r, variants[key]), calls)
-                if not r and variants[key].get("compiled"):
-                    compile_s = took  # compiling plus one rollout
+                took = _fastest_seconds(lambda key=key: self._kit(r, self.variants[key]), calls)
+                if not r and self.variants[key].get("compiled"):
+                    self.compile_s = took  # compiling plus one rollout
             if r:
-                speeds[key].append(tokens / took)
-    return {"rows": ids.shape[0], "new_tokens": new_tokens, "prompt_len": ids.shape[1], "compiled_first_rollout_s": compile_s,
-            **{key: _stats(values) for key, values in speeds.items()},
-            "speedup": paired_ratio(speeds["sampler_tokens_per_s"], speeds["hf_generate_tokens_per_s"])}
+                self.speeds[key].append(self.tokens / took)
+
+    def result(self) -> dict[str, Any]:
+        return {"rows": self.ids.shape[0], "new_tokens": self.sizes.new_tokens, "prompt_len": self.ids.shape[1],
+                "compiled_first_rollout_s": self.compile_s, **{key: _stats(v) for key, v in self.speeds.items()},
+                "speedup": paired_ratio(self.speeds["sampler_tokens_per_s"], self.speeds["hf_generate_tokens_per_s"])}
+
+
+def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes, *,
+                   variants: bool = True) -> dict[str, Any]:
+    """`RolloutRounds` back to back: a warm-up round, then `sizes.rollout_repeats` timed rounds."""
+    rounds = RolloutRounds(model, tokenizer, task, sizes, variants=variants)
+    for r in range(sizes.rollout_repeats + 1):
+        rounds.run(r)
+    return rounds.result()
 
 
 def _saved(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> str:
@@ -230,9 +249,10 @@ def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], ou
     return trainer
 
 
-def _interleaved(kit: GRPOTrainer) -> Any:
+def _interleaved(kit: GRPOTrainer, after_pair: Callable[[int], Any] | None = None) -> Any:
     """A TRL callback that times each TRL step and runs one kit step right after it: the two trainers' steps
-    alternate, so each (kit, TRL) pair saw the same machine."""
+    alternate, so each (kit, TRL) pair saw the same machine. `after_pair(i)` runs after the i-th pair (0: the
+    warm-up pair), outside both timings."""
     from transformers import TrainerCallback
 
     class Interleaved(TrainerCallback):
@@ -246,6 +266,8 @@ def _interleaved(kit: GRPOTrainer) -> Any:
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
             self.trl_seconds.append(time.perf_counter() - self._t)
             self.kit_rows.append(kit.train_step())
+            if after_pair is not None:
+                after_pair(len(self.kit_rows) - 1)
 
     return Interleaved()
 
@@ -255,10 +277,12 @@ PHASES = ("rollout", "reward", "logprob", "forward", "backward", "optimizer")
 
 
 def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, *, beta: float, sizes: BenchSizes,
-                    model_path: str | None = None, peft_config: Any = None) -> dict[str, Any]:
+                    model_path: str | None = None, peft_config: Any = None,
+                    after_pair: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Seconds per optimizer step (prompts × G rows, new tokens as in `sizes`), kit vs TRL, their steps
     alternating; the first step of each is a warm-up and not counted. TRL loads `model_path` (default: `model`
-    saved to a temporary directory) and adds `peft_config`'s adapter to it."""
+    saved to a temporary directory) and adds `peft_config`'s adapter to it. `after_pair(i)` runs after the i-th
+    (TRL, kit) pair, untimed."""
     repeats, stream = sizes.repeats, task.prompt_stream(seed=1)
     rows = [next(stream) for _ in range(sizes.prompts * (repeats + 2))]
     cfg = GRPOConfig(prompts_per_step=sizes.prompts, group_size=sizes.group, max_new_tokens=sizes.new_tokens,
@@ -266,7 +290,7 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
                      beta=beta, log_kl=beta > 0, loss_type="grpo", warmup_steps=0, learning_rate=1e-4,
                      reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=0,
                      skip_zero_advantage_groups=False)  # the same work as TRL's update: every group
-    pairs = _interleaved(GRPOTrainer(copy.deepcopy(model), tokenizer, DEFAULT_REWARDS, iter(rows), cfg))
+    pairs = _interleaved(GRPOTrainer(copy.deepcopy(model), tokenizer, DEFAULT_REWARDS, iter(rows), cfg), after_pair)
     with tempfile.TemporaryDirectory() as out:
         trl = _trl_trainer(model_path or _saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out, sizes=sizes,
                            peft_config=peft_config, beta=beta, max_steps=repeats + 1)
@@ -288,7 +312,8 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
 
 
 def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
-    """The rollout and GRPO-step comparisons on a real Gemma with a LoRA adapter (fp32, β 0), at `sizes.real()`."""
+    """The rollout and GRPO-step comparisons on a real Gemma with a LoRA adapter (fp32, β 0), at `sizes.real()`;
+    the rollout rounds run between the GRPO step pairs."""
     from peft import LoraConfig
 
     from ..hub import resolve_model
@@ -300,10 +325,15 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
                             dtype="float32")
     model, tokenizer = load_model(model_cfg, torch.device("cpu"))
     task = ArithmeticTask(num_demonstrations=8, num_test=real.prompts, system_prompt=INSTRUCTION)
-    rollouts = bench_rollouts(model, tokenizer, task, real, variants=False)
+    rounds = RolloutRounds(model, tokenizer, task, real, variants=False)
     lora = LoraConfig(r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
                       target_modules=list(model_cfg.lora_target_modules), task_type="CAUSAL_LM")
-    step = bench_grpo_step(model, tokenizer, task, beta=0.0, sizes=real, model_path=resolved.path, peft_config=lora)
+    # One rollout round after each step pair (round 0, after the warm-up pair, warms up): the rounds then sample
+    # the machine across the whole section, not one two-minute stretch of it: a shared host has slow spells,
+    # minutes long, that slow the kit's bf16 rollout more than HF generate and so move their ratio.
+    step = bench_grpo_step(model, tokenizer, task, beta=0.0, sizes=real, model_path=resolved.path, peft_config=lora,
+                           after_pair=rounds.run)
+    rollouts = rounds.result()
     return {"model": sizes.real_model, "source": resolved.source, "path": resolved.path, "lora_r": sizes.real_lora_r,
             # the kit's sampler multiplies the LM head in bf16 where the CPU has native bf16 products (β 0, μ 1 here)
             "head_products": "bfloat16" if cpu_bf16_products() else "float32",
@@ -671,8 +701,9 @@ def _report_text(result: dict[str, Any]) -> str:
         *(_breakdown_text(result["details"]["real"]) if result["details"].get("real") else []),
         "Ratios: each repeat runs the kit and the reference back to back (rollouts round by round, each side on the "
         "tiny model the fastest of 3 calls with the garbage collector off; GRPO steps "
-        "alternating inside one TRL training run), and a ratio is the median over those pairs, its spread the "
-        "smallest and largest pair.", "",
+        "alternating inside one TRL training run; the real model's rollout rounds run one after each step pair, so "
+        "they sample the machine across the whole section), and a ratio is the median over those pairs, its spread "
+        "the smallest and largest pair.", "",
         "What is compared: the same tiny Gemma weights (after the demo's SFT warm-up) on both sides; rollouts at T = 1 "
         f"with lengths forced to {sizes['new_tokens']} tokens (the kit prefills each prompt once for its group of "
         f"{sizes['group']}, as its trainer does; HF generate gets the repeated prompts, as TRL gives them to it); GRPO steps "
