@@ -14,9 +14,9 @@
    48 new tokens, β 0): rollout tokens/s vs HF `generate` and a GRPO step vs TRL's, with the kit's step by phase.
 
 Every timing is repeated with the kit and the reference interleaved (the real model's rollout rounds run between
-its GRPO step pairs); a ratio is the median over (kit, reference) pairs, with its min–max spread. `ratio_agreement` compares two runs' ratios (`python -m grpo_kit.devtools.bench
-agree A.json B.json`). TRL is a bench-only dependency (extra `bench`). `write_report` turns the JSON into
-docs/benchmarks.md with PNG plots.
+its GRPO step pairs); a ratio is the median over (kit, reference) pairs, with its min–max spread.
+`ratio_agreement` compares two runs' ratios (`python -m grpo_kit.devtools.bench agree A.json B.json`). TRL is a
+bench-only dependency (extra `bench`). `write_report` turns the JSON into docs/benchmarks.md with PNG plots.
 """
 
 from __future__ import annotations
@@ -328,9 +328,9 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
     rounds = RolloutRounds(model, tokenizer, task, real, variants=False)
     lora = LoraConfig(r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
                       target_modules=list(model_cfg.lora_target_modules), task_type="CAUSAL_LM")
-    # One rollout round after each step pair (round 0, after the warm-up pair, warms up): the rounds then sample
-    # the machine across the whole section, not one two-minute stretch of it: a shared host has slow spells,
-    # minutes long, that slow the kit's bf16 rollout more than HF generate and so move their ratio.
+    # One rollout round after each step pair (round 0 warms up), so the rounds sample the whole section rather
+    # than one two-minute stretch: a shared host has slow spells, minutes long, that slow the kit's bf16 rollout
+    # more than HF generate and so move their ratio.
     step = bench_grpo_step(model, tokenizer, task, beta=0.0, sizes=real, model_path=resolved.path, peft_config=lora,
                            after_pair=rounds.run)
     rollouts = rounds.result()
