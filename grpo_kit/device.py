@@ -87,6 +87,15 @@ def tpu_chips_attached() -> bool:
     return tpu_present() and os.environ.get("PJRT_DEVICE", "TPU").upper() == "TPU"
 
 
+def virtual_tpu_devices() -> int:
+    """How many XLA CPU devices stand in for a TPU here (PJRT_DEVICE=CPU on a machine that says it is a TPU, as
+    the platform replicas do; CPU_NUM_DEVICES of them, default 1); 0 on a real TPU and off XLA. These devices
+    share the host's memory, each with its own copy of the weights."""
+    if not tpu_present() or os.environ.get("PJRT_DEVICE", "").upper() != "CPU":
+        return 0
+    return int(os.environ.get("CPU_NUM_DEVICES") or 1)
+
+
 TPU_KINDS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
 
 

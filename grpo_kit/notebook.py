@@ -82,8 +82,10 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     on a CPU Gemma 3 270M on generated word problems — writing to `runs_dir()/capstone/<preset>` (so a re-run after
     a disconnect continues there), with `time_budget_minutes` (None: the preset's). Where a piece cannot be had it
     falls back and says so: GSM8K without network → generated word problems; Gemma 3 1B without access → Gemma 3
-    270M from PyPI; no Gemma 3 270M either → the tiny Gemma on arithmetic. Under quick mode (CI, platform replicas):
+    270M from PyPI (the tiny Gemma on arithmetic where several XLA CPU devices stand in for a TPU board and share
+    the host's memory: `device.virtual_tpu_devices`); no Gemma 3 270M either → the tiny Gemma on arithmetic. Under quick mode (CI, platform replicas):
     16 held-out problems, 4 SFT steps, 2 GRPO steps of 2 prompts × 4, no time budget. Returns (config, preset)."""
+    from .device import virtual_tpu_devices
     from .tasks import make_task
 
     hardware = environment()["hardware"]
@@ -91,9 +93,19 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     cfg = load_demo_config(name)
     ok, why = model_access(cfg.model.name, cfg.model.hf_token)
     if not ok and cfg.model.name != "gemma-3-270m-offline":
-        print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}): "
-              "Gemma 3 270M from PyPI on generated word problems instead")
-        name, cfg = "cpu-gemma-270m", load_demo_config("cpu-gemma-270m")
+        virtual = virtual_tpu_devices()
+        if virtual > 1:
+            # XLA's CPU client standing in for a TPU board (the platform replicas): its devices share the host's
+            # memory, each holding the weights and, because XLA's CPU back end multiplies bf16 in fp32, fp32 copies
+            # of them. Gemma 3 270M's GRPO step on 8 such devices goes past a 24 GiB host; on 1 device it fits.
+            print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}), and this TPU is "
+                  f"{virtual} XLA CPU devices sharing the host's memory, too little for Gemma 3 270M's GRPO step: "
+                  "the tiny Gemma on arithmetic instead (every cell still runs)")
+            name, cfg = "cpu-tiny", dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
+        else:
+            print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}): "
+                  "Gemma 3 270M from PyPI on generated word problems instead")
+            name, cfg = "cpu-gemma-270m", load_demo_config("cpu-gemma-270m")
         ok, why = model_access(cfg.model.name)
     if not ok:
         print(f"⚠️  no real Gemma can be loaded here ({why.splitlines()[-1].strip()}): the tiny Gemma on arithmetic "

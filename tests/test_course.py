@@ -63,3 +63,23 @@ def test_lora_grpo_stands_on_the_sft_model_and_loads_back_the_same(monkeypatch, 
         reference = logits(loaded)
     assert torch.allclose(reference, logits(sft), atol=1e-5)
     assert not torch.allclose(reference, logits(base), atol=1e-3)  # the SFT adapter was trained, and merged
+
+
+def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtual_tpu_devices(monkeypatch, tmp_path, capsys):
+    """Gemma 3 1B out of reach on a TPU board: Gemma 3 270M from PyPI, unless the board is several XLA CPU devices
+    sharing the host's memory (the kaggle-tpu replica), where the tiny Gemma runs the notebook, announced."""
+    from grpo_kit import device
+
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
+    monkeypatch.setattr(device, "detect_accelerator", lambda: "v5e-8")
+    monkeypatch.setattr(nbk, "model_access", lambda name, token=None: (name != "google/gemma-3-1b-it", "gated on the hub"))
+    monkeypatch.setattr(device, "virtual_tpu_devices", lambda: 1)
+    cfg, preset = nbk.capstone_config()
+    assert (preset, cfg.model.name, cfg.task.kind) == ("cpu-gemma-270m", "gemma-3-270m-offline", "word_problems")
+    assert "Gemma 3 270M from PyPI on generated word problems instead" in capsys.readouterr().out
+    monkeypatch.setattr(device, "virtual_tpu_devices", lambda: 8)
+    cfg, preset = nbk.capstone_config()
+    assert (preset, cfg.model.name, cfg.control) == ("cpu-tiny", "tiny-gemma", True)
+    out = capsys.readouterr().out
+    assert "8 XLA CPU devices sharing the host's memory" in out and "the tiny Gemma on arithmetic instead" in out

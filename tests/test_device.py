@@ -80,6 +80,17 @@ def test_the_stand_in_tpu_is_a_tpu_but_not_real_chips(monkeypatch):
     assert device_module.tpu_chips_attached()
 
 
+def test_virtual_tpu_devices_counts_the_xla_cpu_devices_standing_in_for_a_board(monkeypatch):
+    for name in ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "PJRT_DEVICE", "CPU_NUM_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    assert device_module.virtual_tpu_devices() == 0  # real chips
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    assert device_module.virtual_tpu_devices() == 1
+    monkeypatch.setenv("CPU_NUM_DEVICES", "8")
+    assert device_module.virtual_tpu_devices() == 8
+
+
 def test_rows_are_padded_to_the_mesh_only_on_xla(monkeypatch):
     monkeypatch.setattr(device_module, "data_parallel_size", lambda: 8)
     assert [padded_rows(n, "xla") for n in (1, 3, 8, 9)] == [8, 8, 8, 16]
