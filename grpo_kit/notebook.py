@@ -83,8 +83,9 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     a disconnect continues there), with `time_budget_minutes` (None: the preset's). Where a piece cannot be had it
     falls back and says so: GSM8K without network → generated word problems; Gemma 3 1B without access → Gemma 3
     270M from PyPI (the tiny Gemma on arithmetic where several XLA CPU devices stand in for a TPU board and share
-    the host's memory: `device.virtual_tpu_devices`); no Gemma 3 270M either → the tiny Gemma on arithmetic. Under quick mode (CI, platform replicas):
-    16 held-out problems, 4 SFT steps, 2 GRPO steps of 2 prompts × 4, no time budget. Returns (config, preset)."""
+    the host's memory: `device.virtual_tpu_devices`); no Gemma 3 270M either → the tiny Gemma on arithmetic.
+    Under quick mode (CI, platform replicas): 16 held-out problems, 4 SFT steps, 2 GRPO steps of 2 prompts × 4, no
+    time budget. Returns (config, preset)."""
     from .device import virtual_tpu_devices
     from .tasks import make_task
 
