@@ -77,6 +77,11 @@ CAPSTONE_PRESETS = {"cuda": "gpu-gemma-3-1b", "cpu": "cpu-gemma-270m"}
 """Notebook 08's preset per runtime; a TPU board takes its own `tpu-<board>-gemma-3-1b`."""
 
 
+def _tiny_capstone() -> DemoConfig:
+    """Notebook 08's last fallback: the tiny Gemma on arithmetic, with the SFT control as the real presets have."""
+    return dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
+
+
 def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto") -> tuple[DemoConfig, str]:
     """Notebook 08's settings: the runtime's real-Gemma preset — a TPU board's or the GPU's Gemma 3 1B-IT on GSM8K,
     on a CPU Gemma 3 270M on generated word problems — writing to `runs_dir()/capstone/<preset>` (so a re-run after
@@ -102,7 +107,7 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
             print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}), and this TPU is "
                   f"{virtual} XLA CPU devices sharing the host's memory, too little for Gemma 3 270M's GRPO step: "
                   "the tiny Gemma on arithmetic instead (every cell still runs)")
-            name, cfg = "cpu-tiny", dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
+            name, cfg = "cpu-tiny", _tiny_capstone()
         else:
             print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}): "
                   "Gemma 3 270M from PyPI on generated word problems instead")
@@ -111,7 +116,7 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     if not ok:
         print(f"⚠️  no real Gemma can be loaded here ({why.splitlines()[-1].strip()}): the tiny Gemma on arithmetic "
               "instead (every cell still runs; install grpo-kit[gemma-offline] for Gemma 3 270M)")
-        name, cfg = "cpu-tiny", dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
+        name, cfg = "cpu-tiny", _tiny_capstone()
     if cfg.task.kind == "gsm8k":
         try:
             make_task(cfg.task)
