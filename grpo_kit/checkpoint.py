@@ -7,13 +7,15 @@ reads tensor files with `weights_only=True`, so a checkpoint from elsewhere cann
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import pickle
 import random
+import re
+import secrets
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,31 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 TMP_PREFIX = ".tmp-"
-"""Checkpoints are written to `<parent>/.tmp-<name>-…` first; leftovers from a killed save are removed at the next."""
+"""Checkpoints are written to `<parent>/.tmp-<name>-<8 hex digits>` first; leftovers of that exact form (a killed
+save of this checkpoint, not of another one in the same folder) are removed at the next save."""
+
+
+def _temporary_names(path: Path) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(TMP_PREFIX)}{re.escape(path.name)}-[0-9a-f]{{8}}$")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "state.json").is_file()
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (a full disk, a quota, a file-size limit); the previous one is intact."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _previous(path: Path) -> Path:
@@ -90,9 +116,15 @@ def save_checkpoint(
     `load_checkpoint` finds it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in path.parent.glob(f"{TMP_PREFIX}{path.name}-*"):  # a save that was killed
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent))
+    if (path.exists() or path.is_symlink()) and not _is_checkpoint(path):
+        raise FileExistsError(f"{path} exists and is not a grpo_kit checkpoint: choose another path (the kit replaces "
+                              "only checkpoints it wrote)")
+    leftovers = _temporary_names(path)
+    for leftover in path.parent.iterdir():  # a save of this checkpoint that was killed
+        if leftovers.match(leftover.name) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
         save_file(_weights(model), str(tmp / "weights.safetensors"))
         for name, module in (modules or {}).items():
@@ -108,20 +140,25 @@ def save_checkpoint(
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)
-        previous = _previous(path)
-        if path.exists():
-            shutil.rmtree(previous, ignore_errors=True)
-            os.replace(path, previous)
-        os.replace(tmp, path)
-        _fsync(path.parent)
-        shutil.rmtree(previous, ignore_errors=True)
-    except OSError as e:  # a full disk, a quota: the previous checkpoint is still in place
+    except Exception as e:  # noqa: BLE001 - safetensors, torch.save and the OS each raise their own type on a full disk
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(e.errno, f"could not save the checkpoint {path} ({e.strerror or e}); the previous checkpoint "
-                               "is kept") from e
+        free = _human(shutil.disk_usage(path.parent).free)
+        kept = ("the previous checkpoint is kept" if _is_checkpoint(path) or _is_checkpoint(_previous(path))
+                else "there is no earlier checkpoint")
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointSaveError(getattr(e, "errno", None) or errno.EIO,
+                                  f"could not save the checkpoint {path} ({type(e).__name__}: {why}); {free} free "
+                                  f"on that disk; {kept}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    previous = _previous(path)
+    if path.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(path, previous)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+    shutil.rmtree(previous, ignore_errors=True)
     return path
 
 
@@ -137,10 +174,31 @@ def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, di
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
     state = json.loads((path / "state.json").read_text())
-    for name, digest in state.get("files", {}).items() if verify else ():
-        if not (path / name).exists() or _sha256(path / name) != digest:
-            raise ValueError(f"checkpoint {path}: {name} is missing or does not match its checksum (corrupt or altered)")
+    if verify:
+        if not isinstance(state.get("files"), dict):
+            raise ValueError(f"checkpoint {path} has no file manifest (written by an older grpo_kit, or altered): if you "
+                             f"trust it, add one with `grpo-kit add-manifest {path}`")
+        missing = [name for name in state["files"] if not (path / name).exists()]
+        if missing:
+            raise ValueError(f"checkpoint {path} is missing {', '.join(missing)} (incomplete copy?)")
+        for name, digest in state["files"].items():
+            if _sha256(path / name) != digest:
+                raise ValueError(f"checkpoint {path}: {name} does not match its checksum (corrupt or altered)")
     return path, state
+
+
+def add_manifest(path: str | Path) -> dict[str, str]:
+    """Write the SHA-256 manifest into state.json of a checkpoint saved without one (an older grpo_kit), so it loads
+    again; only for a checkpoint you trust (the manifest then vouches for its files as they are)."""
+    path = Path(path)
+    if not _is_checkpoint(path):
+        raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
+    state = json.loads((path / "state.json").read_text())
+    state["files"] = {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file() and f.name != "state.json"}
+    tmp = path / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2, default=str))
+    os.replace(tmp, path / "state.json")
+    return state["files"]
 
 
 def _tensors_only(path: Path, device: torch.device | str = "cpu") -> Any:
@@ -168,12 +226,18 @@ def load_checkpoint(
         raise ValueError(f"{path} is a {state['kind']} checkpoint, not a {kind} one"
                          + (": start GRPO from it with --init-from, not --resume" if kind == "grpo" else ""))
     device = next(model.parameters()).device
+    listed = state["files"]
+    needed = ["weights.safetensors", "rng.pt", *(f"{name}.safetensors" for name in modules or {})]
+    needed += ["optimizer.pt"] if optimizer is not None else []
+    unlisted = [name for name in needed if name not in listed]
+    if unlisted:
+        hint = ("; it was saved without optimizer state: start from its weights with --init-from instead of resuming"
+                if unlisted == ["optimizer.pt"] else " (saved with other settings?)")
+        raise ValueError(f"checkpoint {path} has no {', '.join(unlisted)}{hint}")
     _load_weights(path, "weights", model)
     for name, module in (modules or {}).items():
-        if not (path / f"{name}.safetensors").exists():
-            raise ValueError(f"checkpoint {path} has no {name}.safetensors (saved with other settings?)")
         _load_weights(path, name, module)
-    if optimizer is not None and (path / "optimizer.pt").exists():
+    if optimizer is not None:
         optimizer.load_state_dict(_tensors_only(path / "optimizer.pt", device))
     rng = _tensors_only(path / "rng.pt")
     torch.set_rng_state(rng["torch"])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import PRESETS, DemoConfig, load_demo_config
+from .rundir import claim
 
 
 def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
@@ -30,6 +31,9 @@ def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
 
 
 def _config(args: argparse.Namespace, default_out: str) -> DemoConfig:
+    from .device import check_device_kind
+
+    check_device_kind(getattr(args, "device", None))
     cfg = load_demo_config(args.preset, args.config)
     if args.model:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=args.model))
@@ -78,6 +82,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from .sft import SFTTrainer
 
     cfg = _config(args, "runs/sft")
+    run_dir = claim(cfg.output_dir, "sft", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="sft", steps=cfg.sft.steps)
     cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg)
     trainer = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=cfg.output_dir),
@@ -137,6 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 
     cfg = _config(args, "runs/grpo")
+    run_dir = claim(cfg.output_dir, "grpo", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="grpo", steps=cfg.grpo.steps)
     # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
     cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg)
@@ -165,8 +171,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/)")
     cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
-    out = export_model(model, tokenizer, args.out, base_name=cfg.model.name, dtype=dtype, push_to=args.push_to)
+    out = export_model(model, tokenizer, args.out, base_name=cfg.model.name, dtype=dtype, push_to=args.push_to,
+                       allow_public=args.public)
     _print({"exported": str(out), "pushed_to": args.push_to})
+    return 0
+
+
+def cmd_add_manifest(args: argparse.Namespace) -> int:
+    from .checkpoint import add_manifest
+
+    files = add_manifest(args.checkpoint)
+    _print({"checkpoint": args.checkpoint, "files": files})
     return 0
 
 
@@ -292,8 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to export")
     p.add_argument("--out", required=True, help="directory to write (safetensors, tokenizer, chat template, README.md)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)")
-    p.add_argument("--push-to", default=None, help="Hugging Face repo id to upload to (private)")
+    p.add_argument("--push-to", default=None, help="Hugging Face repo id to upload the exported files to (a new repo is "
+                   "private; an existing public one is refused unless --public)")
+    p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("add-manifest", help="write the checksum manifest into a checkpoint saved by an older grpo_kit, "
+                       "so it loads (only for a checkpoint you trust)")
+    p.add_argument("checkpoint", help="the checkpoint directory (holds state.json)")
+    p.set_defaults(func=cmd_add_manifest)
     p = sub.add_parser("plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change")
     p.add_argument("--model", default="gemma-3-1b-it", help="gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json")
     p.add_argument("--tpu", default="v2-8", help="v2-8, v3-8, v5e-1, v5e-8 (also t4, cpu)")
@@ -335,12 +356,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_VARIABLE = "GRPO_KIT_DEBUG"
+"""Set to 1: errors are raised with their full traceback instead of the one-line message."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, OSError, RuntimeError) as e:  # user mistakes and environment failures: one line, no traceback
-        print(f"grpo-kit {args.command}: error: {e}", file=sys.stderr)
+        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+            raise
+        from .checkpoint import CheckpointSaveError
+        from .hub import ModelAccessError, redact
+
+        # a setting, a file or an access problem says all there is to say; anything else may be a bug
+        explained = isinstance(e, (ValueError, ModelAccessError, CheckpointSaveError))
+        hint = "" if explained else f" ({type(e).__name__}; {DEBUG_VARIABLE}=1 shows the traceback)"
+        print(redact(f"grpo-kit {args.command}: error: {e}{hint}"), file=sys.stderr)
         return 2
 
 

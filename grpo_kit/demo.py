@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,11 +30,15 @@ from .metrics import read_jsonl
 from .models import is_lora, load_model, merge_and_restart_lora
 from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards
 from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
+from .rundir import MARK, claim
 from .sft import SFTTrainer
 from .tasks import make_task
 
 STAGES = ("base", "sft", "grpo", "control")
 """The models the arc evaluates: before training, after SFT, after GRPO, after the SFT control."""
+ARC_ENTRIES = ("progress.json", "summary.json", "sft", "grpo", "reward_curve.png", "kl.png", "advantage_histograms.png",
+               "accuracy.png")
+"""What the arc writes in its output directory (and `control/` with the control, `export-<stage>/` on export)."""
 PROBE_STEPS = 2
 """Steps run before a phase is sized to its time: the first may compile (XLA) or warm caches; the last one's time
 is the estimate."""
@@ -71,21 +74,22 @@ class Arc:
     def _open(self, resume: bool) -> dict[str, Any]:
         settings = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str))
         settings["model"].pop("hf_token", None)
-        if self.record_path.exists() and resume:
+        self.run_dir = claim(self.out, "arc", overwrite=not resume)
+        """The output directory, claimed: a directory holding files the arc did not write is refused (unless
+        resume=False, which writes beside them), and starting over removes only the arc's own files."""
+        for name in ARC_ENTRIES + (("control",) if self.cfg.control else ()):  # a clash is found before any work
+            self.run_dir.add(name)
+        if self.record_path.exists():
             records = json.loads(self.record_path.read_text())
             if records.get("settings") != settings:
                 changed = _first_difference(records.get("settings", {}), settings)
                 raise ValueError(f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
                                  "or start over with resume=False (CLI: --overwrite)")
             return records
-        for name in ("progress.json", "summary.json", "sft", "grpo", "control"):
-            target = self.out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        self.out.mkdir(parents=True, exist_ok=True)
         return {"settings": settings, "phases": {}, "plan": {}}
 
     def _save(self) -> None:
-        tmp = self.record_path.with_suffix(".tmp")
+        tmp = self.out / MARK / "progress.json.tmp"  # inside the kit's folder: a crash leaves nothing of its own beside
         tmp.write_text(json.dumps(self.records, indent=2))
         os.replace(tmp, self.record_path)
 
@@ -267,8 +271,10 @@ class Arc:
         from .export import export_model
 
         self._hold(stage)
+        if out_dir is None:
+            out_dir = self.run_dir.add(f"export-{stage}")
         metrics = {f"{s}_accuracy": r["accuracy"] for s in STAGES if (r := self.done(f"{s}_eval"))}
-        return export_model(self.model, self.tokenizer, out_dir or self.out / f"export-{stage}", base_name=self.cfg.model.name,
+        return export_model(self.model, self.tokenizer, out_dir, base_name=self.cfg.model.name,
                             metrics={**metrics, "test_size": len(self.test), "task": self.cfg.task.kind})
 
     def run(self) -> dict[str, Any]:

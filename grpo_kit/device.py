@@ -116,6 +116,18 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
+DEVICE_KINDS = ("auto", "cpu", "cuda", "xla")
+
+
+def check_device_kind(kind: str | None) -> str:
+    """`kind` (or env GRPO_KIT_DEVICE, default auto) in lower case; ValueError naming it when it is not one of
+    DEVICE_KINDS (checked before any work, so a typo is reported first)."""
+    kind = (kind or os.environ.get("GRPO_KIT_DEVICE") or "auto").lower()
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"unknown device kind {kind!r}; choose auto, cpu, cuda or xla")
+    return kind
+
+
 def get_device(kind: str | None = None) -> torch.device:
     """Choose the device: `kind` (or env GRPO_KIT_DEVICE) of cpu / cuda / xla, else automatic:
     xla when torch_xla and a TPU are present, else cuda when available, else cpu.
@@ -124,7 +136,7 @@ def get_device(kind: str | None = None) -> torch.device:
     never train on the host CPU). On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0
     turns that off), so call it before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when asked for with
     `enable_spmd`."""
-    kind = (kind or os.environ.get("GRPO_KIT_DEVICE") or "auto").lower()
+    kind = check_device_kind(kind)
     if kind == "auto":
         if tpu_present():
             problem = xla_problem()
@@ -147,8 +159,6 @@ def get_device(kind: str | None = None) -> torch.device:
         return torch_xla.device()
     if kind == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU")
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device kind {kind!r}; choose auto, cpu, cuda or xla")
     return torch.device(kind)
 
 

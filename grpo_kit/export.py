@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import torch
 
 from .chat import ensure_chat_template, stop_token_ids
 from .models import base_model, is_lora
+from .rundir import MARK, RunDirError, claim, owned_files
 
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -77,14 +81,15 @@ def export_model(
     push_to: str | None = None,
     token: str | None = None,
     private: bool = True,
+    allow_public: bool = False,
 ) -> Path:
-    """Merge, save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir`,
-    and push to the Hub repo `push_to` when given. `dtype` (e.g. torch.bfloat16) halves the files; the
+    """Merge, save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir` (new,
+    empty, or an earlier export: see `save_merged`), and push to the Hub repo `push_to` when given (`push_folder`). `dtype` (e.g. torch.bfloat16) halves the files; the
     default keeps the training dtype, so reloading gives the same logits."""
     base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
     out = save_merged(merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, dtype=dtype)
     if push_to:
-        push_folder(out, push_to, token=token, private=private)
+        push_folder(out, push_to, token=token, private=private, allow_public=allow_public)
     return out
 
 
@@ -97,25 +102,40 @@ def save_merged(
     metrics: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write an already-merged model (from `merged_copy`) as `export_model` does, without pushing."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if dtype is not None:
-        merged = merged.to(dtype)
-    tokenizer = ensure_chat_template(tokenizer)
-    merged.generation_config.eos_token_id = stop_token_ids(tokenizer)
-    merged.generation_config.pad_token_id = tokenizer.pad_token_id
-    merged.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(model_card(base_name, metrics))
-    if metrics:
-        (out / "grpo_kit_metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
-    return out
+    """Write an already-merged model (from `merged_copy`) as `export_model` does, without pushing.
+
+    `out_dir` must be new, empty, or an earlier export of the kit's (whose files this one replaces: no stale shard
+    stays behind); a directory holding anything else is refused. The files are written in a folder inside the
+    kit's own `.grpo_kit/` and moved into place one by one, each recorded in the manifest that `push_folder` reads."""
+    run = claim(out_dir, "export")
+    run.clear()
+    staging = run.path / MARK / f"partial-{secrets.token_hex(4)}"
+    try:
+        if dtype is not None:
+            merged = merged.to(dtype)
+        tokenizer = ensure_chat_template(tokenizer)
+        merged.generation_config.eos_token_id = stop_token_ids(tokenizer)
+        merged.generation_config.pad_token_id = tokenizer.pad_token_id
+        merged.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / "README.md").write_text(model_card(base_name, metrics))
+        if metrics:
+            (staging / "grpo_kit_metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+        for entry in sorted(staging.iterdir()):
+            os.replace(entry, run.add(entry.name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return run.path
 
 
-def push_folder(folder: str | Path, repo_id: str, token: str | None = None, private: bool = True) -> str:
-    """Upload an exported directory to the Hub (creating the repo); failures explained. Returns the repo URL."""
+def push_folder(folder: str | Path, repo_id: str, token: str | None = None, private: bool = True, *,
+                allow_public: bool = False) -> str:
+    """Upload an export (`export_model`) to the Hugging Face Hub: only the files the export wrote (its manifest;
+    nothing else in the folder is sent), to a new private repository by default. An existing public repository
+    is refused unless `allow_public` (the upload would be public), and every failure is explained in one line
+    that never shows the token. Returns the repo URL."""
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
 
     from .hub import ModelAccessError, explain_hub_error, hf_token
 
@@ -123,10 +143,25 @@ def push_folder(folder: str | Path, repo_id: str, token: str | None = None, priv
     if token is None:
         raise ModelAccessError(f"pushing to {repo_id} needs a Hugging Face token with write access: set HF_TOKEN "
                                "(Colab: a secret) — https://huggingface.co/settings/tokens")
+    files = owned_files(folder, "export")
+    if not files:
+        raise RunDirError(f"{folder} holds no exported files: export the model there first")
     api = HfApi(token=token)
     try:
-        url = api.create_repo(repo_id, private=private, exist_ok=True)
-        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="grpo_kit export")
+        try:
+            info = api.repo_info(repo_id)
+        except RepositoryNotFoundError:
+            info = None
+        if info is not None and not getattr(info, "private", False) and not allow_public:
+            raise ModelAccessError(f"{repo_id} exists and is public, so this upload would be public: make it private in "
+                                   f"its settings (https://huggingface.co/{repo_id}/settings), push to a new name, or "
+                                   "pass allow_public=True (CLI: --public)")
+        url = (f"https://huggingface.co/{repo_id}" if info is not None
+               else str(api.create_repo(repo_id, private=private, exist_ok=True)))
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), allow_patterns=files,
+                          commit_message="grpo_kit export")
+    except ModelAccessError:
+        raise
     except Exception as e:  # noqa: BLE001 - every failure becomes one message with its fix
-        raise ModelAccessError(f"push to {repo_id} failed: {explain_hub_error(e, repo_id, token)}") from e
-    return str(url)
+        raise ModelAccessError(f"push to {repo_id} failed: {explain_hub_error(e, repo_id, token, writing=True)}") from e
+    return url

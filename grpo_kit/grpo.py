@@ -49,6 +49,7 @@ from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, base_model, is_lora
 from .rewards import RewardFunc, compute_rewards, reward_name
+from .rundir import claim, record_entry
 from .sampling import Rollout, SampledHead, completion_logprobs, encode_prompts, prompt_tokens, sample
 from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
 
@@ -106,7 +107,9 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         manual_seed(cfg.seed, self.device)
         check_writable(cfg.output_dir, "GRPOConfig.output_dir")
-        self.logger = MetricsLogger(Path(cfg.output_dir) / "metrics.jsonl" if cfg.output_dir else None, resume=resume_metrics)
+        self.run_dir = claim(cfg.output_dir, "grpo") if cfg.output_dir else None
+        """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
+        self.logger = MetricsLogger(self.run_dir.add("metrics.jsonl") if self.run_dir else None, resume=resume_metrics)
         self.step = 0
         self.init_from: str | None = None
         """The checkpoint the weights started from (recorded in saves, so a resumed run rebuilds the same reference)."""
@@ -456,6 +459,7 @@ class GRPOTrainer:
         """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
         extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from,
                  "config": dataclasses.asdict(self.config)}
+        record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator,
                                modules=self._unrecoverable_reference())
         self._last_save = time.monotonic()

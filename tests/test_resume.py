@@ -58,7 +58,7 @@ def test_a_run_killed_five_times_resumes_to_the_uninterrupted_result(tmp_path):
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 11)), f"steps logged: {[r['step'] for r in rows]} after kills {kills}"
     assert _computed(rows[-1]) == _computed(reference[-1])
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl"]  # no leftovers
+    assert sorted(p.name for p in out.iterdir()) == [".grpo_kit", "checkpoint", "metrics.jsonl"]  # no leftovers
 
 
 def test_sft_resumed_from_its_checkpoint_continues_exactly(tiny, task, tmp_path):

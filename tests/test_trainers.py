@@ -158,7 +158,7 @@ def test_checkpoint_resume_reproduces_the_run(sft_model, task, tmp_path):
     assert state["step"] == 2 and state["kind"] == "grpo"
 
 
-def test_checkpoint_is_atomic_and_lora_saves_only_the_adapter(cpu, tmp_path):
+def test_a_lora_checkpoint_holds_only_the_adapter_and_a_second_save_replaces_the_first(cpu, tmp_path):
     from grpo_kit.config import ModelConfig
     from grpo_kit.models import load_model
 
