@@ -148,7 +148,8 @@ def save_checkpoint(
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointSaveError(getattr(e, "errno", None) or errno.EIO,
                                   f"could not save the checkpoint {path} ({type(e).__name__}: {why}); {free} free "
-                                  f"on that disk; {kept}") from e
+                                  f"on that disk; {kept}. Free space there, or choose another output directory, "
+                                  "then run the same command again to continue") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -124,13 +124,26 @@ def redact(text: str, secrets: list[str] | None = None) -> str:
     return re.sub(r"(\w+://[^/\s:@]+:)[^/\s@]+@", r"\1***@", text)
 
 
+def _http_status(error: BaseException) -> int | None:
+    """The HTTP status behind `error`, also where huggingface_hub wraps it (snapshot_download turns a refused
+    request into 'not in the local cache', the HTTP error as its cause)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status is not None:
+            return status
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def explain_hub_error(error: BaseException, repo_id: str, token: str | None, *, writing: bool = False) -> str:
     """One sentence for a Hugging Face failure: what happened to `repo_id` and what to do about it (`writing`: an
     upload, where 401/403 mean a token without write access). Never contains the token."""
     from huggingface_hub import errors
 
     page = f"https://huggingface.co/{repo_id}"
-    status = getattr(getattr(error, "response", None), "status_code", None)
+    status = _http_status(error)
     if writing and status in (401, 403):
         return (f"Hugging Face refused the upload to {repo_id} ({status}): the token needs write access to it — make "
                 "one with the 'Write' role at https://huggingface.co/settings/tokens and set HF_TOKEN.")
@@ -145,6 +158,8 @@ def explain_hub_error(error: BaseException, repo_id: str, token: str | None, *, 
     if isinstance(error, errors.RepositoryNotFoundError) or status == 404:
         hint = "" if token else "; a gated model also reads as 'not found' without a token (set HF_TOKEN)"
         return f"{repo_id} was not found on Hugging Face: check the name (short names: {', '.join(ALIASES)}){hint}."
+    if status is not None and status >= 500:
+        return f"the Hugging Face Hub answered {status} (a server error) for {repo_id}: try again later."
     offline = isinstance(error, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError)) or (
         "connect" in type(error).__name__.lower() or "timeout" in type(error).__name__.lower())
     if offline:

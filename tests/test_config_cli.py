@@ -133,3 +133,34 @@ def test_notebooks_are_committed_without_outputs():
         for cell in nb["cells"]:
             if cell["cell_type"] == "code":
                 assert not cell.get("outputs") and cell.get("execution_count") is None, path.name
+
+
+def test_an_unexpected_error_is_one_line_that_says_how_to_see_the_traceback(tmp_path, monkeypatch, capsys):
+    import grpo_kit.cli as cli
+    from grpo_kit.evaluation import evaluate  # noqa: F401 - imported by cmd_eval
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr("grpo_kit.evaluation.evaluate", broken)
+    argv = ["eval", "--preset", "cpu-tiny-quick", "--device", "cpu", "--quiet"]
+    monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("grpo-kit eval: error: CUDA out of memory. Tried to allocate 2.00 GiB (RuntimeError; GRPO_KIT_DEBUG=1 "
+                   "shows the traceback)"), err
+    monkeypatch.setenv(cli.DEBUG_VARIABLE, "1")
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        cli.main(argv)
+    # a setting the user got wrong is explained in full by its message: no hint
+    monkeypatch.delenv(cli.DEBUG_VARIABLE)
+    assert cli.main(["eval", "--preset", "cpu-tiny-quick", "--device", "quantum"]) == 2
+    assert "GRPO_KIT_DEBUG" not in capsys.readouterr().err
+
+
+def test_messages_never_show_a_credential():
+    from grpo_kit.hub import redact
+
+    assert redact("401 for hf_SENTINEL_abcdef at https://me:hf_SENTINEL_abcdef@host/x", ["hf_SENTINEL_abcdef"]) == \
+        "401 for *** at https://me:***@host/x"
+    assert redact("git+https://oauth2:ghp_0123456789@github.com/o/r@v1", []) == "git+https://oauth2:***@github.com/o/r@v1"

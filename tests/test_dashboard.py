@@ -65,18 +65,29 @@ def test_a_slider_change_reaches_the_trainer_at_the_next_step_and_is_marked(dash
     assert series(dashboard.rows, "beta") == ([1, 2], [0.0, pytest.approx(0.2)])
 
 
-def test_stop_and_pause_buttons_act_on_the_running_thread(dashboard):
+def test_stop_and_pause_buttons_act_on_the_running_thread(dashboard, monkeypatch):
+    """Step counters and events, no wall clock: pause is seen to hold the loop in its paused wait between two
+    steps, and stop, pressed while paused, ends the run without another step."""
+    import threading
+
+    controls, held = dashboard.controls, threading.Event()
+    real_wait = controls.wait_while_paused
+
+    def wait_while_paused(*args, **kwargs):
+        if controls.snapshot()["paused"]:
+            held.set()  # the loop reached the pause between steps and is about to block in it
+        return real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(controls, "wait_while_paused", wait_while_paused)
     dashboard.start(steps=200)
     wait_until(lambda: dashboard.rows)
     dashboard.buttons["pause"].click()
-    time.sleep(2.0)
+    assert held.wait(300), "the loop never reached its paused wait"
     paused_at = len(dashboard.rows)
-    time.sleep(2.0)
-    assert len(dashboard.rows) <= paused_at + 1  # at most the step that was running when paused
-    assert dashboard.running
+    assert dashboard.running and paused_at < 200
     dashboard.buttons["stop"].click()
     dashboard.wait(timeout=120)
-    assert not dashboard.running and len(dashboard.rows) < 20
+    assert not dashboard.running and len(dashboard.rows) == paused_at  # no step ran after the pause took hold
 
 
 def test_redraws_keep_within_the_plot_budget(dashboard):

@@ -44,21 +44,66 @@ def test_every_notebook_has_the_same_install_cell():
     assert len({install_cell(path) for path in NOTEBOOKS}) == 1
 
 
-def test_the_install_cell_asks_pip_for_the_notebooks_extra_at_this_release():
-    """pip reads `git+https://…[extra]` as part of the URL (no extra at all): the line must be `name[extra] @ URL`,
-    and the URL pins the release tag of this version, so a notebook opened from GitHub installs its own kit."""
+def test_the_install_cell_installs_the_commit_of_this_release_with_the_notebooks_extra():
+    """The cell names the release of pyproject's version and installs a commit of this repository (a tag can move;
+    `scripts/release.py tag` writes both); pip reads `git+https://…[extra]` as part of the URL (no extra at all),
+    so the extra is asked for as `grpo-kit[notebooks]` once the kit is in. The release check passes."""
     import tomllib
 
     from packaging.requirements import Requirement
 
     install = install_cell(NOTEBOOKS[0])
-    default = install.split('os.environ.get("GRPO_KIT_SOURCE", "', 1)[1].split('"', 1)[0]
-    assert 'f"grpo-kit[notebooks] @ {KIT}"' in install
-    line = "grpo-kit[notebooks] @ " + default
-    requirement = Requirement(line)
+    release, commit = re.search(r'KIT_RELEASE, KIT_COMMIT = "(v[^"]+)", "([0-9a-f]*)"', install).groups()
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert requirement.name == "grpo-kit" and requirement.extras == {"notebooks"}, line
-    assert requirement.url == f"git+https://github.com/grpo-kit/grpo_kit@v{version}", line
+    assert release == f"v{version}" and re.fullmatch(r"[0-9a-f]{40}", commit), (release, commit)
+    default = install.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0].replace("{KIT_COMMIT}", commit)
+    requirement = Requirement("grpo-kit @ " + default)
+    assert requirement.url == f"git+https://github.com/grpo-kit/grpo_kit@{commit}"
+    assert 'pip("--no-deps", f"grpo-kit @ {KIT}")' in install and '"grpo-kit[notebooks]")' in install
+    if (ROOT / ".git").exists():
+        known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+        assert known.returncode == 0, f"the install cell pins {commit}, which is not a commit of this repository"
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "release.py"), "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_install_cell_pins_what_it_adds_and_never_prints_a_credential(tmp_path):
+    """Run the cell's install path with pip stood in for (a script that records its arguments and fails the way a
+    private GitHub URL does, echoing the URL): the kit's constraints reach pip for packages the runtime lacks,
+    never for ones it has, and the token in GRPO_KIT_SOURCE is printed nowhere."""
+    # as on a runtime whose packages are this venv's (torch among them) and which has no kit yet
+    cell = install_cell(NOTEBOOKS[0]).replace("from grpo_kit import notebook as nbk", "").replace(
+        'importlib.util.find_spec("grpo_kit") is None', "True")
+    secret = "ghp_SENTINEL0123456789"
+    recorded = tmp_path / "pip-args.txt"
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"""#!{sys.executable}
+import sys
+if sys.argv[1:3] == ["-m", "pip"]:
+    open({str(recorded)!r}, "a").write(" ".join(sys.argv[3:]) + "\\n")
+    if "--no-deps" in sys.argv:
+        sys.exit(0)
+    print("ERROR: could not fetch " + [a for a in sys.argv if "@" in a][-1] + " for grpo-kit", file=sys.stderr)
+    sys.exit(1)
+print({str(ROOT / "grpo_kit" / "assets" / "constraints.txt")!r})
+""")
+    fake_python.chmod(0o755)
+    source = f"git+https://oauth2:{secret}@github.com/me/grpo_kit@main"
+    lacks = ("kagglehub", "jupyter-ui-poll", "jupyter_ui_poll")  # as Colab's TPU runtime lacks them
+    script = (f"import sys; sys.executable = {str(fake_python)!r}\n"
+              "import importlib.metadata as md; every = md.distributions\n"
+              f"md.distributions = lambda: [d for d in every() if d.metadata['Name'] not in {lacks!r}]\n" + cell)
+    env = {**os.environ, "GRPO_KIT_SOURCE": source}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "pip could not install grpo-kit from git+https://***@github.com" in done.stderr
+    assert secret not in done.stdout + done.stderr, done.stdout + done.stderr
+    first, second = recorded.read_text().splitlines()
+    assert first.endswith(f"--no-deps grpo-kit @ {source}")
+    assert second.endswith("-c /tmp/runtime-packages.txt -c /tmp/kit-constraints.txt grpo-kit[notebooks]")
+    added = Path("/tmp/kit-constraints.txt").read_text()
+    assert "kagglehub==" in added and "jupyter-ui-poll==" in added  # what the runtime lacks comes pinned …
+    assert "torch==" not in added and "pip==" not in added  # … what this one has is left to it
 
 
 def test_a_wrong_source_stops_the_install_cell_with_the_fix(tmp_path):
