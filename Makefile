@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench bench-twice lint clean platforms
+.PHONY: demo test setup browser bench bench-twice lint clean platforms faults release
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ bench-twice: $(STAMP)
 	$(BIN)/grpo-kit bench --quick --json > runs/bench-quick-1.json
 	$(BIN)/grpo-kit bench --quick --json > runs/bench-quick-2.json
 	$(BIN)/python -m grpo_kit.devtools.bench agree runs/bench-quick-1.json runs/bench-quick-2.json
+
+# The situations that once lost a user's work, replayed through the command line (also a test in `make test`).
+faults: $(STAMP)
+	$(BIN)/python scripts/faults.py
+
+# Pin the notebooks' install cell to this commit, commit that and tag v<version> (scripts/release.py).
+release: $(STAMP)
+	$(BIN)/python scripts/release.py tag
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts

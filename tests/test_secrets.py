@@ -71,6 +71,10 @@ def test_a_refused_download_and_a_refused_push_never_show_the_token(hub, tmp_pat
                       "--output-dir", str(tmp_path / "refused"), "--device", "cpu", "--quiet"], endpoint, tmp_path))
     assert runs[-1].returncode == 2, runs[-1].stderr[-2000:]
     assert "cannot load 'google/gemma-3-1b-it'" in runs[-1].stderr
+    # … and explained by what the hub answered, also where huggingface_hub wraps the answer as "not in the cache"
+    because = {401: "rejected the token (401)", 403: "the token in use has no access to google/gemma-3-1b-it",
+               500: "the Hugging Face Hub answered 500 (a server error)"}[handler.status]
+    assert because in runs[-1].stderr, runs[-1].stderr[-2000:]
 
     # a run that trains (the tiny Gemma, the token in its settings), then an export pushed to the stand-in hub
     runs.append(_cli(["train", "--preset", "cpu-tiny-quick", "--config", str(settings), "--output-dir",
@@ -80,6 +84,8 @@ def test_a_refused_download_and_a_refused_push_never_show_the_token(hub, tmp_pat
                       str(tmp_path / "run" / "checkpoint"), "--out", str(tmp_path / "export"), "--push-to", "me/tiny",
                       "--device", "cpu", "--quiet"], endpoint, tmp_path))
     assert runs[-1].returncode == 2 and "push to me/tiny failed" in runs[-1].stderr, runs[-1].stderr[-2000:]
+    because = "the token needs write access" if handler.status < 500 else "answered 500 (a server error)"
+    assert because in runs[-1].stderr, runs[-1].stderr[-2000:]
 
     assert any(SENTINEL in seen for seen in handler.seen), "the stand-in hub was never sent the token"
     leaks = [r.args for r in runs if SENTINEL in r.stdout + r.stderr]
