@@ -19,6 +19,7 @@ does not already have, so those arrive at the versions the kit was tested with.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -84,12 +85,32 @@ def notebooks() -> list[Path]:
     return sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
+def code_of(path: Path) -> str:
+    """A notebook's code cells, as text (the .ipynb holds them JSON-escaped)."""
+    return "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+
+
+def pin(path: Path, release: str, commit: str) -> None:
+    """Write `release` and `commit` into the notebook's install cell, leaving every other byte as it was."""
+    nb = json.loads(path.read_text())
+    found = 0
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and PIN.search(source):
+            new = PIN.sub(f'KIT_RELEASE, KIT_COMMIT = "{release}", "{commit}"', source)
+            cell["source"] = new.splitlines(keepends=True)
+            found += 1
+    if found != 1:
+        raise SystemExit(f"release: {path.name} has {found} install cells with KIT_RELEASE, KIT_COMMIT, not 1")
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
 def check() -> list[str]:
     """What keeps this tree from being the release pyproject.toml names (empty: nothing)."""
     tag, problems = f"v{version()}", []
     for path in notebooks():
         text = path.read_text()
-        pins = PIN.findall(text)
+        pins = PIN.findall(code_of(path))
         if len(pins) != 1 or pins[0][0] != tag:
             problems.append(f"{path.name}: its install cell names {pins or 'no release'}, not {tag}")
         elif not re.fullmatch(r"[0-9a-f]{40}", pins[0][1]):
@@ -117,10 +138,7 @@ def tag() -> None:
         raise SystemExit(f"release: {release} is tagged already; raise the version in pyproject.toml")
     commit = git("rev-parse", "HEAD")
     for path in notebooks():
-        text, count = PIN.subn(f'KIT_RELEASE, KIT_COMMIT = "{release}", "{commit}"', path.read_text())
-        if count != 1:
-            raise SystemExit(f"release: {path.name} has no install cell with KIT_RELEASE, KIT_COMMIT")
-        path.write_text(text)
+        pin(path, release, commit)
     problems = check()
     if problems:
         git("checkout", "--", "notebooks")
