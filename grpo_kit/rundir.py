@@ -139,6 +139,8 @@ class RunDir:
         that the kit did not write. Returns the entry's path."""
         if "/" in name or name in ("", ".", "..", MARK):
             raise ValueError(f"RunDir.add: {name!r} is not an entry name")
+        on_disk = _read_manifest(self.path)  # another RunDir of this process (a trainer inside a command) may have added
+        self.entries += [e for e in (on_disk or {}).get("entries", []) if e not in self.entries]
         if name not in self.entries:
             target = self.path / name
             if target.exists() or target.is_symlink():

@@ -259,3 +259,13 @@ def _yaml(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "settings.yaml"
     path.write_text(text + "\ntask: {num_test: 8}\n")
     return path
+
+
+def test_two_claims_in_one_process_share_one_manifest(tmp_path):
+    """A command claims the directory, then its trainer does: what either records stays recorded."""
+    command, trainer = rundir.claim(tmp_path / "run", "grpo"), rundir.claim(tmp_path / "run", "grpo")
+    trainer.add("metrics.jsonl")
+    command.add("checkpoint")
+    assert json.loads((tmp_path / "run" / ".grpo_kit" / "run.json").read_text())["entries"] == ["metrics.jsonl", "checkpoint"]
+    command.release()
+    trainer.release()
