@@ -23,10 +23,15 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
         "sizes = BenchSizes(prompts=2, group=4, new_tokens=8, repeats=2, rollout_repeats=2, sft_steps=10,\n"
         "                   xla_token_counts=(4, 8), learning_budget_s=3, eval_every_s=1, num_eval=8,\n"
         "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
-        "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2)\n"
+        "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2, capstone_steps=1,\n"
+        "                   capstone_overrides={'task': {'num_demonstrations': 8, 'num_test': 4}, 'grpo': {\n"
+        "                       'prompts_per_step': 1, 'group_size': 2, 'max_new_tokens': 4, 'micro_batch_size': 2}})\n"
         f"result = run_bench(sizes, progress=False); write_report(result, {str(tmp_path)!r})\n"
         "rounds = len(result['details']['real']['rollouts']['speedup']['all'])\n"
-        "print(json.dumps({**{k: v for k, v in result.items() if k != 'details'}, 'real_rounds': rounds}, default=str))\n"
+        "avx2 = result['details']['capstone']['avx2']\n"
+        "isa = [avx2.get('cpu_capability'), avx2.get('cpu_bf16_products')]\n"
+        "print(json.dumps({**{k: v for k, v in result.items() if k != 'details'}, 'real_rounds': rounds,\n"
+        "                  'capstone_avx2_isa': isa}, default=str))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -50,6 +55,11 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     assert 0.0 <= result["real_zero_std_fraction"]["kit"] <= 1.0
     assert result["real_rounds"] == 2  # one rollout round after each timed step pair: real_repeats of them
 
+    # the capstone rows: the preset's own step (its model and prompts; tiny sizes here), natively and as on AVX2
+    assert result["capstone_preset"] == "cpu-gemma-270m"
+    assert result["capstone_step_s"]["native"] > 0 and result["capstone_step_s"]["avx2"] > 0, result["capstone_step_s"]
+    assert set(result["capstone_breakdown"]["avx2"]) == set(result["real_breakdown"]) and result["capstone_avx2_isa"] == ["AVX2", False]
+
     kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
     assert set(kit) == set(hf) == {"4", "8"}
     assert kit["4"] == kit["8"] > 0, f"the kit's rollout graphs depend on the number of new tokens: {kit}"
@@ -62,6 +72,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
 
     report = (tmp_path / "benchmarks.md").read_text()
     assert "| rollout tokens/s" in report and "TRL" in report
+    assert "| capstone step s, `cpu-gemma-270m`" in report and "AVX2 stand-in (fp32)" in report
     assert "**gemma-3-270m**" in report and "step by phase" in report and "multiplies the LM head in float32" in report
     for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

@@ -93,6 +93,13 @@ class BenchSizes:
     about a minute there, so each repeat costs about two; five keep one slow pair from moving the median ratio."""
     real_lora_r: int = 8
     """LoRA rank on the real model (α = 2r), the same adapter on both sides."""
+    capstone_preset: str | None = "cpu-gemma-270m"
+    """The preset whose own GRPO step the capstone rows time (its model, prompts, tokens, rewards and settings, from
+    the base model); None skips them."""
+    capstone_steps: int = 3
+    """Timed capstone steps per CPU variant, after one warm-up step."""
+    capstone_overrides: dict[str, Any] = field(default_factory=dict)
+    """Changes to the capstone preset (`load_demo_config` overrides, e.g. a smaller model in tests); none by default."""
 
     @classmethod
     def full(cls) -> BenchSizes:
@@ -341,6 +348,54 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
             "rollouts": rollouts, "grpo_step": step}
 
 
+AVX2_STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "GRPO_KIT_CPU_BF16": "0"}
+"""An AVX2 laptop on this CPU: PyTorch and oneDNN run their AVX2 kernels, and the kit takes its fp32 path (without
+the last variable the kit would still pick bf16 products from CPUID, which AVX2 would then emulate)."""
+CAPSTONE_GOALS = {"native": 12.0, "avx2": 25.0}
+"""Seconds per capstone GRPO step the kit aims for on this 2-core machine, natively and under the AVX2 stand-in."""
+
+
+def bench_capstone(sizes: BenchSizes) -> dict[str, Any]:
+    """The capstone preset's own GRPO step, natively and under the AVX2 stand-in: each variant in a fresh process
+    (the CPU kernels are chosen when torch loads) that loads the preset's model, takes one warm-up step and times
+    `capstone_steps` more (`python -m grpo_kit.devtools.bench capstone SPEC`)."""
+    spec = json.dumps({"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
+                       "overrides": sizes.capstone_overrides})
+    result: dict[str, Any] = {"preset": sizes.capstone_preset, "steps": sizes.capstone_steps, "goals_s": CAPSTONE_GOALS}
+    for variant, extra in (("native", {}), ("avx2", AVX2_STAND_IN)):
+        env = {k: v for k, v in os.environ.items() if k not in AVX2_STAND_IN}
+        proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "capstone", spec], capture_output=True,
+                              text=True, env={**env, **extra}, timeout=3600)
+        if proc.returncode != 0:
+            result[variant] = {"error": proc.stderr[-2000:]}
+            continue
+        result[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _capstone_child(preset: str, steps: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """In this process: `steps` timed GRPO steps of `preset` after one warm-up (see `bench_capstone`)."""
+    from ..tasks import make_task
+
+    cfg = load_demo_config(preset)
+    if overrides:
+        from ..config import apply_overrides
+
+        cfg = apply_overrides(cfg, overrides)
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    task = make_task(cfg.task)
+    grpo = replace(cfg.grpo, output_dir=None, log_completions=0, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
+    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo)
+    rows = [trainer.train_step() for _ in range(steps + 1)][1:]
+    return {"step_s": _stats([r["step_seconds"] for r in rows]),
+            "breakdown_s": {f"{p}_s": round(statistics.median(r[f"{p}_seconds"] for r in rows), 2) for p in PHASES},
+            "completion_length": statistics.mean(r["completion_length_mean"] for r in rows),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
+            "model": cfg.model.name, "prompts": grpo.prompts_per_step, "group": grpo.group_size,
+            "max_new_tokens": grpo.max_new_tokens}
+
+
 def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes) -> dict[str, Any]:
     """Held-out greedy accuracy vs training seconds for both trainers, the demo's GRPO settings, same budget."""
     import dataclasses
@@ -504,6 +559,10 @@ def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> 
         say(f"5/5 real model ({sizes.real_model}, LoRA): rollouts vs HF generate, GRPO step vs TRL")
         del model
         real = bench_real_model(sizes)
+    capstone = None
+    if sizes.capstone_preset:
+        say(f"capstone: the {sizes.capstone_preset} preset's own GRPO step, natively and under the AVX2 stand-in")
+        capstone = bench_capstone(sizes)
     result = {
         "quick": replace(sizes, real_model=BenchSizes.quick().real_model) == BenchSizes.quick(), "machine": machine(), "repeats": sizes.repeats,
         "rollout_repeats": sizes.rollout_repeats, "sizes": asdict(sizes),
@@ -519,7 +578,9 @@ def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> 
         "xla_graphs_hf": xla_graphs.get("hf") if xla_graphs else None,
         "accuracy_vs_seconds": learning["accuracy_vs_seconds"],
         **_real_fields(real),
-        "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning, "real": real},
+        **_capstone_fields(capstone),
+        "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning, "real": real,
+                    "capstone": capstone},
         "seconds": round(time.perf_counter() - start, 1),
     }
     say(f"done in {result['seconds']:.0f} s")
@@ -544,6 +605,16 @@ def _real_fields(real: dict[str, Any] | None) -> dict[str, Any]:
         "real_breakdown": {f"{phase}_s": round(v, 2) for phase, v in step["kit_breakdown_s"].items()},
         "real_zero_std_fraction": {"kit": step["kit_zero_std_fraction"], "trl": step["trl_zero_std_fraction"]},
     }
+
+
+def _capstone_fields(capstone: dict[str, Any] | None) -> dict[str, Any]:
+    """The capstone rows' headline numbers: median step seconds per variant (None where a variant failed)."""
+    if capstone is None:
+        return {"capstone_preset": None}
+    return {"capstone_preset": capstone["preset"],
+            "capstone_step_s": {v: capstone[v]["step_s"]["median"] if "step_s" in capstone[v] else None
+                                for v in ("native", "avx2")},
+            "capstone_breakdown": {v: capstone[v].get("breakdown_s") for v in ("native", "avx2")}}
 
 
 RATIOS = ("sampler_speedup", "step_time_ratio", "real_rollout_speedup", "real_step_time_ratio")
@@ -654,6 +725,15 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
                     f"{roll['sampler_tokens_per_s']['median']:.0f} | HF generate {roll['hf_generate_tokens_per_s']['median']:.0f} | "
                     f"{roll['speedup']['median']:.2f}× ({roll['speedup']['min']:.2f}–{roll['speedup']['max']:.2f}) | ≥ 2× |")
         rows.append(_step_row(f"**{name}**, LoRA r {real['lora_r']}: GRPO step s, β = 0", real["grpo_step"], goal="≤ 26 s; ≤ 0.5"))
+    capstone = d.get("capstone")
+    for variant, label in (("native", "this CPU"), ("avx2", "AVX2 stand-in (fp32)")):
+        if capstone and "step_s" in capstone.get(variant, {}):
+            run = capstone[variant]
+            rows.append(f"| capstone step s, `{capstone['preset']}` ({run['prompts']} × G {run['group']}, "
+                        f"{run['max_new_tokens']} tokens), {label} (median; min of {capstone['steps']}) | "
+                        f"{run['step_s']['median']:.2f}; {run['step_s']['min']:.2f} | | | ≤ {capstone['goals_s'][variant]:g} s |")
+        elif capstone:
+            rows.append(f"| capstone step s, {label} | failed: see benchmarks.json | | | |")
     return rows
 
 
@@ -720,6 +800,9 @@ if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "xla-graphs":  # xla_graph_counts' child process
         print(json.dumps(_xla_child([int(n) for n in sys.argv[2].split(",")],
                                     BenchSizes(prompts=int(sys.argv[3]), group=int(sys.argv[4])))))
+    elif len(sys.argv) == 3 and sys.argv[1] == "capstone":  # bench_capstone's child process
+        spec = json.loads(sys.argv[2])
+        print(json.dumps(_capstone_child(spec["preset"], spec["steps"], spec["overrides"])))
     elif len(sys.argv) == 4 and sys.argv[1] == "agree":  # two `grpo-kit bench --json` outputs: how far their ratios differ
         runs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in sys.argv[2:]]
         for name, gap in ratio_agreement(*runs).items():
