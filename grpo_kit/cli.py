@@ -274,7 +274,8 @@ def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
                    "auto: the output directory's checkpoint/ when there is one")
     p.add_argument("--no-resume", action="store_true", help="start from the beginning; refused where the output directory "
                    "holds a run, unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run")
+    p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run (only "
+                   "the files the run wrote are removed), or write beside files grpo-kit did not write")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, preset="cpu-tiny")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="size SFT and GRPO so the whole run takes about this long (overrides the preset)")
-    p.add_argument("--overwrite", action="store_true", help="start over; by default a run in the output directory with "
+    p.add_argument("--overwrite", action="store_true", help="start over, removing only the files the arc wrote; by "
+                   "default a run in the output directory with "
                    "the same settings continues where it stopped")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint as it goes")
