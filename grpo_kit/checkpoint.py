@@ -55,7 +55,8 @@ TMP_PREFIX = ".tmp-"
 save of this checkpoint, not of another one in the same folder) are removed at the next save."""
 
 
-def _temporary_names(path: Path) -> re.Pattern[str]:
+def temporary_names(path: Path) -> re.Pattern[str]:
+    """The names a save of the checkpoint at `path` writes to first (`.tmp-<name>-<8 hex digits>`)."""
     return re.compile(rf"^{re.escape(TMP_PREFIX)}{re.escape(path.name)}-[0-9a-f]{{8}}$")
 
 
@@ -78,7 +79,8 @@ class CheckpointSaveError(OSError):
         return str(self.strerror)
 
 
-def _previous(path: Path) -> Path:
+def previous_path(path: Path) -> Path:
+    """Where a save puts the checkpoint it replaces during the swap (`.<name>.old`)."""
     return path.with_name(f".{path.name}.old")
 
 
@@ -119,7 +121,7 @@ def save_checkpoint(
     if (path.exists() or path.is_symlink()) and not _is_checkpoint(path):
         raise FileExistsError(f"{path} exists and is not a grpo_kit checkpoint: choose another path (the kit replaces "
                               "only checkpoints it wrote)")
-    leftovers = _temporary_names(path)
+    leftovers = temporary_names(path)
     for leftover in path.parent.iterdir():  # a save of this checkpoint that was killed
         if leftovers.match(leftover.name) and leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
@@ -143,7 +145,7 @@ def save_checkpoint(
     except Exception as e:  # noqa: BLE001 - safetensors, torch.save and the OS each raise their own type on a full disk
         shutil.rmtree(tmp, ignore_errors=True)
         free = _human(shutil.disk_usage(path.parent).free)
-        kept = ("the previous checkpoint is kept" if _is_checkpoint(path) or _is_checkpoint(_previous(path))
+        kept = ("the previous checkpoint is kept" if _is_checkpoint(path) or _is_checkpoint(previous_path(path))
                 else "there is no earlier checkpoint")
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointSaveError(getattr(e, "errno", None) or errno.EIO,
@@ -153,7 +155,7 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    previous = _previous(path)
+    previous = previous_path(path)
     if path.exists():
         shutil.rmtree(previous, ignore_errors=True)
         os.replace(path, previous)
@@ -168,11 +170,11 @@ def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, di
     a save was interrupted mid-swap, with a warning. With `verify`, every file's checksum is checked (reading
     every byte: callers that only look at state.json pass False, and `load_checkpoint` verifies)."""
     path = Path(path)
-    if not (path / "state.json").exists() and (_previous(path) / "state.json").exists():
-        warnings.warn(f"{path} is missing (a save was interrupted): loading the previous checkpoint {_previous(path)}",
+    if not _is_checkpoint(path) and _is_checkpoint(previous_path(path)):
+        warnings.warn(f"{path} is missing (a save was interrupted): loading the previous checkpoint {previous_path(path)}",
                       stacklevel=2)
-        path = _previous(path)
-    if not (path / "state.json").exists():
+        path = previous_path(path)
+    if not _is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
     state = json.loads((path / "state.json").read_text())
     if verify:

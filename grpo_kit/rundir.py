@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from .checkpoint import previous_path, temporary_names
 
 MARK = ".grpo_kit"
 """The kit's folder inside an output directory: run.json (the manifest) and lock."""
@@ -49,16 +50,13 @@ class RunDirError(ValueError):
     """An output directory cannot be used as asked; the message names it and says what to do."""
 
 
-def _hidden_companions(name: str) -> re.Pattern[str]:
-    """The hidden names a checkpoint save derives from `name` (checkpoint.py): `.name.old` and `.tmp-name-<hex8>`."""
-    return re.compile(rf"^(\.{re.escape(name)}\.old|\.tmp-{re.escape(name)}-[0-9a-f]{{8}})$")
-
-
 def _owned(entries: Iterable[str], present: Iterable[str]) -> list[str]:
-    """Of the names `present` in a directory, those the manifest's `entries` cover (an entry and its companions)."""
+    """Of the names `present` in a directory, those the manifest's `entries` cover: an entry, and the hidden names a
+    checkpoint save derives from it (`checkpoint.previous_path`, `checkpoint.temporary_names`)."""
     entries = list(entries)
-    patterns = [_hidden_companions(e) for e in entries]
-    return [p for p in present if p in entries or any(rx.match(p) for rx in patterns)]
+    previous = {previous_path(Path(e)).name for e in entries}
+    temporary = [temporary_names(Path(e)) for e in entries]
+    return [p for p in present if p in entries or p in previous or any(rx.match(p) for rx in temporary)]
 
 
 # -- the lock ------------------------------------------------------------------------------------------------------
