@@ -212,10 +212,18 @@ class GRPOConfig:
     product with the head per token, streamed with the draw), and the update's first pass takes log π's gradient
     from it, ∂log π(y)/∂h = (W_y − E)/T, instead of running the head again (two products per token). The weights
     are those the tokens were sampled with, so the gradients are the same up to float order; False recomputes.
-    On a CPU with native bf16 products (AVX512-BF16 or AMX) the sampler multiplies the head in bf16, several times
-    faster, unless a reference pass or μ > 1 compares its log-probs with fp32 ones (`GRPOTrainer._rollout_head_dtype`);
-    its log-probs then differ from fp32 by bf16 rounding of the logits (< 0.1 nats), and log π's value in the update is
-    the sampler's. GRPO_KIT_CPU_BF16=0 keeps fp32 throughout."""
+    With `cpu_bf16` the sampler's head products are bf16; its log-probs then differ from fp32 by bf16 rounding of the
+    logits (< 0.1 nats), and log π's value in the update is the sampler's."""
+    cpu_bf16: bool = True
+    """On a CPU with native bf16 products (AVX512-BF16 or AMX; `device.cpu_bf16_products`) and an fp32 model: the
+    rollout multiplies the layers' projections and the LM head in bf16 (`device.product_dtype`), and the update's
+    padding-free Gemma forward multiplies the frozen base weights in bf16 (LoRA; `decoder.frozen_linears`), their
+    backward following — together a third less time per capstone step than fp32 (`grpo-kit bench`'s capstone rows).
+    LoRA, norms, residual sums, attention, softmax, log-probs, the loss, the trained weights, their gradients and the
+    optimizer stay fp32. Not applied where the
+    update compares the sampler's log-probs with its own (a reference pass, or μ > 1 with `reuse_sampler_head`):
+    a ratio or KL of one policy must be exactly 1 or 0, not bf16 rounding noise. False, other CPUs, GPUs, TPUs and
+    GRPO_KIT_CPU_BF16=0 (for the whole process): the model's own dtype throughout."""
     skip_zero_advantage_groups: bool = True
     """On cpu/cuda, with beta 0 (and no KL to measure: `log_kl` off or no reference), entropy_coef 0 and any
     loss_type but `bnpo`: the update's forward and backward run only on groups whose advantages are not all 0.

@@ -158,16 +158,19 @@ def _stacked(parts: list[LinearParts]) -> LinearParts:
         bias = torch.cat([p[1] if p[1] is not None else p[0].new_zeros(p[0].shape[0]) for p in parts])
     if all(p[2] is None for p in parts):
         return weight, bias, None, None
-    a = torch.cat([p[2] if p[2] is not None else p[0].new_zeros(0, p[0].shape[1]) for p in parts])
-    b = torch.block_diag(*[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0) for p in parts])
+    lora_dtype = next(p[2].dtype for p in parts if p[2] is not None)  # W may be cast to bf16, LoRA is not
+    a = torch.cat([p[2] if p[2] is not None else p[0].new_zeros(0, p[0].shape[1], dtype=lora_dtype) for p in parts])
+    b = torch.block_diag(*[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0, dtype=lora_dtype) for p in parts])
     return weight, bias, a, b
 
 
 def _apply(parts: LinearParts, x: torch.Tensor) -> torch.Tensor:
-    """x Wᵀ + b (+ (x Aᵀ)(s·B)ᵀ with LoRA)."""
+    """x Wᵀ + b (+ (x Aᵀ)(s·B)ᵀ with LoRA), returned in x's dtype. Each product runs in its weights' dtype: with
+    W and b cast to bf16 (`Constants.build(product_dtype=…)`) x is rounded to bf16 for x Wᵀ only, and the LoRA
+    path stays in x's dtype."""
     weight, bias, lora_a, lora_b = parts
-    y = F.linear(x, weight, bias)
-    return y if lora_a is None else y + F.linear(F.linear(x, lora_a), lora_b)
+    y = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    return y if lora_a is None else y + F.linear(F.linear(x.to(lora_a.dtype), lora_a), lora_b).to(x.dtype)
 
 
 @dataclasses.dataclass
@@ -181,6 +184,10 @@ class Constants:
     x·cos + roll(x, D/2)·sin′ with sin′ = (−sin₁, sin₂) — the same numbers as x·cos + rotate_half(x)·sin.
     Built without gradients, for rollouts (eval mode: LoRA dropout off); forwards that train build it with
     `norms=False` (no cached scales, no `LinearParts`, no fused projections) and call the live modules.
+
+    `product_dtype` (rollouts; `device.product_dtype`: bf16 for an fp32 model on a CPU with native bf16 products)
+    casts each projection's W and b once per rollout, so its x Wᵀ reads half the bytes and runs on the bf16
+    units; the LoRA A and B, the norms, the RoPE tables and the residual stream keep the model's dtype.
     """
 
     norm_scales: dict[int, torch.Tensor]
@@ -193,9 +200,12 @@ class Constants:
     """id(attention module) → (q, k and v as one `LinearParts` — weights and biases stacked, LoRA A stacked,
     LoRA B block-diagonal —, the q and k norm scales stacked per head or None): one matmul, one norm and one
     rotation for q and k together. Where all three have `LinearParts` and both norms share ε."""
+    fused_gate_up: dict[int, LinearParts] = dataclasses.field(default_factory=dict)
+    """id(MLP module) → its gate and up projections as one `LinearParts` (they read the same input): one product
+    and one cast of x instead of two. Where both have `LinearParts`."""
 
     @classmethod
-    def build(cls, hf: torch.nn.Module, length: int, norms: bool = True) -> Constants:
+    def build(cls, hf: torch.nn.Module, length: int, norms: bool = True, product_dtype: torch.dtype | None = None) -> Constants:
         with torch.no_grad():
             scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
             embedding = hf.model.embed_tokens.weight
@@ -205,13 +215,16 @@ class Constants:
                 cos, sin = (t[0] for t in _rotary(hf, embedding[:1], positions, kind))
                 half = sin.shape[-1] // 2
                 tables[kind] = (cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
-            linears, fused = {}, {}
+            linears, fused, fused_mlp = {}, {}, {}
             for layer in hf.model.layers if norms else ():
                 attn, mlp = layer.self_attn, layer.mlp
                 for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
                     parts = linear_parts(module)
                     if parts is not None:
-                        linears[id(module)] = parts
+                        linears[id(module)] = _cast_base(parts, product_dtype)
+                gate_up = [linears.get(id(m)) for m in (mlp.gate_proj, mlp.up_proj)]
+                if None not in gate_up:
+                    fused_mlp[id(mlp)] = _stacked(gate_up)
                 qkv = [linears.get(id(m)) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
                 q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
                 if None in qkv or (q_norm is not None and q_norm.eps != k_norm.eps):
@@ -221,12 +234,38 @@ class Constants:
                     heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
-        return cls(scales, tables, linears, fused)
+        return cls(scales, tables, linears, fused, fused_mlp)
 
     def rope(self, kind: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin at `positions` (any shape) → (*positions.shape, head_dim) each."""
         cos, sin = self.tables[kind]
         return F.embedding(positions, cos), F.embedding(positions, sin)
+
+
+def frozen_linears(hf: torch.nn.Module, product_dtype: torch.dtype) -> dict[int, LinearParts]:
+    """For a training forward: each projection whose base weight is frozen (LoRA), as `LinearParts` with W and b cast
+    to `product_dtype` and the LoRA A and s·B live (gradients reach them). Layers with LoRA dropout in training mode,
+    trainable base weights or anything `linear_parts` does not cover are left out (called as modules)."""
+    linears = {}
+    for layer in hf.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            dropout = getattr(module, "lora_dropout", {})
+            if module.training and any(type(d) is not torch.nn.Identity for d in dropout.values()):
+                continue
+            parts = linear_parts(module)
+            if parts is not None and not parts[0].requires_grad and (parts[1] is None or not parts[1].requires_grad):
+                with torch.no_grad():
+                    linears[id(module)] = _cast_base(parts, product_dtype)
+    return linears
+
+
+def _cast_base(parts: LinearParts, dtype: torch.dtype | None) -> LinearParts:
+    """W and b in `dtype` (None: as they are); LoRA A and B unchanged."""
+    weight, bias, lora_a, lora_b = parts
+    if dtype is None or weight.dtype == dtype:
+        return parts
+    return weight.to(dtype), bias.to(dtype) if bias is not None else None, lora_a, lora_b
 
 
 def _norm(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
@@ -259,6 +298,10 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None)
     called through the function it wraps."""
     act = mlp.act_fn
     act = act.act if type(act).__name__ == "GELUTanh" else act
+    fused = consts.fused_gate_up.get(id(mlp)) if consts is not None else None
+    if fused is not None:
+        gate, up = _apply(fused, x).chunk(2, dim=-1)
+        return _linear(mlp.down_proj, act(gate) * up, consts)
     return _linear(mlp.down_proj, act(_linear(mlp.gate_proj, x, consts)) * _linear(mlp.up_proj, x, consts), consts)
 
 
@@ -320,7 +363,9 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
 def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
                index: int, slots: torch.Tensor, bias: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
     """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
-    attention over the first `visible` slots (all when None)."""
+    attention over the first `visible` slots (all when None). The cache and the attention products stay in the
+    model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
+    longer cache copies its operands (~4× slower here than fp32's strided one)."""
     attn, (cos, sin) = layer.self_attn, rope
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
     keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :visible]
@@ -480,7 +525,7 @@ def _packed_attention(attn: torch.nn.Module, qkv: tuple[torch.Tensor, ...], pack
 
 
 def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                             group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                             group_size: int = 1, *, product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
 
     Rows are (B, P + N): left-padded prompts, then completions whose mask is 1 up to and including the stop
@@ -492,12 +537,16 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
     the hidden state predicting completion token j of row b sits at flat index b·N + j, for the T real ones.
 
     Reads the masks on the host (the packed sizes depend on them), so for cpu/cuda; autograd flows through
-    everything, so it serves the training forward as well as the log-prob forwards.
+    everything, so it serves the training forward as well as the log-prob forwards. `product_dtype` (bf16 on a CPU
+    with native bf16 products): the frozen base weights' products x Wᵀ run in it (`frozen_linears`, cast once per
+    call); LoRA, norms, attention and the residual stream stay in the model's dtype, and so do all gradients.
     """
     cfg, model, device = hf.config, hf.model, input_ids.device
     pack = _Packing.build(input_ids, attention_mask, prompt_len, group_size)
     kinds = _layer_kinds(cfg)
     consts = Constants.build(hf, int(pack.positions.max()) + 1, norms=False)  # norms stay live: they may be trained
+    if product_dtype is not None and product_dtype != model.embed_tokens.weight.dtype:
+        consts.linears = frozen_linears(hf, product_dtype)
     completion_keys = torch.cat([pack.prompt_mask.repeat_interleave(group_size, 0), pack.input_mask], dim=1)
     h = model.embed_tokens(pack.tokens)
     tables, biases = {}, {}
@@ -509,8 +558,8 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
                                        window, h.dtype))
     for layer, kind in zip(model.layers[: cfg.num_hidden_layers], kinds, strict=True):
         attn = layer.self_attn
-        qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], None)  # (M, heads, D)
-        h = h + _norm(layer.post_attention_layernorm, _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind])))
-        h = h + _norm(layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h)))
+        qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
+        h = h + _norm(layer.post_attention_layernorm, _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts))
+        h = h + _norm(layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h), consts))
     source, target_index = pack.prediction_sources()
     return _norm(model.norm, h.index_select(0, source)), target_index

@@ -211,10 +211,11 @@ def cpu_bf16_products() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def head_product_dtype(weight: torch.Tensor) -> torch.dtype:
-    """The dtype the CPU sampler multiplies an LM head in (`sampling.draw_from_head`): bf16 for an fp32 head on a
-    CPU with native bf16 products (`cpu_bf16_products`), else the head's own dtype. Softmax, sums and log-probs
-    stay in fp32 either way."""
+def product_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the eager CPU sampler multiplies a weight in — its layers' projections and the LM head
+    (`decoder.Constants`, `sampling.draw_from_head`): bf16 for fp32 weights on a CPU with native
+    bf16 products (`cpu_bf16_products`), else the weight's own dtype. Norms, residual sums, softmax, sums and
+    log-probs stay in fp32 either way."""
     if weight.device.type == "cpu" and weight.dtype == torch.float32 and cpu_bf16_products():
         return torch.bfloat16
     return weight.dtype

@@ -43,6 +43,7 @@ from .device import (
     manual_seed,
     mark_step,
     memory_stats,
+    product_dtype,
     shard_batch,
 )
 from .losses import adaptive_beta, policy_loss
@@ -165,7 +166,7 @@ class GRPOTrainer:
             self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
             group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
-            head_moments=self._reuses_sampler_head(), head_dtype=self._rollout_head_dtype(),
+            head_moments=self._reuses_sampler_head(), product_dtype=self._rollout_product_dtype(),
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
@@ -215,10 +216,13 @@ class GRPOTrainer:
         temperature = controls["temperature"]
         group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
 
+        # the frozen base weights' products in bf16 where the CPU has them natively (`GRPOConfig.cpu_bf16`)
+        products = product_dtype(base_model(self.model).get_input_embeddings().weight) if self._cpu_bf16() else None
+
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
             head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
             return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group, padding_free=cfg.padding_free,
-                                       entropy_grad=cfg.entropy_coef != 0, sampled=head)
+                                       entropy_grad=cfg.entropy_coef != 0, sampled=head, product_dtype=products)
 
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
@@ -290,13 +294,18 @@ class GRPOTrainer:
             and not getattr(hf.config, "final_logit_softcapping", None) and not getattr(hf.config, "attention_dropout", 0.0)
             and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()))
 
-    def _rollout_head_dtype(self) -> torch.dtype | None:
-        """The dtype of the rollout's LM-head products (`sample(head_dtype=…)`): None = bf16 on a CPU with native
-        bf16 products (`device.head_product_dtype`). fp32 when the update compares the sampler's log-probs with ones
-        computed in fp32 — a reference pass (β > 0, `log_kl`, …) or μ > 1 while `reuse_sampler_head` applies — so that
-        a ratio or KL of the same policy is exactly 1 or 0, not bf16 rounding noise."""
+    def _cpu_bf16(self) -> bool:
+        """`GRPOConfig.cpu_bf16` applies: on, and the update does not compare the sampler's log-probs with ones it
+        computes — a reference pass (β > 0, `log_kl`, …) or μ > 1 while `reuse_sampler_head` applies —, where fp32
+        keeps a ratio or KL of the same policy exactly 1 or 0 instead of bf16 rounding noise. (Whether the CPU has
+        native bf16 products is `device`'s to say.)"""
         compared = self.reference is not None or self.config.num_iterations > 1
-        return torch.float32 if compared and self._reuses_sampler_head() else None
+        return self.config.cpu_bf16 and not (compared and self._reuses_sampler_head())
+
+    def _rollout_product_dtype(self) -> torch.dtype | None:
+        """The dtype of the rollout's weight products (`sample(product_dtype=…)`): None = the device's choice (bf16
+        on a CPU with native bf16 products, `device.product_dtype`) where `_cpu_bf16`, else fp32."""
+        return None if self._cpu_bf16() else torch.float32
 
     def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
                         micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:

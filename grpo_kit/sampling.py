@@ -15,6 +15,7 @@ run inside the compile monitor's phases.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
@@ -26,10 +27,10 @@ from . import decoder
 from .decoder import position_ids_from_mask
 from .device import (
     compile_monitor,
-    head_product_dtype,
     host_syncs_are_cheap,
     mark_step,
     padded_rows,
+    product_dtype,
     shard_batch,
 )
 from .losses import logprobs_from_head_mean, token_logprobs_and_entropy
@@ -246,8 +247,10 @@ class HeadInput:
     head: torch.nn.Module
     softcap: float | None
     product_weight: torch.Tensor | None = None
-    """The head's weight in the dtype `draw_from_head` multiplies in (`Prompts.head_dtype`), cast once per rollout;
+    """The head's weight in the dtype `draw_from_head` multiplies in (`Prompts.product_dtype`; `head_casts`);
     None = the head's own weight."""
+    product_weight_t: torch.Tensor | None = None
+    """Its transpose, contiguous (d, V), for the moments' product (`draw_from_head(weight_t=…)`); None = none kept."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
@@ -261,11 +264,34 @@ class HeadInput:
                 and (settings.greedy or (not settings.top_k and settings.top_p >= 1.0)))
 
 
+DRAW_BLOCK = 16384
+"""Vocabulary entries per block of `draw_from_head` (a 16384 × 640 bf16 block is 20 MiB; its fp32 logits for 32 rows
+2 MiB): larger blocks mean fewer, larger products and fewer small ops per decode step."""
+
+_HEAD_CASTS: dict[str, Any] = {}
+
+
+def head_casts(weight: torch.Tensor, dtype: torch.dtype, *, transposed: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The LM head's weight W (V, d) as `draw_from_head` multiplies it: in `dtype` (None where that is W's own) and,
+    with `transposed`, also Wᵀ as a contiguous (d, V) copy in that dtype for the moments' product (else None).
+    Kept for one head at a time while W is unchanged — the same tensor, storage and version (an optimizer step or
+    a load bumps the version) — so a frozen head (LoRA) is cast once per run instead of once per rollout."""
+    key = (id(weight), weight.data_ptr(), weight._version, dtype, transposed)
+    ref = _HEAD_CASTS.get("ref")
+    if _HEAD_CASTS.get("key") != key or ref is None or ref() is not weight:
+        _HEAD_CASTS.clear()  # the old copies go before the new ones are made
+        w = weight.detach()
+        cast = w.to(dtype) if dtype != w.dtype else None
+        cast_t = (w if cast is None else cast).T.contiguous() if transposed else None
+        _HEAD_CASTS.update(key=key, ref=weakref.ref(weight, lambda _: _HEAD_CASTS.clear()), casts=(cast, cast_t))
+    return _HEAD_CASTS["casts"]
+
+
 def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
                    softcap: float | None, greedy: bool, uniforms: torch.Tensor | None,
-                   moments: bool = False) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+                   moments: bool = False, weight_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
-    leave the cache: for each block (decoder.LM_HEAD_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
+    leave the cache: for each block (DRAW_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
     maximum m_b and the masses Σ exp(z − m_b) of its SAMPLE_BLOCK-entry tiles (greedy: its best entry). Then
 
         lse = M + log Σ_b e^{m_b − M} mass_b,  M = max_b m_b;   the tile where u·Σ mass crosses, recomputed
@@ -276,16 +302,18 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     `HeadMoments`: per block Σ e^{z−m_b} W_blk, rescaled by e^{m_b − M}, summed and divided by the total mass — one
     more product per block — is π W, and Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
     Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
-    exponentials are taken in place, so a block costs its products and four passes over its logits.
+    exponentials are taken in place, so a block costs its products and four passes over its logits. `weight_t`, Wᵀ
+    as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_blk e: the large operand
+    read in its natural layout, ~2× faster on the CPU than e W_blk, which repacks W_blk on every call; same values
+    up to float summation order.
 
-    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.head_product_dtype`) on a CPU
+    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on a CPU
     with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
     the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of its fp32 value, E
     within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32 argmax wherever
     the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF, log-probs) is fp32."""
     if moments and softcap:
         raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
-    rows, vocab, block = hidden.shape[0], weight.shape[0], decoder.LM_HEAD_BLOCK
     t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
     h = hidden.float()
     x = h if softcap else h / t
@@ -295,23 +323,12 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
         return torch.tanh(z / softcap) * (softcap / t) if softcap else z
 
-    # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
-    maxima, masses, best, rows_sums = [], [], [], []
-    for start in range(0, vocab, block):
-        w = weight[start : start + block]
-        z = capped(torch.mm(w, xt).float())
-        m = z.amax(0, keepdim=True)
-        maxima.append(m)
-        if greedy:
-            best.append(z.argmax(0) + start)
-        e = z.sub_(m).exp_()  # z is not needed again
-        masses.append(e.view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
-        if moments:
-            rows_sums.append(torch.mm(e.T.to(w.dtype), w).float())  # (rows, d)
+    maxima, masses, best, rows_sums = _stream_blocks(weight, xt, capped, weight_t=weight_t, greedy=greedy, moments=moments)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
-    tiles = (torch.stack(masses) * scales.unsqueeze(1)).flatten(0, 1).T  # (rows, V/512)
+    per_block = torch.tensor([m.shape[0] for m in masses])  # the last block may be shorter
+    tiles = (torch.cat(masses) * scales.repeat_interleave(per_block, dim=0)).T  # (rows, V/512)
     cdf = tiles.cumsum(1)
     total = cdf[:, -1]
     lse = top + torch.log(total)
@@ -324,6 +341,29 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     token, z_token = _draw_in_tile(weight, xp, tiles=tiles, cdf=cdf, target=uniforms.to(cdf.dtype) * cdf[:, -1],
                                    top=top, capped=capped)
     return token, z_token - lse, found
+
+
+def _stream_blocks(weight: torch.Tensor, xt: torch.Tensor, capped: Callable[[torch.Tensor], torch.Tensor], *,
+                   weight_t: torch.Tensor | None, greedy: bool, moments: bool) -> tuple[list[torch.Tensor], ...]:
+    """`draw_from_head`'s pass over W, DRAW_BLOCK entries at a time: per block its maxima m_b (1, rows), tile masses
+    Σ e^{z − m_b} (tiles, rows), greedy's best entry (rows,) and, with `moments`, Σ e^{z − m_b} W_blk (rows, d)."""
+    rows, block = xt.shape[1], DRAW_BLOCK
+    # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
+    maxima, masses, best, rows_sums = [], [], [], []
+    for start in range(0, weight.shape[0], block):
+        w = weight[start : start + block]
+        z = capped(torch.mm(w, xt).float())
+        m = z.amax(0, keepdim=True)
+        maxima.append(m)
+        if greedy:
+            best.append(z.argmax(0) + start)
+        e = z.sub_(m).exp_()  # z is not needed again
+        masses.append(e.view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
+        if moments and weight_t is not None:
+            rows_sums.append(torch.mm(weight_t[:, start : start + block], e.to(w.dtype)).float().T)  # (rows, d)
+        elif moments:
+            rows_sums.append(torch.mm(e.T.to(w.dtype), w).float())
+    return maxima, masses, best, rows_sums
 
 
 def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor, cdf: torch.Tensor, target: torch.Tensor,
@@ -375,8 +415,9 @@ class Prompts:
     """Host reads of device values are cheap (cpu/cuda): the loop may stop once every row has finished."""
     moments_of: torch.Tensor | None = None
     """The LM head's weight W when `HeadMoments` are kept for every sampled token (else None)."""
-    head_dtype: torch.dtype | None = None
-    """The dtype the CPU draw multiplies the LM head in (`draw_from_head`); None = `device.head_product_dtype`."""
+    product_dtype: torch.dtype | None = None
+    """The dtype the eager sampler multiplies its weights in — the layers' projections and the LM head
+    (`draw_from_head`); None = `device.product_dtype` (bf16 for an fp32 model on a CPU with native bf16 products)."""
 
     @property
     def length(self) -> int:
@@ -444,8 +485,9 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
     if isinstance(logits, HeadInput):
         if (u is not None or settings.greedy) and logits.streams(settings):
             weight = logits.head.weight if logits.product_weight is None else logits.product_weight
-            return draw_from_head(logits.hidden, weight, temperature=settings.temperature,
-                                  softcap=logits.softcap, greedy=settings.greedy, uniforms=u, moments=moments_of is not None)
+            return draw_from_head(logits.hidden, weight, temperature=settings.temperature, softcap=logits.softcap,
+                                  greedy=settings.greedy, uniforms=u, moments=moments_of is not None,
+                                  weight_t=logits.product_weight_t)
         logits = logits.logits()
     token, logprob = choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                                    greedy=settings.greedy, uniforms=u)
@@ -550,18 +592,17 @@ def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
     slots written so far only, finished rows leave the batch, and the loop ends when every row has finished."""
     first = int(prompts.mask.any(0).int().argmax())
     prompts = replace(prompts, ids=prompts.ids[:, first:], mask=prompts.mask[:, first:])
-    plen, monitor = prompts.length, compile_monitor()
+    plen, monitor, hf = prompts.length, compile_monitor(), prompts.hf
+    dtype = prompts.product_dtype or product_dtype(hf.model.embed_tokens.weight)
     with monitor.phase("prefill", **prompts.shapes):
-        consts = decoder.Constants.build(prompts.hf, plen + prompts.max_new_tokens)
+        consts = decoder.Constants.build(hf, plen + prompts.max_new_tokens, product_dtype=dtype)
         state = _prefill_lean(prompts, consts, visible=plen)
     with monitor.phase("decode", **prompts.shapes):
-        softcap = getattr(prompts.hf.config, "final_logit_softcapping", None)
-        weight = prompts.hf.lm_head.weight
-        dtype = prompts.head_dtype or head_product_dtype(weight)
-        product_weight = weight.detach().to(dtype) if dtype != weight.dtype else None  # cast once per rollout
+        softcap = getattr(hf.config, "final_logit_softcapping", None)
+        product_weight, product_weight_t = head_casts(hf.lm_head.weight, dtype, transposed=prompts.moments_of is not None)
         _decode(state, prompts, lambda s, t: HeadInput(
-            decoder.forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
-                            visible=plen + t + 1, head=False), prompts.hf.lm_head, softcap, product_weight),
+            decoder.forward(hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
+                            visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t),
                 drop_finished=True)
         return _completions(state, prompts)
 
@@ -631,7 +672,7 @@ def sample(
     lean: bool | None = None,
     compiled: bool = False,
     head_moments: bool = False,
-    head_dtype: torch.dtype | None = None,
+    product_dtype: torch.dtype | None = None,
 ) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
@@ -643,8 +684,8 @@ def sample(
     one prompt (as the trainer lays them out): the lean prefill then runs each prompt once. `head_moments` keeps,
     for every sampled token, the policy's expected LM-head row and entropy (`Rollout.head_mean`, `.entropy`):
     one more product with the head per token (streamed with the draw on the CPU), which the update can use in place
-    of its own pass over the head. The model's LM head must have no final softcap. `head_dtype`: the CPU draw's
-    LM-head products (`draw_from_head`); None = `device.head_product_dtype`, torch.float32 keeps them exact.
+    of its own pass over the head. The model's LM head must have no final softcap. `product_dtype`: the eager
+    sampler's weight products (projections, LM head); None = `device.product_dtype`, the model's dtype = exact.
     """
     device = next(model.parameters()).device
     rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
@@ -657,7 +698,7 @@ def sample(
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
         return sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                       pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                      lean=lean, compiled=compiled, head_moments=head_moments, head_dtype=head_dtype).head(rows_given)
+                      lean=lean, compiled=compiled, head_moments=head_moments, product_dtype=product_dtype).head(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
@@ -666,7 +707,7 @@ def sample(
                       stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
                       settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
                       group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
-                      moments_of=_moments_weight(hf) if head_moments else None, head_dtype=head_dtype)
+                      moments_of=_moments_weight(hf) if head_moments else None, product_dtype=product_dtype)
     was_training = model.training
     model.eval()
     try:
@@ -693,11 +734,13 @@ def completion_logprobs(
     padding_free: bool = False,
     entropy_grad: bool = True,
     sampled: SampledHead | None = None,
+    product_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
     `entropy_grad=False`: no gradient will flow through the entropy (it may come back detached). `sampled`: what
     the sampler kept of the head when it drew these tokens with this model's current weights — the head is then
-    not applied at all (`losses.logprobs_from_head_mean`; the entropy comes back as sampled, detached).
+    not applied at all (`losses.logprobs_from_head_mean`; the entropy comes back as sampled, detache `product_dtype`
+    (padding-free Gemma only): the dtype of the frozen base weights' products (`decoder.packed_completion_hidden`).
 
     One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
     the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`). Picks the forward:
@@ -713,7 +756,7 @@ def completion_logprobs(
     checkpointing = hf.training and _checkpointing(hf)
     if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
         return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, chunk_rows=chunk_rows,
-                               group_size=group_size, entropy_grad=entropy_grad, sampled=sampled)
+                               group_size=group_size, entropy_grad=entropy_grad, sampled=sampled, product_dtype=product_dtype)
     if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
@@ -731,14 +774,16 @@ def completion_logprobs(
 
 def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
                     temperature: float, chunk_rows: int | None, group_size: int,
-                    entropy_grad: bool = True, sampled: SampledHead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    entropy_grad: bool = True, sampled: SampledHead | None = None,
+                    product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs` on the real tokens only: `decoder.packed_completion_hidden` computes no left padding,
     no padding after the stop tokens and each group's prompt once, and the LM head runs on the real completion
     tokens only; log-probs and entropies at padding are 0. The completion masks must be 1 up to the stop token
     and 0 after it, as `sample` makes them."""
     targets = input_ids[:, prompt_len:]
     check_grouped(input_ids[:, :prompt_len], group_size)
-    hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
+    hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size,
+                                                     product_dtype=product_dtype)
 
     def unpacked(x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)

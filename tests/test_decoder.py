@@ -331,14 +331,14 @@ def lora_gemma3_streamed_vocabulary() -> torch.nn.Module:
     return working_lora(add_lora(model, ModelConfig(lora=True)))
 
 
-def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0, head_dtype: torch.dtype | None = None) -> object:
+def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0, product_dtype: torch.dtype | None = None) -> object:
     """A grouped rollout with head moments in which some rows stop early: tokens that a first rollout drew midway
     through rows 1 and 6 are made stop tokens, and the same draws (same seed) end those rows there."""
     prompt_ids, prompt_mask, _, _ = grouped_batch()
 
     def draw(stops: list[int]) -> object:
         return sample(model, prompt_ids, prompt_mask, 12, stops, 0, temperature=0.9, top_p=top_p,
-                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True, head_dtype=head_dtype)
+                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True, product_dtype=product_dtype)
 
     first = draw([])
     return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
@@ -373,14 +373,16 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     assert (roll.entropy[mask] > 0).all()
 
 
-def test_bf16_head_products_in_the_rollout_stay_within_the_stated_bounds():
-    """`sample(head_dtype=torch.bfloat16)` (the CPU default where bf16 products are native) on the streamed
-    40,960-entry head: every kept log-prob within 0.1 nats of an fp32 forward's at the same token, E = π W within
-    5 % and H within 0.1 nats (`sampling.draw_from_head` states the bounds); all 0 after each stop token."""
+def test_bf16_products_in_the_rollout_stay_within_the_stated_bounds():
+    """`sample(product_dtype=torch.bfloat16)` (the CPU default where bf16 products are native: the layers'
+    projections and the streamed 40,960-entry head in bf16): every kept log-prob within 0.1 nats of an fp32
+    forward's at the same token, E = π W within 5 % and H within 0.1 nats (`sampling.draw_from_head` states the
+    bounds); all 0 after each stop token. (It samples from that nearby policy, so not always the fp32 path's
+    tokens: the fp32 path is the one that must match HF's tokens exactly, tested above.)"""
     from grpo_kit.sampling import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
-    roll = rollout_with_early_stops(model, head_dtype=torch.bfloat16)
+    roll = rollout_with_early_stops(model, product_dtype=torch.bfloat16)
     mask = roll.completion_mask.bool()
     assert 0 < int(mask.sum()) < mask.numel()
     hf = base_of(model)
@@ -393,19 +395,21 @@ def test_bf16_head_products_in_the_rollout_stay_within_the_stated_bounds():
     assert not roll.head_mean[~mask].any() and not roll.sampling_logprobs[~mask].any()
 
 
-def test_trainer_rollout_multiplies_the_head_in_bf16_only_where_nothing_compares_its_logprobs(task, monkeypatch):
-    """`GRPOTrainer._rollout_head_dtype`: the device default (bf16 on a bf16 CPU) when the update takes log π's value
-    from the sampler and compares it with nothing; fp32 under a reference pass (β > 0 or `log_kl`) or μ > 1."""
+def test_trainer_rollout_multiplies_in_bf16_only_where_nothing_compares_its_logprobs(task, monkeypatch):
+    """`GRPOTrainer._rollout_product_dtype`: the device default (bf16 on a bf16 CPU) when the update takes log π's value
+    from the sampler and compares it with nothing; fp32 under a reference pass (β > 0 or `log_kl`), μ > 1, or with
+    `cpu_bf16` off."""
     from grpo_kit.models import build_tiny_tokenizer
 
     tok, model = build_tiny_tokenizer(), lora_gemma3_streamed_vocabulary()
     cases = (({}, None), ({"log_kl": True}, torch.float32), ({"beta": 0.04}, torch.float32),
-             ({"num_iterations": 2}, torch.float32), ({"reuse_sampler_head": False, "log_kl": True}, None))
+             ({"num_iterations": 2}, torch.float32), ({"reuse_sampler_head": False, "log_kl": True}, None),
+             ({"cpu_bf16": False}, torch.float32))
     for overrides, want in cases:
         cfg = GRPOConfig(**{"prompts_per_step": 2, "group_size": 4, "micro_batch_size": 4, "max_new_tokens": 4,
                             "log_kl": False, "output_dir": None, **overrides})
         trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg)
-        assert trainer._rollout_head_dtype() is want, overrides
+        assert trainer._rollout_product_dtype() is want, overrides
 
 
 @pytest.mark.parametrize("packed", [True, False])
@@ -498,3 +502,96 @@ def test_sft_loss_with_the_head_on_completion_positions_only_equals_the_padded_o
     assert len(packed[1]) == len(padded[1]) > 0
     for a, b in zip(packed[1], padded[1], strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_head_casts_are_kept_while_the_weight_is_unchanged():
+    """`sampling.head_casts`: the same bf16 copy (and transpose) for the same unchanged weight; a new one, with the
+    new values, once the weight changes in place (an optimizer step), and for another weight."""
+    from grpo_kit.sampling import head_casts
+
+    weight = torch.randn(64, 8)
+    cast, cast_t = head_casts(weight, torch.bfloat16, transposed=True)
+    assert cast.dtype == torch.bfloat16 and torch.equal(cast_t, cast.T) and cast_t.is_contiguous()
+    again = head_casts(weight, torch.bfloat16, transposed=True)
+    assert again[0] is cast and again[1] is cast_t
+    with torch.no_grad():
+        weight.add_(1.0)
+    moved, _ = head_casts(weight, torch.bfloat16, transposed=True)
+    assert moved is not cast and torch.equal(moved, weight.to(torch.bfloat16))
+    assert head_casts(weight, torch.float32, transposed=False) == (None, None)
+    other = torch.randn(64, 8)
+    assert torch.equal(head_casts(other, torch.bfloat16, transposed=False)[0], other.to(torch.bfloat16))
+
+
+def test_bf16_base_products_in_the_update_stay_close_to_fp32():
+    """The update's padding-free forward with `product_dtype=torch.bfloat16` (frozen base weights multiplied in
+    bf16, LoRA and everything else fp32): log-probs within 0.05 nats of fp32's, and LoRA gradients within 3 % of
+    fp32's (norm of the difference), with and without the sampler's head moments."""
+    from grpo_kit.sampling import SampledHead
+
+    model = lora_gemma3_streamed_vocabulary()
+    roll = rollout_with_early_stops(model)
+    model.train()
+    weights = torch.randn(roll.completion_mask.shape, generator=torch.Generator().manual_seed(2)) * roll.completion_mask
+    params = [p for p in model.parameters() if p.requires_grad]
+    real = roll.completion_mask.bool()
+    for sampled in (None, SampledHead(roll.sampling_logprobs, roll.head_mean, roll.entropy)):
+        results = []
+        for dtype in (None, torch.bfloat16):
+            logp, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_ids.shape[1], 0.9,
+                                          group_size=4, padding_free=True, entropy_grad=False, sampled=sampled,
+                                          product_dtype=dtype)
+            assert logp.dtype == torch.float32
+            results.append((logp.detach(), torch.autograd.grad((logp * weights).sum(), params)))
+        (lp, grads), (lp_bf16, grads_bf16) = results
+        assert (lp - lp_bf16)[real].abs().max() < 0.05
+        for a, b in zip(grads, grads_bf16, strict=True):
+            assert (a - b).norm() <= 0.03 * a.norm() + 1e-7
+
+
+def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
+    """`GRPOConfig.cpu_bf16` on a CPU with native bf16 products (stood in for here) against off, from the same LoRA
+    weights and the same rollout: the same policy loss (its value is the sampler's log-probs), and the gradient
+    (as the step left it, clipped) within 3 % in norm and in the norm of the difference. (Not the weights after the
+    step: Adam's first step moves every weight by ≈ lr · sign(g), so a gradient entry near 0 flips its weight's
+    move on rounding noise.)"""
+    from grpo_kit import device
+    from grpo_kit.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    monkeypatch.setattr(device, "cpu_bf16_products", lambda: True)
+
+    def token_reward(prompts, completions, completion_ids, **kw):  # noqa: ANN001, ANN003
+        return [float(sum(i % 7 for i in ids)) / max(1, len(ids)) for ids in completion_ids]
+
+    shared: list = []
+    runs = []
+    for bf16 in (False, True):
+        model = lora_gemma3_streamed_vocabulary()
+        cfg = GRPOConfig(prompts_per_step=2, group_size=4, micro_batch_size=4, max_new_tokens=10, temperature=0.9,
+                         learning_rate=1e-3, warmup_steps=0, cpu_bf16=bf16, log_kl=False, output_dir=None,
+                         log_completions=0)
+        trainer = GRPOTrainer(model, tok, [token_reward], task.prompt_stream(seed=5), cfg)
+        assert trainer._cpu_bf16() is bf16
+
+        def same_rollout(*args, rollout=trainer.rollout):  # noqa: ANN002, ANN202
+            if not shared:  # the fp32 run samples; the bf16 run trains on those very tokens and moments
+                shared.append(rollout(*args))
+            return shared[0]
+
+        trainer.rollout = same_rollout
+        grads: list = []
+
+        def step(*args, real=trainer.optimizer.step, grads=grads, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+            return real(*args, **kwargs)
+
+        trainer.optimizer.step = step
+        row = trainer.train_step()
+        assert len(grads) == 1
+        runs.append((row, grads[0]))
+    (row32, grad32), (row16, grad16) = runs
+    assert row32["reward_std"] > 0
+    assert abs(row32["policy_loss"] - row16["policy_loss"]) <= 1e-6 * max(1.0, abs(row32["policy_loss"]))
+    assert abs(row32["grad_norm"] - row16["grad_norm"]) <= 0.03 * row32["grad_norm"]
+    assert 0 < (grad32 - grad16).norm() <= 0.03 * grad32.norm()  # not 0: the bf16 products did run

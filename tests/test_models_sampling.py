@@ -197,7 +197,7 @@ def test_bf16_head_products_keep_the_draw_within_the_stated_bounds(softcap):
         assert error.max() < 0.05 and (found.entropy - want.entropy).abs().max() < 0.1
 
 
-def test_head_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
+def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
     """bf16 products for an fp32 CPU head only where the CPU multiplies bf16 natively and GRPO_KIT_CPU_BF16 is not
     0; a bf16 head stays bf16, and an fp32 head stays fp32 elsewhere."""
     from grpo_kit import device
@@ -207,7 +207,7 @@ def test_head_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
     for native, flag, want in ((True, "1", torch.bfloat16), (True, "0", torch.float32), (False, "1", torch.float32)):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda native=native: native)
         monkeypatch.setenv("GRPO_KIT_CPU_BF16", flag)
-        assert device.head_product_dtype(fp32) == want and device.head_product_dtype(bf16) == torch.bfloat16
+        assert device.product_dtype(fp32) == want and device.product_dtype(bf16) == torch.bfloat16
 
 
 def test_reference_policy_frozen_copy_and_lora(cpu):
