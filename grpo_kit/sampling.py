@@ -599,7 +599,11 @@ def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
         state = _prefill_lean(prompts, consts, visible=plen)
     with monitor.phase("decode", **prompts.shapes):
         softcap = getattr(hf.config, "final_logit_softcapping", None)
-        product_weight, product_weight_t = head_casts(hf.lm_head.weight, dtype, transposed=prompts.moments_of is not None)
+        head = hf.lm_head.weight
+        # Wᵀ for the moments' product where it is bf16 on the CPU: there each bf16 product repacks its right operand
+        # (fp32's does not, and an fp32 Wᵀ would cost as much memory as the head)
+        transposed = prompts.moments_of is not None and head.device.type == "cpu" and dtype == torch.bfloat16
+        product_weight, product_weight_t = head_casts(head, dtype, transposed=transposed)
         _decode(state, prompts, lambda s, t: HeadInput(
             decoder.forward(hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
                             visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t),
