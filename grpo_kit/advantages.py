@@ -106,6 +106,27 @@ def clip_advantages(adv: torch.Tensor, mode: str, high: float = 5.0, low: float 
     return adv
 
 
+def outcome_gated_rewards(per_function: torch.Tensor, weights: torch.Tensor, outcome: int, group_size: int) -> torch.Tensor:
+    """Total rewards (B,) with the shaped terms counted only in groups whose outcome varies:
+
+        total_i = w_o · r_o(i) + Σ_{k ≠ o} w_k · s_k(i),   s_k(i) = r_k(i) if r_o differs within i's group,
+                                                                   mean_g(r_k) otherwise
+
+    `per_function` (K, B) holds each reward function's scores (NaN where a function does not apply: counted as 0, as
+    in `rewards.compute_rewards`), `weights` (K,) their weights, row `outcome` the outcome (is the answer right).
+    A group whose completions are all wrong (or all right) then has equal totals, so no advantage: the shaped
+    terms' noise there would otherwise be z-scored into full-size advantages (verl-recipe PR #125). Elsewhere the
+    total is the plain weighted sum, and every group keeps its mean reward."""
+    scores = torch.nan_to_num(per_function.float(), nan=0.0) * weights.float().unsqueeze(1)  # (K, B)
+    groups = scores.view(scores.shape[0], -1, group_size)  # (K, P, G)
+    outcome_rows = _groups(per_function[outcome].nan_to_num(0.0), group_size)
+    varies = (outcome_rows.max(dim=1).values != outcome_rows.min(dim=1).values).view(1, -1, 1)  # (1, P, 1)
+    shaped = torch.ones(scores.shape[0], 1, 1, dtype=torch.bool)
+    shaped[outcome] = False
+    gated = torch.where(shaped & ~varies, groups.mean(dim=2, keepdim=True).expand_as(groups), groups)
+    return gated.sum(0).flatten()
+
+
 ESTIMATORS = {"zscore": group_zscore, "centered": group_centered, "mad": group_mad, "batch": batch_normalized}
 
 

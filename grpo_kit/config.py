@@ -253,6 +253,12 @@ class GRPOConfig:
     accuracy_reward: str | None = "correctness_reward"
     """The reward whose score 1.0 marks a correct answer: the share of such completions is the step's `accuracy`
     metric (None, or a name not among the rewards: no accuracy metric). Default: the kit's `correctness_reward`."""
+    gate_shaped_rewards: bool = False
+    """Count the shaped rewards (every reward but `accuracy_reward`, e.g. `answer_digits_reward`, format rewards) only
+    in groups whose outcome varies (`advantages.outcome_gated_rewards`): a group with all-wrong or all-right answers
+    gets no advantage from them, instead of z-scored noise (verl-recipe PR #125). Logged rewards stay the plain
+    weighted sums. Needs `accuracy_reward` among the rewards. Off by default: with it, hard prompts teach nothing
+    until one answer in a group is right."""
     reward_timeout_seconds: float | None = 600.0
     """A reward function still running after this many seconds on one batch stops the run with an error naming it
     (a hung reward would otherwise block training for good, and the stop button acts only between steps).

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .advantages import compute_advantages, zero_std_fraction
+from .advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction
 from .chat import stop_token_ids
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import GRPOConfig
@@ -49,7 +49,7 @@ from .device import (
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, base_model, is_lora
-from .rewards import RewardFunc, compute_rewards, reward_name
+from .rewards import RewardFunc, RewardResult, compute_rewards, reward_name
 from .rundir import claim, record_entry
 from .sampling import Rollout, SampledHead, completion_logprobs, encode_prompts, prompt_tokens, sample
 from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
@@ -90,6 +90,9 @@ class GRPOTrainer:
         unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
         if unknown:
             raise ValueError(f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
+        if cfg.gate_shaped_rewards and cfg.accuracy_reward not in self.reward_names:
+            raise ConfigError(f"GRPOConfig.gate_shaped_rewards needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
+                              f"rewards, which are {self.reward_names}")
         sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
         if sized:  # a stream (an iterator) is checked batch by batch instead
             check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
@@ -193,6 +196,15 @@ class GRPOTrainer:
             rewards, cfg.group_size, estimator=cfg.advantage, tau=cfg.advantage_tau, clip=cfg.advantage_clip,
             clip_high=cfg.advantage_clip_value, clip_low=cfg.advantage_clip_low, winsorize_quantile=cfg.winsorize_quantile,
         )
+
+    def _advantage_rewards(self, result: RewardResult) -> torch.Tensor:
+        """The rewards the advantages are computed from: the total, or with `gate_shaped_rewards` the total whose
+        shaped terms count only where the outcome (`accuracy_reward`) varies within the group."""
+        cfg = self.config
+        if not cfg.gate_shaped_rewards:
+            return result.total
+        return outcome_gated_rewards(result.per_function, torch.tensor(result.weights),
+                                     result.names.index(cfg.accuracy_reward), cfg.group_size)
 
     # ---- 4. update ----------------------------------------------------------------------------------
     def update(self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor) -> dict[str, torch.Tensor]:
@@ -351,7 +363,7 @@ class GRPOTrainer:
         roll = self.rollout(rows, step_controls)  # 1
         t_rollout = time.perf_counter()
         result, texts, prompts, lengths = self.score(rows, roll, controls)  # 2
-        adv = self.advantages(result.total)  # 3
+        adv = self.advantages(self._advantage_rewards(result))  # 3
         t_reward = time.perf_counter()
         device_stats = self.update(roll, adv, step_controls, step_beta)  # 4
         self.step += 1

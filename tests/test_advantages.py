@@ -54,3 +54,19 @@ def test_winsorize():
 def test_bad_group_size_is_named():
     with pytest.raises(ValueError, match="group_size=3"):
         A.group_zscore(torch.zeros(8), 3)
+
+
+def test_outcome_gated_rewards_drop_shaped_terms_where_the_outcome_is_constant():
+    """Two groups of 3: all wrong (shaped scores differ), and mixed. The all-wrong group's totals become equal, at
+    its mean (no advantage from the shaped noise); the mixed group keeps the plain weighted sum. NaN counts as 0."""
+    correct = [0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    digits = [0.2, 0.9, float("nan"), 1.0, 0.5, 0.0]
+    fmt = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    per_function, weights = torch.tensor([correct, digits, fmt]), torch.tensor([1.0, 0.3, 0.2])
+    gated = A.outcome_gated_rewards(per_function, weights, outcome=0, group_size=3)
+    plain = (torch.nan_to_num(per_function) * weights.unsqueeze(1)).sum(0)
+    assert torch.allclose(gated[3:], plain[3:])
+    assert torch.allclose(gated[:3], plain[:3].mean().expand(3))
+    assert A.group_zscore(gated, 3)[:3].eq(0).all() and A.group_zscore(plain, 3)[:3].abs().max() > 0.5
+    # the outcome's own row is never averaged away: a group that varies only in it keeps its spread
+    assert torch.allclose(A.outcome_gated_rewards(per_function, weights, outcome=1, group_size=3)[3:], plain[3:])

@@ -582,8 +582,8 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
         trainer.rollout = same_rollout
         grads: list = []
 
-        def step(*args, real=trainer.optimizer.step, grads=grads, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+        def step(*args, real=trainer.optimizer.step, grads=grads, params=trainer.params, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            grads.append(torch.cat([p.grad.flatten() for p in params]))
             return real(*args, **kwargs)
 
         trainer.optimizer.step = step

@@ -20,6 +20,7 @@ from grpo_kit.rewards import (
     strict_format_reward,
 )
 from grpo_kit.sft import SFTTrainer, collate, encode_demonstrations
+from grpo_kit.validation import ConfigError
 
 SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1)
 
@@ -321,3 +322,25 @@ def test_a_step_where_every_group_has_zero_advantage_still_steps_the_optimizer(s
     assert row_on["trained_fraction"] == pytest.approx(1 / 3) and row_off["trained_fraction"] == 1.0
     assert row_on["grad_norm"] == row_off["grad_norm"] == 0.0
     assert steps_on == steps_off == [1] * len(steps_on)
+
+
+def test_gated_shaped_rewards_give_all_wrong_groups_no_advantage(sft_model, task):
+    """`gate_shaped_rewards`: with every answer wrong, a shaped reward that varies gives advantages only when the
+    gate is off; the logged reward is the plain weighted sum either way. Without `accuracy_reward` among the rewards
+    the trainer refuses the setting, naming it."""
+    model, tok = sft_model
+
+    def correctness_reward(prompts, completions, **kw):  # noqa: ANN001, ANN003
+        return [0.0] * len(completions)
+
+    def length_reward(prompts, completions, **kw):  # noqa: ANN001, ANN003
+        return [len(c) / 100 for c in completions]
+
+    for gate in (False, True):
+        cfg = GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=gate)
+        trainer = GRPOTrainer(model, tok, [correctness_reward, length_reward], task.prompt_stream(seed=1), cfg)
+        row = trainer.train_step()
+        assert row["reward_std"] > 0
+        assert (row["advantage_std"] == 0) is gate
+    with pytest.raises(ConfigError, match="gate_shaped_rewards needs accuracy_reward"):
+        GRPOTrainer(model, tok, [length_reward], task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=True))

@@ -753,7 +753,7 @@ def _breakdown_text(real: dict[str, Any]) -> list[str]:
             f"{step['kit_zero_std_fraction']:.0%}, TRL {_percent(step['trl_zero_std_fraction'])}; both updates run on every "
             f"completion (the kit's `skip_zero_advantage_groups` is off here, so the two do the same work). Shape: {real['prompts']} prompts × G {real['group']}, "
             f"{real['new_tokens']} new tokens (forced in the rollout comparison), float32 weights (the kit's sampler "
-            f"multiplies the LM head in {real.get('head_products', 'float32')}), LoRA r {real['lora_r']} "
+            f"multiplies its weights in {real.get('head_products', 'float32')}), LoRA r {real['lora_r']} "
             f"(α {2 * real['lora_r']}) on every projection on both sides, β 0, loss_type grpo.", ""]
 
 
