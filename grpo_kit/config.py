@@ -259,6 +259,13 @@ class GRPOConfig:
     gets no advantage from them, instead of z-scored noise (verl-recipe PR #125). Logged rewards stay the plain
     weighted sums. Needs `accuracy_reward` among the rewards. Off by default: with it, hard prompts teach nothing
     until one answer in a group is right."""
+    dynamic_sampling_rollouts: int = 1
+    """DAPO's dynamic sampling (arXiv 2503.14476), capped: a group whose G rewards are all equal has A = 0 and teaches
+    nothing, so while fewer than `prompts_per_step` groups of the step differ, it samples `prompts_per_step` more
+    prompts — up to this many rollouts in all — and the update trains on the first `prompts_per_step` groups that
+    differ (the first group if none does). 1 = off: one rollout, every group trained. Metrics (rewards, accuracy,
+    `zero_std_fraction`) cover every group sampled; `rollouts` and `trained_groups` say what the step did. cpu/cuda
+    (XLA keeps one batch shape)."""
     reward_timeout_seconds: float | None = 600.0
     """A reward function still running after this many seconds on one batch stops the run with an error naming it
     (a hung reward would otherwise block training for good, and the stop button acts only between steps).

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction
+from .advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction, zero_std_mask
 from .chat import stop_token_ids
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import GRPOConfig
@@ -51,7 +51,15 @@ from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, base_model, is_lora
 from .rewards import RewardFunc, RewardResult, compute_rewards, reward_name
 from .rundir import claim, record_entry
-from .sampling import Rollout, SampledHead, completion_logprobs, encode_prompts, prompt_tokens, sample
+from .sampling import (
+    Rollout,
+    SampledHead,
+    completion_logprobs,
+    concat_rollouts,
+    encode_prompts,
+    prompt_tokens,
+    sample,
+)
 from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
 
 # The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
@@ -90,6 +98,10 @@ class GRPOTrainer:
         unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
         if unknown:
             raise ValueError(f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
+        device = next(model.parameters()).device
+        if cfg.dynamic_sampling_rollouts < 1 or (cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device)):
+            raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be ≥ 1 (1 = off), "
+                              "and 1 on XLA (one batch shape per step)")
         if cfg.gate_shaped_rewards and cfg.accuracy_reward not in self.reward_names:
             raise ConfigError(f"GRPOConfig.gate_shaped_rewards needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
                               f"rewards, which are {self.reward_names}")
@@ -115,6 +127,8 @@ class GRPOTrainer:
         """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
         self.logger = MetricsLogger(self.run_dir.add("metrics.jsonl") if self.run_dir else None, resume=resume_metrics)
         self.step = 0
+        self.prompts_drawn = 0
+        """Prompts taken from the stream so far (a resumed run skips as many)."""
         self.init_from: str | None = None
         """The checkpoint the weights started from (recorded in saves, so a resumed run rebuilds the same reference)."""
         self._last_save = time.monotonic()
@@ -352,7 +366,6 @@ class GRPOTrainer:
             group["lr"] = controls["learning_rate"] * warmup
         beta = self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"]
 
-        rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
         step_controls, step_beta = controls, beta
         if not host_syncs_are_cheap(self.device):
             # XLA bakes the Python numbers 0 and 1 into a graph as constants (others become inputs): as device
@@ -360,17 +373,18 @@ class GRPOTrainer:
             # (one-element tensors copied from the CPU: torch_xla turns a 0-dim one into a constant as well)
             step_controls = {**controls, "temperature": torch.tensor([float(controls["temperature"])]).to(self.device)}
             step_beta = torch.tensor([float(beta)]).to(self.device)
-        roll = self.rollout(rows, step_controls)  # 1
-        t_rollout = time.perf_counter()
-        result, texts, prompts, lengths = self.score(rows, roll, controls)  # 2
-        adv = self.advantages(self._advantage_rewards(result))  # 3
-        t_reward = time.perf_counter()
-        device_stats = self.update(roll, adv, step_controls, step_beta)  # 4
+        sampled = self._sample_groups(controls, step_controls)  # 1-3: rollout, reward, advantage
+        roll, result, texts, prompts, lengths, adv = sampled.roll, sampled.result, sampled.texts, sampled.prompts, sampled.lengths, sampled.adv
+        t_rollout, t_reward = start + sampled.rollout_seconds, start + sampled.rollout_seconds + sampled.reward_seconds
+        trained = sampled.trained
+        device_stats = self.update(roll if trained is None else roll.rows(trained).trimmed(),
+                                   adv if trained is None else adv[trained.to(adv.device)], step_controls, step_beta)  # 4
         self.step += 1
 
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, adv, lengths, roll))
+        row.update(rollouts=sampled.rollouts, trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size)
         kl = row.get("kl")
         if cfg.target_kl is not None and kl is not None:
             self.adaptive_beta = adaptive_beta(beta, kl, cfg.target_kl)
@@ -401,6 +415,44 @@ class GRPOTrainer:
         elif requested:
             warnings.warn("save requested, but GRPOConfig.output_dir is None: nothing was saved", stacklevel=2)
         return row
+
+    def _sample_groups(self, controls: dict[str, Any], step_controls: dict[str, Any]) -> _SampledGroups:
+        """Stages 1–3: `prompts_per_step` prompts sampled, scored and given advantages. With dynamic sampling
+        (`dynamic_sampling_rollouts` > 1) more rollouts of `prompts_per_step` new prompts follow while fewer than
+        `prompts_per_step` groups have rewards that differ, up to that many rollouts; the update then trains on the
+        first `prompts_per_step` such groups (at least one group: the first, if none differs)."""
+        cfg, g = self.config, self.config.group_size
+        rolls, results, texts, prompts, lengths = [], [], [], [], []
+        rollout_seconds = reward_seconds = 0.0
+        while True:
+            t0 = time.perf_counter()
+            rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
+            self.prompts_drawn += len(rows)
+            rolls.append(self.rollout(rows, step_controls))  # 1
+            t1 = time.perf_counter()
+            result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2
+            results.append(result)
+            texts, prompts, lengths = texts + step_texts, prompts + step_prompts, lengths + [step_lengths]
+            rollout_seconds, reward_seconds = rollout_seconds + t1 - t0, reward_seconds + time.perf_counter() - t1
+            if len(rolls) >= cfg.dynamic_sampling_rollouts:
+                break
+            varied = ~zero_std_mask(self._advantage_rewards(_joined_results(results)), g)
+            if int(varied.sum()) // g >= cfg.prompts_per_step:
+                break
+        result = _joined_results(results)
+        roll = concat_rollouts(rolls, self.tokenizer.pad_token_id)
+        rewards = self._advantage_rewards(result)
+        adv = self.advantages(rewards)  # 3
+        trained = None
+        if cfg.dynamic_sampling_rollouts > 1:
+            varied_groups = (~zero_std_mask(rewards, g)).view(-1, g)[:, 0].nonzero().squeeze(1)[: cfg.prompts_per_step]
+            groups = varied_groups if varied_groups.numel() else torch.zeros(1, dtype=torch.long)
+            trained = (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
+            if trained.numel() == len(rewards):
+                trained = None
+        return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths), adv=adv,
+                              trained=trained, rollouts=len(rolls), rollout_seconds=rollout_seconds,
+                              reward_seconds=reward_seconds)
 
     def _logged_completions(self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]) -> list[dict[str, Any]]:
         """The first `log_completions` completions with their rewards and advantages, for the browser."""
@@ -478,7 +530,7 @@ class GRPOTrainer:
 
     def save(self, path: str | Path) -> Path:
         """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
-        extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from,
+        extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from, "prompts_drawn": self.prompts_drawn,
                  "config": dataclasses.asdict(self.config)}
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator,
@@ -505,9 +557,40 @@ class GRPOTrainer:
         self.step = state["step"]
         self.adaptive_beta = state.get("adaptive_beta")
         self.logger.truncate(self.step)
-        # prompt order continues from the same seed: skip the prompts already used
-        for _ in itertools.repeat(None, self.step * self.config.prompts_per_step):
+        # prompt order continues from the same seed: skip the prompts already used (dynamic sampling draws more)
+        self.prompts_drawn = state.get("prompts_drawn", self.step * self.config.prompts_per_step)
+        for _ in itertools.repeat(None, self.prompts_drawn):
             next(self.prompts)
+
+
+@dataclasses.dataclass
+class _SampledGroups:
+    """What stages 1–3 of a step made (`GRPOTrainer._sample_groups`): every rollout's rows joined, their rewards and
+    advantages, and which rows the update trains on (None = all)."""
+
+    roll: Rollout
+    result: RewardResult
+    texts: list[str]
+    prompts: list
+    lengths: torch.Tensor
+    adv: torch.Tensor
+    trained: torch.Tensor | None
+    rollouts: int
+    rollout_seconds: float
+    reward_seconds: float
+
+
+def _joined_results(results: list[RewardResult]) -> RewardResult:
+    """Several batches' reward results as one, rows in order."""
+    if len(results) == 1:
+        return results[0]
+    failures: dict[str, int] = {}
+    for r in results:
+        for name, count in r.failures.items():
+            failures[name] = failures.get(name, 0) + count
+    return RewardResult(per_function=torch.cat([r.per_function for r in results], dim=1),
+                        total=torch.cat([r.total for r in results]), names=results[0].names, weights=results[0].weights,
+                        failures=failures)
 
 
 class _PhaseClock:

@@ -90,6 +90,34 @@ class Rollout:
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
 
+def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
+    """The rows of several rollouts as one, in order: prompts left-padded to the widest (pad id, mask 0), completions
+    right-padded to the longest (pad id, mask 0, log-probs, moments and entropies 0) — the layout `sample` makes."""
+    if len(rolls) == 1:
+        return rolls[0]
+    width = max(r.prompt_ids.shape[1] for r in rolls)
+    length = max(r.completion_ids.shape[1] for r in rolls)
+
+    def joined(name: str, *, left: bool, value: float) -> torch.Tensor | None:
+        parts = [getattr(r, name) for r in rolls]
+        if any(x is None for x in parts):
+            return None
+        if parts[0].dim() == 1:
+            return torch.cat(parts)
+        padded = []
+        for x in parts:
+            missing = (width if left else length) - x.shape[1]
+            pad = [0, 0] * (x.dim() - 2) + ([missing, 0] if left else [0, missing])
+            padded.append(torch.nn.functional.pad(x, pad, value=value))
+        return torch.cat(padded)
+
+    return Rollout(prompt_ids=joined("prompt_ids", left=True, value=pad_id), prompt_mask=joined("prompt_mask", left=True, value=0),
+                   completion_ids=joined("completion_ids", left=False, value=pad_id),
+                   completion_mask=joined("completion_mask", left=False, value=0),
+                   sampling_logprobs=joined("sampling_logprobs", left=False, value=0.0), truncated=joined("truncated", left=False, value=0),
+                   head_mean=joined("head_mean", left=False, value=0.0), entropy=joined("entropy", left=False, value=0.0))
+
+
 COMPACT_BELOW = 0.75
 """Eager cpu/cuda rollouts drop finished rows from the batch once at most this share of it is still running
 (each drop copies the KV cache of the rows kept, so not at every finished row)."""

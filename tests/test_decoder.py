@@ -595,3 +595,26 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
     assert abs(row32["policy_loss"] - row16["policy_loss"]) <= 1e-6 * max(1.0, abs(row32["policy_loss"]))
     assert abs(row32["grad_norm"] - row16["grad_norm"]) <= 0.03 * row32["grad_norm"]
     assert 0 < (grad32 - grad16).norm() <= 0.03 * grad32.norm()  # not 0: the bf16 products did run
+
+
+def test_concat_rollouts_pads_prompts_left_and_completions_right():
+    """`sampling.concat_rollouts`: rows of two rollouts with different prompt and completion widths in one batch:
+    each row's real tokens, masks, log-probs and moments where they were, padding (pad id, mask 0, zeros) around."""
+    from grpo_kit.sampling import Rollout, concat_rollouts
+
+    def roll(rows: int, prompt: int, new: int, seed: int) -> Rollout:
+        gen = torch.Generator().manual_seed(seed)
+        return Rollout(prompt_ids=torch.randint(1, 50, (rows, prompt), generator=gen), prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
+                       completion_ids=torch.randint(1, 50, (rows, new), generator=gen), completion_mask=torch.ones(rows, new, dtype=torch.long),
+                       sampling_logprobs=-torch.rand(rows, new, generator=gen), truncated=torch.ones(rows, dtype=torch.bool),
+                       head_mean=torch.randn(rows, new, 3, generator=gen), entropy=torch.rand(rows, new, generator=gen))
+
+    a, b = roll(2, 5, 8, 0), roll(4, 7, 6, 1)
+    joined = concat_rollouts([a, b], pad_id=0)
+    assert joined.prompt_ids.shape == (6, 7) and joined.completion_ids.shape == (6, 8) and joined.head_mean.shape == (6, 8, 3)
+    assert torch.equal(joined.prompt_ids[:2, 2:], a.prompt_ids) and not joined.prompt_ids[:2, :2].any()
+    assert not joined.prompt_mask[:2, :2].any() and torch.equal(joined.prompt_ids[2:], b.prompt_ids)
+    assert torch.equal(joined.completion_ids[2:, :6], b.completion_ids) and not joined.completion_mask[2:, 6:].any()
+    assert torch.equal(joined.head_mean[2:, :6], b.head_mean) and not joined.head_mean[2:, 6:].any()
+    assert torch.equal(joined.sampling_logprobs[:2], a.sampling_logprobs) and joined.truncated.tolist() == [True] * 6
+    assert concat_rollouts([a], pad_id=0) is a

@@ -344,3 +344,40 @@ def test_gated_shaped_rewards_give_all_wrong_groups_no_advantage(sft_model, task
         assert (row["advantage_std"] == 0) is gate
     with pytest.raises(ConfigError, match="gate_shaped_rewards needs accuracy_reward"):
         GRPOTrainer(model, tok, [length_reward], task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=True))
+
+
+def test_dynamic_sampling_refills_the_step_with_groups_whose_rewards_differ(sft_model, task, tmp_path):
+    """`dynamic_sampling_rollouts`: a reward that is constant on every other prompt leaves half the groups without
+    signal; the step samples more prompts until it has `prompts_per_step` groups that differ (or the cap), trains
+    on those only, and counts the prompts it drew, which a resumed run skips. All-equal rewards: the cap, one group."""
+    model, tok = sft_model
+    constant_on: set = set()
+
+    def half_constant_reward(prompts, completions, **kw):  # noqa: ANN001, ANN003
+        return [1.0 if str(p) in constant_on else i % 4 / 4 for i, p in enumerate(prompts)]  # a group's rows are contiguous
+
+    stream = task.prompt_stream(seed=3)
+    firsts = [next(stream) for _ in range(40)]
+    constant_on.update(str(r["prompt"]) for r in firsts[::2])
+    cfg = GRPOConfig(**SMALL, output_dir=str(tmp_path / "run"), dynamic_sampling_rollouts=3)
+    trainer = GRPOTrainer(model, tok, [half_constant_reward], task.prompt_stream(seed=3), cfg)
+    trained_rows: list = []
+    update = trainer.update
+    trainer.update = lambda roll, adv, *a: trained_rows.append(len(adv)) or update(roll, adv, *a)
+    row = trainer.train_step()
+    assert row["rollouts"] == 2 and trainer.prompts_drawn == 8  # 2 of 4 groups differ per rollout
+    assert row["trained_groups"] == 4 and trained_rows == [16]
+    assert row["zero_std_fraction"] == 0.5  # over every group sampled
+    trainer.save(tmp_path / "run" / "checkpoint")
+    resumed = GRPOTrainer(model, tok, [half_constant_reward], task.prompt_stream(seed=3), cfg)
+    resumed.load(tmp_path / "run" / "checkpoint")
+    assert resumed.prompts_drawn == 8 and next(resumed.prompts) == next(trainer.prompts)
+
+    constant_on.update(str(r["prompt"]) for r in firsts)
+    flat = GRPOTrainer(model, tok, [half_constant_reward], task.prompt_stream(seed=3),
+                       GRPOConfig(**SMALL, output_dir=None, dynamic_sampling_rollouts=3))
+    row = flat.train_step()
+    assert row["rollouts"] == 3 and row["trained_groups"] == 1 and flat.prompts_drawn == 12
+    with pytest.raises(ConfigError, match="dynamic_sampling_rollouts=0"):
+        GRPOTrainer(model, tok, [half_constant_reward], task.prompt_stream(),
+                    GRPOConfig(**SMALL, output_dir=None, dynamic_sampling_rollouts=0))
