@@ -73,7 +73,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     report = (tmp_path / "benchmarks.md").read_text()
     assert "| rollout tokens/s" in report and "TRL" in report
     assert "| capstone step s, `cpu-gemma-270m`" in report and "AVX2 stand-in (fp32)" in report
-    assert "**gemma-3-270m**" in report and "step by phase" in report and "multiplies the LM head in float32" in report
+    assert "**gemma-3-270m**" in report and "step by phase" in report and "multiplies its weights in float32" in report
     for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "benchmarks.json").read_text())["sizes"]["new_tokens"] == 8

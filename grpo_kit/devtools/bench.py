@@ -342,7 +342,7 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
                            after_pair=rounds.run)
     rollouts = rounds.result()
     return {"model": sizes.real_model, "source": resolved.source, "path": resolved.path, "lora_r": sizes.real_lora_r,
-            # the kit's sampler multiplies the LM head in bf16 where the CPU has native bf16 products (β 0, μ 1 here)
+            # the kit multiplies its weights in bf16 where the CPU has native bf16 products (β 0, μ 1 here)
             "head_products": "bfloat16" if cpu_bf16_products() else "float32",
             "prompts": real.prompts, "group": real.group, "new_tokens": real.new_tokens, "repeats": real.repeats,
             "rollouts": rollouts, "grpo_step": step}
