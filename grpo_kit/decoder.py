@@ -218,7 +218,7 @@ class Constants:
             linears, fused, fused_mlp = {}, {}, {}
             for layer in hf.model.layers if norms else ():
                 attn, mlp = layer.self_attn, layer.mlp
-                for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                for module in _projections(layer):
                     parts = linear_parts(module)
                     if parts is not None:
                         linears[id(module)] = _cast_base(parts, product_dtype)
@@ -242,14 +242,19 @@ class Constants:
         return F.embedding(positions, cos), F.embedding(positions, sin)
 
 
+def _projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
 def frozen_linears(hf: torch.nn.Module, product_dtype: torch.dtype) -> dict[int, LinearParts]:
     """For a training forward: each projection whose base weight is frozen (LoRA), as `LinearParts` with W and b cast
     to `product_dtype` and the LoRA A and s·B live (gradients reach them). Layers with LoRA dropout in training mode,
     trainable base weights or anything `linear_parts` does not cover are left out (called as modules)."""
     linears = {}
     for layer in hf.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        for module in _projections(layer):
             dropout = getattr(module, "lora_dropout", {})
             if module.training and any(type(d) is not torch.nn.Identity for d in dropout.values()):
                 continue

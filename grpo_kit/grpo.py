@@ -430,18 +430,15 @@ class GRPOTrainer:
             self.prompts_drawn += len(rows)
             rolls.append(self.rollout(rows, step_controls))  # 1
             t1 = time.perf_counter()
-            result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2
-            results.append(result)
+            step_result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2
+            results.append(step_result)
             texts, prompts, lengths = texts + step_texts, prompts + step_prompts, lengths + [step_lengths]
             rollout_seconds, reward_seconds = rollout_seconds + t1 - t0, reward_seconds + time.perf_counter() - t1
-            if len(rolls) >= cfg.dynamic_sampling_rollouts:
+            result = _joined_results(results)
+            rewards = self._advantage_rewards(result)
+            if len(rolls) >= cfg.dynamic_sampling_rollouts or int((~zero_std_mask(rewards, g)).sum()) // g >= cfg.prompts_per_step:
                 break
-            varied = ~zero_std_mask(self._advantage_rewards(_joined_results(results)), g)
-            if int(varied.sum()) // g >= cfg.prompts_per_step:
-                break
-        result = _joined_results(results)
         roll = concat_rollouts(rolls, self.tokenizer.pad_token_id)
-        rewards = self._advantage_rewards(result)
         adv = self.advantages(rewards)  # 3
         trained = None
         if cfg.dynamic_sampling_rollouts > 1:

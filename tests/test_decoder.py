@@ -436,6 +436,14 @@ def test_logprobs_from_the_samplers_head_moments_have_the_recomputed_heads_gradi
         assert (a - b).norm() <= 1e-3 * a.norm() + 1e-7
 
 
+def streamed_vocabulary_trainer(tok: object, reward: object, task: object, **overrides: object) -> tuple[torch.nn.Module, GRPOTrainer]:
+    """A fresh `lora_gemma3_streamed_vocabulary` and a one-reward trainer on it: 2 prompts × G 4, 10 tokens, lr 1e-3."""
+    model = lora_gemma3_streamed_vocabulary()
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, micro_batch_size=4, max_new_tokens=10, temperature=0.9,
+                     learning_rate=1e-3, warmup_steps=0, log_kl=False, output_dir=None, log_completions=0, **overrides)
+    return model, GRPOTrainer(model, tok, [reward], task.prompt_stream(seed=5), cfg)
+
+
 def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(task):
     """A trainer step with `reuse_sampler_head` on (the default) and off, from the same LoRA weights: the rollout
     kept the moments only when on; the same tokens, and the same losses, gradient norms and weights after it. (One
@@ -453,11 +461,7 @@ def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(ta
 
     runs = []
     for reuse in (True, False):
-        model = lora_gemma3_streamed_vocabulary()
-        cfg = GRPOConfig(prompts_per_step=2, group_size=4, micro_batch_size=4, max_new_tokens=10, temperature=0.9,
-                         learning_rate=1e-3, warmup_steps=0, reuse_sampler_head=reuse, log_kl=False, output_dir=None,
-                         log_completions=0)
-        trainer = GRPOTrainer(model, tok, [token_reward], task.prompt_stream(seed=5), cfg)
+        model, trainer = streamed_vocabulary_trainer(tok, token_reward, task, reuse_sampler_head=reuse)
         assert trainer._reuses_sampler_head() is reuse
         kept: list = []
 
@@ -567,11 +571,7 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
     shared: list = []
     runs = []
     for bf16 in (False, True):
-        model = lora_gemma3_streamed_vocabulary()
-        cfg = GRPOConfig(prompts_per_step=2, group_size=4, micro_batch_size=4, max_new_tokens=10, temperature=0.9,
-                         learning_rate=1e-3, warmup_steps=0, cpu_bf16=bf16, log_kl=False, output_dir=None,
-                         log_completions=0)
-        trainer = GRPOTrainer(model, tok, [token_reward], task.prompt_stream(seed=5), cfg)
+        _, trainer = streamed_vocabulary_trainer(tok, token_reward, task, cpu_bf16=bf16)
         assert trainer._cpu_bf16() is bf16
 
         def same_rollout(*args, rollout=trainer.rollout):  # noqa: ANN002, ANN202
