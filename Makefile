@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench bench-twice lint clean platforms faults release
+.PHONY: demo test setup browser bench bench-twice lint clean platforms faults release study
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ test: $(STAMP) $(CLASSIC_STAMP) browser
 # (scripts/platforms.py; cell 1 installs the committed HEAD of this checkout). One JSON line per replica.
 platforms: $(STAMP)
 	$(BIN)/python scripts/platforms.py
+
+# The study (`grpo-kit study`: 3 regimes × 3 seeds, about an hour a cell on 2 cores; running it again continues where it
+# stopped), then its summary and plot copied to docs/ (docs/study.json, docs/study.png).
+study: $(STAMP)
+	$(BIN)/grpo-kit study --output-dir runs/study
+	cp runs/study/summary.json docs/study.json
+	cp runs/study/study.png docs/study.png
 
 # docs/benchmarks.md and its plots, from one run (`grpo-kit bench --quick` ≤ 25 minutes on 2 cores).
 bench: $(STAMP)

@@ -1,5 +1,5 @@
-"""`grpo-kit` command line. For users: demo, sft, train (GRPO), eval, plan, export. Developer tools
-(`grpo_kit.devtools`): xla-check, smoke, bench.
+"""`grpo-kit` command line. For users: demo, sft, train (GRPO), eval, plan, export; the study (`study`, hours).
+Developer tools (`grpo_kit.devtools`): xla-check, smoke, bench.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
 e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
@@ -54,6 +54,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     summary = run_demo(cfg, args.device, progress=not args.quiet, resume=not args.overwrite)
     _print({k: v for k, v in summary.items() if k not in ("samples_after_grpo", "plan")})
     print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)", file=sys.stderr)
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from .study import REGIMES, run_study, summarize
+
+    regimes = args.regimes or list(REGIMES)
+    unknown = [r for r in regimes if r not in REGIMES]
+    if unknown or args.seeds < 1:
+        raise ValueError(f"--regimes {' '.join(unknown)}: one of {', '.join(REGIMES)}" if unknown else
+                         f"--seeds {args.seeds}: must be ≥ 1")
+    seeds = list(range(args.seeds))
+    if args.summary_only:
+        summary = summarize(args.output_dir, regimes=regimes, seeds=seeds)
+    else:
+        summary = run_study(args.output_dir, preset=args.preset, regimes=regimes, seeds=seeds, minutes=args.minutes,
+                            progress=not args.quiet)
+    _print({r: {k: v for k, v in result.items() if k != "cells"} for r, result in summary["regimes"].items()})
     return 0
 
 
@@ -278,6 +296,21 @@ def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
                    "the files the run wrote are removed), or write beside files grpo-kit did not write")
 
 
+def _study_parser(sub: Any) -> None:
+    p = sub.add_parser("study", help="(slow: hours) when GRPO beats more SFT: three regimes × seeds on Gemma 3 270M, GRPO "
+                       "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)")
+    p.add_argument("--output-dir", default="runs/study", help="where the cells and the summary go (default runs/study); "
+                   "running again continues an interrupted study")
+    p.add_argument("--preset", default="cpu-gemma-270m", choices=sorted(PRESETS), help="the arc each cell runs")
+    p.add_argument("--regimes", nargs="+", default=None, metavar="REGIME",
+                   help="plentiful, scarce, beyond (default: all three)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per regime (default 3)")
+    p.add_argument("--minutes", type=float, default=None, help="each cell's time budget (default 60)")
+    p.add_argument("--summary-only", action="store_true", help="train nothing: summarise the cells on disk")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_study)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -290,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "default a run in the output directory with "
                    "the same settings continues where it stopped")
     p.set_defaults(func=cmd_demo)
+    _study_parser(sub)
     p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint as it goes")
     _common(p)
     p.add_argument("--init-from", default=None, help="checkpoint directory to start from")

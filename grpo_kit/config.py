@@ -58,6 +58,9 @@ class TaskConfig:
     operations: tuple[int, ...] = (2, 3, 4)
     """word_problems: how many arithmetic steps a problem takes (its templates' lengths, from 2 to 4) — the
     difficulty knob."""
+    demonstration_operations: tuple[int, ...] | None = None
+    """word_problems: the step counts of the worked solutions SFT sees (None = `operations`): e.g. (2,) with
+    operations (3,) demonstrates 2-step problems only and tests on 3-step ones, beyond the demonstrations."""
     source: str = "openai/gsm8k"
     """gsm8k: the hub dataset (needs network; test split held out) or a local GSM8K-format .jsonl/.json file
     (`question`, `answer` ending in `#### N`; its first num_test rows held out)."""
@@ -122,6 +125,28 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+
+
+@dataclass
+class RFTConfig(SFTConfig):
+    """Rejection-sampling fine-tuning (RFT, RAFT): each step samples `group_size` completions for each of
+    `prompts_per_step` new prompts from the current model, keeps the right ones (finished, correct answer, each text
+    once per prompt) and takes one SFT step on them. Learning from the verifier without GRPO's advantages: the
+    control that asks whether a GRPO gain is GRPO's (arXiv 2504.11343). The SFT settings above apply to its steps;
+    `batch_size` is unused (a step trains on whatever was accepted)."""
+
+    prompts_per_step: int = 8
+    """New prompts per step (the arc's RFT control takes GRPO's)."""
+    group_size: int = 4
+    """Completions sampled per prompt."""
+    temperature: float = 0.8
+    """Sampling temperature of the completions."""
+    max_new_tokens: int = 80
+    """Completion length; a completion that has not finished by then is not kept."""
+    prompt_bucket: int = 32
+    """Prompt length bucket, as GRPOConfig.prompt_bucket."""
+    output_dir: str | None = "runs/rft"
+    """Where metrics (rft_metrics.jsonl) and the checkpoint go."""
 
 
 @dataclass
@@ -259,6 +284,14 @@ class GRPOConfig:
     gets no advantage from them, instead of z-scored noise (verl-recipe PR #125). Logged rewards stay the plain
     weighted sums. Needs `accuracy_reward` among the rewards. Off by default: with it, hard prompts teach nothing
     until one answer in a group is right."""
+    difficulty_targeting: bool = False
+    """Online difficulty targeting (`difficulty.DifficultyTargeting`, arXiv 2504.03380): track each level's pass rate
+    (the `accuracy_reward` outcomes of the rollouts already made, per value of the prompt rows' `difficulty_key`) and
+    keep a prompt drawn from the stream with probability ∝ p(1 − p), so steps spend their rollouts where groups are
+    likeliest to differ. Needs `accuracy_reward` among the rewards and that column in every prompt row (the generated
+    word problems name their template). Off by default: prompts come in the stream's order."""
+    difficulty_key: str = "level"
+    """difficulty_targeting: the prompt column that names a prompt's level."""
     dynamic_sampling_rollouts: int = 1
     """DAPO's dynamic sampling (arXiv 2503.14476), capped: a group whose G rewards are all equal has A = 0 and teaches
     nothing, so while fewer than `prompts_per_step` groups of the step differ, it samples `prompts_per_step` more
@@ -328,9 +361,17 @@ class DemoConfig:
     control: bool = False
     """After GRPO, also continue SFT from the SFT model for as long as GRPO trained, and evaluate it the same way:
     does GRPO beat simply more SFT in the same time? Off by default (it doubles the training time)."""
+    rft_control: bool = False
+    """After GRPO (and the SFT control), also run rejection-sampling fine-tuning from the SFT model for as long as
+    GRPO trained (`rft.RFTTrainer`: SFT steps on the model's own right answers to GRPO's prompts, sampled as GRPO
+    samples them) and evaluate it: is a GRPO gain GRPO's, or only learning from the verifier? Off by default."""
+    eval_batch_size: int = 64
+    """Held-out problems decoded together in an evaluation (their k samples with eval_pass_k). A CPU decodes a larger
+    batch faster per problem (the weights are read once per token for every row); an accelerator's memory bounds it."""
     eval_pass_k: int = 0
-    """Also report pass@k (k completions sampled at GRPO's temperature per held-out problem) after SFT, GRPO and
-    the control; 0 = greedy accuracy only (pass@k costs k evaluations)."""
+    """Also sample k completions per held-out problem at GRPO's temperature after SFT, GRPO and the controls, and
+    report sampled pass@1 (their mean accuracy), maj@k (majority vote) and pass@k (any right); 0 = greedy accuracy
+    only (this costs k evaluations)."""
 
     def __post_init__(self) -> None:
         validate(self)

@@ -1,5 +1,6 @@
 """The whole arc, phase by phase: the base model → SFT warm-up → GRPO with verifier rewards → greedy evaluation after
-each, and optionally a control (SFT continued from the SFT model for as long as GRPO trained).
+each, and optionally two controls, each trained from the SFT model for as long as GRPO trained: SFT continued on the
+same demonstrations, and rejection-sampling fine-tuning on the model's own right answers (RFT).
 
 `grpo-kit demo` runs it in one go; notebook 08 calls the phases one cell at a time (GRPO under the live dashboard).
 Each finished phase is recorded in `output_dir/progress.json` and each training phase saves checkpoints as it goes,
@@ -22,23 +23,28 @@ from typing import Any
 import torch
 
 from .checkpoint import load_checkpoint
-from .config import DemoConfig
+from .config import DemoConfig, RFTConfig
 from .device import get_device
-from .evaluation import evaluate, pass_at_k
+from .evaluation import evaluate, sampled_scores
 from .grpo import GRPOTrainer
 from .metrics import read_jsonl
 from .models import is_lora, load_model, merge_and_restart_lora
 from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards
 from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
+from .rft import RFTTrainer
 from .rundir import MARK, claim
 from .sft import SFTTrainer
 from .tasks import make_task
 
-STAGES = ("base", "sft", "grpo", "control")
-"""The models the arc evaluates: before training, after SFT, after GRPO, after the SFT control."""
+STAGES = ("base", "sft", "grpo", "control", "rft")
+"""The models the arc evaluates: before training, after SFT, after GRPO, after the SFT control, after the RFT
+control."""
+CONTROLS = ("control", "rft")
+"""The phases that start from the SFT model and train for as long as GRPO did."""
 ARC_ENTRIES = ("progress.json", "summary.json", "sft", "grpo", "reward_curve.png", "kl.png", "advantage_histograms.png",
                "accuracy.png")
-"""What the arc writes in its output directory (and `control/` with the control, `export-<stage>/` on export)."""
+"""What the arc writes in its output directory (and `control/`, `rft/` with the controls, `export-<stage>/` on
+export)."""
 PROBE_STEPS = 2
 """Steps run before a phase is sized to its time: the first may compile (XLA) or warm caches; the last one's time
 is the estimate."""
@@ -46,7 +52,8 @@ is the estimate."""
 
 class Arc:
     """One run of the arc in `cfg.output_dir`. Phases: `evaluate("base")`, `sft()`, `evaluate("sft")`, `grpo()`,
-    `evaluate("grpo")`, `control()`, `evaluate("control")`, then `summary()`; `run()` does them all. A phase
+    `evaluate("grpo")`, `control()`, `evaluate("control")`, `rft()`, `evaluate("rft")`, then `summary()`; `run()`
+    does them all (the controls where the config asks for them). A phase
     already recorded in progress.json returns its record; `resume=False` starts the directory over."""
 
     def __init__(self, cfg: DemoConfig, device: str | torch.device | None = None, *, progress: bool = True,
@@ -77,7 +84,7 @@ class Arc:
         self.run_dir = claim(self.out, "arc", overwrite=not resume)
         """The output directory, claimed: a directory holding files the arc did not write is refused (unless
         resume=False, which writes beside them), and starting over removes only the arc's own files."""
-        for name in ARC_ENTRIES + (("control",) if self.cfg.control else ()):  # a clash is found before any work
+        for name in ARC_ENTRIES + self._controls():  # a clash is found before any work
             self.run_dir.add(name)
         if self.record_path.exists():
             records = json.loads(self.record_path.read_text())
@@ -97,14 +104,15 @@ class Arc:
         """The record of a finished phase (`base_eval`, `sft`, `sft_eval`, `grpo`, …), or None."""
         return self.records["phases"].get(phase)
 
-    def _finish(self, phase: str, record: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, phase: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Record `phase` as finished with `record` (its results; `seconds` counts against the time budget)."""
         self.records["phases"][phase] = record
         self._save()
         return record
 
     # -- weights -----------------------------------------------------------------------------------------------
-    def _hold(self, stage: str) -> None:
-        """Put the weights after `stage` in the model: the SFT checkpoint, then (GRPO, control) that phase's on top."""
+    def hold(self, stage: str) -> None:
+        """Put the weights after `stage` in the model: the SFT checkpoint, then (GRPO, a control) that phase's on top."""
         if stage == self.holds:
             return
         if stage == "base" or (stage == "sft" and self.holds != "base"):
@@ -132,12 +140,16 @@ class Arc:
                         p.copy_(self._fresh_adapter[name])
         self.holds = "sft"
 
+    def _controls(self) -> tuple[str, ...]:
+        """The control phases this config runs."""
+        return tuple(c for c, on in zip(CONTROLS, (self.cfg.control, self.cfg.rft_control), strict=True) if on)
+
     # -- time budget -------------------------------------------------------------------------------------------
     def _spent(self) -> float:
         return sum(r.get("seconds", 0.0) for r in [self.records["load"], *self.records["phases"].values()])
 
     def _evals_left(self) -> int:
-        stages = ["sft", "grpo"] + (["control"] if self.cfg.control else [])
+        stages = ["sft", "grpo", *self._controls()]
         return sum(1 for s in stages if not self.done(f"{s}_eval"))
 
     def _eval_seconds(self) -> float:
@@ -155,29 +167,30 @@ class Arc:
     # -- phases ------------------------------------------------------------------------------------------------
     def evaluate(self, stage: str) -> dict[str, Any]:
         """Greedy accuracy and format rate on the held-out set (and pass@k when `eval_pass_k`) of the model after
-        `stage` (base, sft, grpo, control), with GRPO's max_new_tokens."""
+        `stage` (base, sft, grpo, control, rft), with GRPO's max_new_tokens."""
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
         if record := self.done(f"{stage}_eval"):
             return record
-        self._hold(stage)
+        self.hold(stage)
         t0 = time.perf_counter()
         g = self.cfg.grpo
-        result = evaluate(self.model, self.tokenizer, self.test, max_new_tokens=g.max_new_tokens, bucket=g.prompt_bucket)
+        result = evaluate(self.model, self.tokenizer, self.test, max_new_tokens=g.max_new_tokens, bucket=g.prompt_bucket,
+                          batch_size=self.cfg.eval_batch_size)
         record = {"accuracy": result["accuracy"], "format_rate": result["format_rate"], "n": result["n"],
                   "correct": result["correct"], "samples": result["samples"][:4], "greedy_seconds": time.perf_counter() - t0}
         if self.cfg.eval_pass_k and stage != "base":
-            record[f"pass@{self.cfg.eval_pass_k}"] = pass_at_k(
-                self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k, max_new_tokens=g.max_new_tokens,
-                temperature=g.temperature, bucket=g.prompt_bucket, seed=g.seed)
+            record.update(sampled_scores(self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k,
+                                         max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                                         bucket=g.prompt_bucket, seed=g.seed, batch_size=self.cfg.eval_batch_size))
         record["seconds"] = time.perf_counter() - t0
-        return self._finish(f"{stage}_eval", record)
+        return self.finish(f"{stage}_eval", record)
 
     def sft(self) -> dict[str, Any]:
         """SFT on the task's demonstrations from the base model; with a time budget sized to its share of it."""
         if record := self.done("sft"):
             return record
-        self._hold("base")
+        self.hold("base")
         t0 = time.perf_counter()
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "sft_seconds" not in plan:
@@ -195,7 +208,7 @@ class Arc:
         self.holds = "sft"
         if trainer.step_seconds:  # the control's step count comes from it
             plan["sft_step_seconds"] = statistics.median(trainer.step_seconds)
-        return self._finish("sft", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+        return self.finish("sft", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
 
     def grpo_trainer(self) -> GRPOTrainer:
         """The GRPO trainer, starting from the SFT model (or from its own checkpoint after a disconnect): for a
@@ -223,7 +236,7 @@ class Arc:
         t0 = time.perf_counter()
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "grpo_steps" not in plan:
-            share = 2 if self.cfg.control else 1
+            share = 1 + len(self._controls())
             plan["grpo_seconds"] = self._training_seconds() / share
             run(min(PROBE_STEPS, self.cfg.grpo.steps))
             plan["grpo_step_seconds"] = trainer.logger.rows[-1]["step_seconds"]
@@ -235,7 +248,7 @@ class Arc:
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
         trainer.save(self.out / "grpo" / "final")
         self.holds = "grpo"
-        return self._finish("grpo", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
+        return self.finish("grpo", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
                                      "step_seconds": [r["step_seconds"] for r in trainer.logger.rows]})
 
     def control(self) -> dict[str, Any]:
@@ -255,7 +268,45 @@ class Arc:
         trainer.train(progress=self.progress)
         trainer.save(self.out / "control" / "final")
         self.holds = "control"
-        return self._finish("control", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+        return self.finish("control", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+
+    def rft(self) -> dict[str, Any]:
+        """The RFT control (`rft.RFTTrainer`): from the SFT model, SFT's learning rate and warm-up, GRPO's prompts,
+        group size, temperature and length; as many steps as fit the seconds GRPO trained, sized after the first
+        steps, with the cosine schedule over that many."""
+        if record := self.done("rft"):
+            return record
+        grpo = self.done("grpo")
+        if grpo is None:
+            raise RuntimeError("the RFT control runs for as long as GRPO did: run grpo() first")
+        self._start_from_sft()
+        t0 = time.perf_counter()
+        plan, s, g = self.records["plan"], self.cfg.sft, self.cfg.grpo
+        config = RFTConfig(
+            steps=plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"])), learning_rate=s.learning_rate,
+            weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, max_grad_norm=s.max_grad_norm, max_length=s.max_length,
+            pad_to_multiple_of=s.pad_to_multiple_of, log_every=1, seed=g.seed, save_every_seconds=s.save_every_seconds,
+            output_dir=str(self.out / "rft"), prompts_per_step=g.prompts_per_step, group_size=g.group_size,
+            temperature=g.temperature, max_new_tokens=g.max_new_tokens, prompt_bucket=g.prompt_bucket)
+        checkpoint = self.out / "rft" / "checkpoint"
+        trainer = RFTTrainer(self.model, self.tokenizer, self.task.prompt_stream(), config, resume_metrics=checkpoint.exists())
+        if checkpoint.exists():
+            trainer.load(checkpoint)
+        if "rft_steps" not in plan:
+            trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
+            plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
+            plan["rft_probe_seconds"] = time.perf_counter() - t0
+            left = grpo["seconds"] - plan["rft_probe_seconds"]
+            plan["rft_steps"] = trainer.step + max(0, math.floor(left / plan["rft_probe_step_seconds"]))
+            self._save()
+            trainer.set_steps(plan["rft_steps"])
+        trainer.train(progress=self.progress)
+        trainer.save(self.out / "rft" / "final")
+        self.holds = "rft"
+        rows = trainer.logger.rows
+        return self.finish("rft", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
+                                    "accepted": sum(r.get("accepted", 0) for r in rows),
+                                    "sampled_accuracy": [r.get("sampled_accuracy") for r in rows]})
 
     def _sft_trainer(self, phase: str, *, steps: int | None) -> SFTTrainer:
         config = dataclasses.replace(self.cfg.sft, output_dir=str(self.out / phase), steps=steps or self.cfg.sft.steps)
@@ -270,7 +321,7 @@ class Arc:
         `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies."""
         from .export import export_model
 
-        self._hold(stage)
+        self.hold(stage)
         if out_dir is None:
             out_dir = self.run_dir.add(f"export-{stage}")
         metrics = {f"{s}_accuracy": r["accuracy"] for s in STAGES if (r := self.done(f"{s}_eval"))}
@@ -284,9 +335,9 @@ class Arc:
         self.evaluate("sft")
         self.grpo()
         self.evaluate("grpo")
-        if self.cfg.control:
-            self.control()
-            self.evaluate("control")
+        for control in self._controls():
+            getattr(self, control)()
+            self.evaluate(control)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -299,15 +350,16 @@ class Arc:
             if record := phases.get(f"{stage}_eval"):
                 summary[f"{stage}_accuracy"] = record["accuracy"]
                 summary[f"{stage}_format_rate"] = record["format_rate"]
-                summary.update({f"{stage}_{k}": v for k, v in record.items() if k.startswith("pass@")})
+                summary.update({f"{stage}_{k}": v for k, v in record.items() if k.startswith(("pass@", "maj@"))})
         summary["format_rate"] = summary.get("grpo_format_rate")
         if "grpo_accuracy" in summary and "sft_accuracy" in summary:
             summary["grpo_gain_points"] = 100 * (summary["grpo_accuracy"] - summary["sft_accuracy"])
-        for phase in ("sft", "grpo", "control"):
+        for phase in ("sft", "grpo", *CONTROLS):
             if record := phases.get(phase):
                 summary[f"{phase}_steps"] = record["steps"]
         summary["paired"] = {f"{a} → {b}": _paired(phases[f"{a}_eval"]["correct"], phases[f"{b}_eval"]["correct"])
-                             for a, b in (("sft", "grpo"), ("control", "grpo"), ("sft", "control"))
+                             for a, b in (("sft", "grpo"), ("control", "grpo"), ("sft", "control"), ("rft", "grpo"),
+                                          ("sft", "rft"))
                              if f"{a}_eval" in phases and f"{b}_eval" in phases}
         summary["phase_seconds"] = {"load": self.records["load"]["seconds"],
                                     **{name: record["seconds"] for name, record in phases.items()}}

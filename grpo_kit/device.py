@@ -490,3 +490,22 @@ def guarded_optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.
     optimizer.zero_grad(set_to_none=True)
     return (~finite).float()
 
+
+
+def describe_machine() -> dict[str, Any]:
+    """What a published number depends on: the CPU (model, cores, torch's kernel level, whether the kit's weight products
+    run in bf16), threads, and the Python, torch and transformers versions."""
+    import platform
+
+    import transformers
+
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                                 if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return info

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import torch
 
 from .chat import stop_token_ids
-from .rewards import correctness_reward, strict_format_reward
+from .rewards import correctness_reward, extract_answer, strict_format_reward
 from .sampling import encode_prompts, sample
+from .tasks import completion_text
 
 
 def generate_completions(
@@ -57,21 +59,49 @@ def evaluate(
     }
 
 
-def pass_at_k(
+def sampled_scores(
     model: torch.nn.Module, tokenizer: Any, dataset: Any, *, k: int, max_new_tokens: int = 40, temperature: float = 1.0,
     batch_size: int = 64, bucket: int = 32, seed: int = 0,
-) -> float:
-    """pass@k: the share of problems in `dataset` (prompt, answer) with at least one correct answer among k sampled
-    completions (temperature `temperature`, seeded) — how often the model *can* solve a problem, where greedy
-    accuracy says how often its first choice does. With exactly k samples per problem this is the unbiased
-    estimator 1 − C(n − c, k) / C(n, k) at n = k."""
+) -> dict[str, Any]:
+    """k completions per problem of `dataset` (prompt, answer), sampled at `temperature` (seeded), scored three ways:
+
+        pass@1  = mean over problems of c_i / k          (sampled accuracy: how often one sample is right)
+        maj@k   = share of problems whose most frequent extracted answer among the k is right (ties: the first seen)
+        pass@k  = share of problems with c_i ≥ 1         (how often the model *can* solve it; the unbiased
+                  estimator 1 − C(n − c, k) / C(n, k) at n = k)
+
+    with c_i the number of correct samples of problem i (`correct_counts`). RL tends to raise pass@1 and maj@k more
+    than pass@k (it sharpens what the model already samples)."""
     if k < 1:
-        raise ValueError(f"pass_at_k: k={k}: must be ≥ 1")
+        raise ValueError(f"sampled_scores: k={k}: must be ≥ 1")
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     repeated = [p for p in prompts for _ in range(k)]
     completions = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                        bucket=bucket, greedy=False, temperature=temperature,
                                        generator=torch.Generator().manual_seed(seed))
     correct = correctness_reward(repeated, completions, answer=[a for a in answers for _ in range(k)])
-    solved = [any(correct[i * k : (i + 1) * k]) for i in range(len(prompts))]
-    return sum(solved) / max(len(prompts), 1)
+    counts, majority_right = [], []
+    for i, truth in enumerate(answers):
+        group = range(i * k, (i + 1) * k)
+        counts.append(sum(1 for j in group if correct[j]))
+        votes = Counter(a for j in group if (a := extract_answer(completion_text(completions[j]))) is not None)
+        if votes:
+            top = votes.most_common(1)[0][0]
+            majority_right.append(bool(correctness_reward([None], [f"<answer>{top}</answer>"], answer=[truth])[0]))
+        else:
+            majority_right.append(False)
+    n = max(len(prompts), 1)
+    return {"pass@1": sum(counts) / (n * k), f"maj@{k}": sum(majority_right) / n,
+            f"pass@{k}": sum(c > 0 for c in counts) / n, "correct_counts": counts, "majority_correct": majority_right}
+
+
+def pass_at_k(
+    model: torch.nn.Module, tokenizer: Any, dataset: Any, *, k: int, max_new_tokens: int = 40, temperature: float = 1.0,
+    batch_size: int = 64, bucket: int = 32, seed: int = 0,
+) -> float:
+    """pass@k alone (see `sampled_scores`): the share of problems in `dataset` with at least one correct answer among
+    k completions sampled at `temperature` (seeded)."""
+    if k < 1:
+        raise ValueError(f"pass_at_k: k={k}: must be ≥ 1")
+    return sampled_scores(model, tokenizer, dataset, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                          batch_size=batch_size, bucket=bucket, seed=seed)[f"pass@{k}"]

@@ -46,6 +46,7 @@ from .device import (
     product_dtype,
     shard_batch,
 )
+from .difficulty import DifficultyTargeting
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, base_model, is_lora
@@ -102,14 +103,17 @@ class GRPOTrainer:
         if cfg.dynamic_sampling_rollouts < 1 or (cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device)):
             raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be ≥ 1 (1 = off), "
                               "and 1 on XLA (one batch shape per step)")
-        if cfg.gate_shaped_rewards and cfg.accuracy_reward not in self.reward_names:
-            raise ConfigError(f"GRPOConfig.gate_shaped_rewards needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
-                              f"rewards, which are {self.reward_names}")
+        for setting in ("gate_shaped_rewards", "difficulty_targeting"):
+            if getattr(cfg, setting) and cfg.accuracy_reward not in self.reward_names:
+                raise ConfigError(f"GRPOConfig.{setting} needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
+                                  f"rewards, which are {self.reward_names}")
         sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
         if sized:  # a stream (an iterator) is checked batch by batch instead
             check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
                                  prompt_tokens=lambda p: prompt_tokens(tokenizer, p), max_prompt_tokens=cfg.max_prompt_tokens)
         self.prompts = _cycle(prompts, cfg.seed) if sized else iter(prompts)
+        self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
+        """With difficulty_targeting: the pass rates per level that decide which drawn prompts a step keeps."""
         self.controls = controls or Controls.from_config(cfg)
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -385,6 +389,8 @@ class GRPOTrainer:
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, adv, lengths, roll))
         row.update(rollouts=sampled.rollouts, trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size)
+        if self.difficulty is not None:
+            row["level_pass_rates"] = self.difficulty.pass_rates()
         kl = row.get("kl")
         if cfg.target_kl is not None and kl is not None:
             self.adaptive_beta = adaptive_beta(beta, kl, cfg.target_kl)
@@ -426,12 +432,15 @@ class GRPOTrainer:
         rollout_seconds = reward_seconds = 0.0
         while True:
             t0 = time.perf_counter()
-            rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
+            rows = [self._next_prompt() for _ in range(cfg.prompts_per_step)]
             self.prompts_drawn += len(rows)
             rolls.append(self.rollout(rows, step_controls))  # 1
             t1 = time.perf_counter()
             step_result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2
             results.append(step_result)
+            if self.difficulty is not None:
+                outcomes = step_result.per_function[step_result.names.index(cfg.accuracy_reward)].tolist()
+                self.difficulty.record([self.difficulty.level(r) for r in rows for _ in range(g)], outcomes)
             texts, prompts, lengths = texts + step_texts, prompts + step_prompts, lengths + [step_lengths]
             rollout_seconds, reward_seconds = rollout_seconds + t1 - t0, reward_seconds + time.perf_counter() - t1
             result = _joined_results(results)
@@ -450,6 +459,10 @@ class GRPOTrainer:
         return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths), adv=adv,
                               trained=trained, rollouts=len(rolls), rollout_seconds=rollout_seconds,
                               reward_seconds=reward_seconds)
+
+    def _next_prompt(self) -> dict[str, Any]:
+        """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""
+        return next(self.prompts) if self.difficulty is None else self.difficulty.next_prompt(self.prompts)
 
     def _logged_completions(self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]) -> list[dict[str, Any]]:
         """The first `log_completions` completions with their rewards and advantages, for the browser."""
@@ -529,6 +542,8 @@ class GRPOTrainer:
         """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
         extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from, "prompts_drawn": self.prompts_drawn,
                  "config": dataclasses.asdict(self.config)}
+        if self.difficulty is not None:
+            extra["difficulty"] = self.difficulty.state()
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator,
                                modules=self._unrecoverable_reference())
@@ -556,6 +571,9 @@ class GRPOTrainer:
         self.logger.truncate(self.step)
         # prompt order continues from the same seed: skip the prompts already used (dynamic sampling draws more)
         self.prompts_drawn = state.get("prompts_drawn", self.step * self.config.prompts_per_step)
+        if self.difficulty is not None and "difficulty" in state:  # its filter drew more rows than it kept
+            self.difficulty.restore(state["difficulty"], self.prompts)
+            return
         for _ in itertools.repeat(None, self.prompts_drawn):
             next(self.prompts)
 

@@ -134,6 +134,44 @@ def plot_accuracy(summary: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+STUDY_STAGES = {"sft": "SFT", "grpo": "GRPO", "control": "more SFT", "rft": "RFT"}
+STUDY_COMPARISONS = {"grpo_minus_sft_control": "GRPO − more SFT", "grpo_minus_rft": "GRPO − RFT", "grpo_minus_sft": "GRPO − SFT"}
+
+
+def plot_study(summary: dict[str, Any], path: str | Path) -> Path:
+    """The study (`study.summarize`): per regime each stage's greedy accuracy (bars: the mean over seeds; dots: each
+    seed), and the paired differences with their 95 % intervals."""
+    regimes = list(summary["regimes"])
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    bars, diffs = fig.subplots(1, 2)
+    width = 0.8 / len(STUDY_STAGES)
+    for j, (stage, label) in enumerate(STUDY_STAGES.items()):
+        x = np.arange(len(regimes)) + (j - (len(STUDY_STAGES) - 1) / 2) * width
+        means = [summary["regimes"][r]["stages"].get(stage, {}).get("accuracy", np.nan) for r in regimes]
+        bars.bar(x, means, width, label=label, color=f"C{j}")
+        for xi, r in zip(x, regimes, strict=True):
+            seeds = [c[f"{stage}_accuracy"] for c in summary["regimes"][r]["cells"] if c["finished"]]
+            bars.plot([xi] * len(seeds), seeds, "k.", markersize=3)
+    bars.set_xticks(range(len(regimes)), regimes)
+    bars.set_ylabel("greedy accuracy (%)")
+    bars.set_title("held-out accuracy per stage")
+    bars.legend(fontsize=7)
+    for j, (key, label) in enumerate(STUDY_COMPARISONS.items()):
+        for i, r in enumerate(regimes):
+            d = summary["regimes"][r].get(key)
+            if d:
+                y = i + (j - 1) * 0.25
+                diffs.errorbar(d["mean"], y, xerr=[[d["mean"] - d["low"]], [d["high"] - d["mean"]]], fmt="o", color=f"C{j}",
+                               capsize=3, label=label if i == 0 else None)
+    diffs.axvline(0, color="grey", linewidth=0.8)
+    diffs.set_yticks(range(len(regimes)), regimes)
+    diffs.set_xlabel("paired difference, points (95 % interval)")
+    diffs.set_title("GRPO against each control")
+    if diffs.lines:
+        diffs.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

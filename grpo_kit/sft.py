@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +90,20 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
 class SFTTrainer:
     """Fixed-shape batches (batch_size × bucketed length), AdamW with warm-up + cosine decay. Saves
     `output_dir/checkpoint` as it goes (`save_every`, `save_every_seconds`); `load` continues a run from one
-    exactly as if it had not stopped (same batches, same schedule). `resume_metrics` keeps `sft_metrics.jsonl`."""
+    exactly as if it had not stopped (same batches, same schedule). `resume_metrics` keeps `sft_metrics.jsonl`.
+    `rft.RFTTrainer` runs the same loop on batches it samples (`_next_batch`)."""
+
+    kind = "sft"
+    """The run kind: its output directory's claim, its checkpoints' `kind`, its metrics file `<kind>_metrics.jsonl`."""
+    resume_settings: tuple[str, ...] = ("batch_size", "seed")
+    """Settings a resumed run must share with its checkpoint (else it would see other batches)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: SFTConfig | None = None,
                  *, resume_metrics: bool = False) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config or SFTConfig()
         cfg = self.config
-        self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length)
-        if len(self.examples) < cfg.batch_size:
+        self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length) if dataset is not None else []
+        if dataset is not None and len(self.examples) < cfg.batch_size:
             raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
         self.device = next(model.parameters()).device
         devices = data_parallel_size() if is_xla(self.device) else 1
@@ -108,9 +115,10 @@ class SFTTrainer:
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         check_writable(cfg.output_dir, "SFTConfig.output_dir")
-        self.run_dir = claim(cfg.output_dir, "sft") if cfg.output_dir else None
+        self.run_dir = claim(cfg.output_dir, self.kind) if cfg.output_dir else None
         """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
-        self.logger = MetricsLogger(self.run_dir.add("sft_metrics.jsonl") if self.run_dir else None, resume=resume_metrics)
+        self.logger = MetricsLogger(self.run_dir.add(f"{self.kind}_metrics.jsonl") if self.run_dir else None,
+                                    resume=resume_metrics)
         self.step = 0
         self._last_save = time.monotonic()
         self._order: list[int] = []
@@ -118,7 +126,8 @@ class SFTTrainer:
         self.step_seconds: list[float] = []
         """Wall seconds of each step this process ran (a time budget sizes the run from them)."""
 
-    def _next_batch(self) -> dict[str, torch.Tensor]:
+    def _next_batch(self) -> dict[str, torch.Tensor] | None:
+        """The next batch of demonstrations, on the device (None: nothing to train on this step)."""
         if len(self._order) < self.config.batch_size:
             self._order += torch.randperm(len(self.examples), generator=self.generator).tolist()
         picked, self._order = self._order[: self.config.batch_size], self._order[self.config.batch_size :]
@@ -131,20 +140,28 @@ class SFTTrainer:
         start = time.perf_counter()
         self.model.train()
         batch = self._next_batch()
-        loss, tokens = sft_loss(self.model, batch)
-        loss.backward()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        skipped = guarded_optimizer_step(self.optimizer, params, grad_norm=grad_norm, loss=loss.detach())
-        self.scheduler.step()
+        stats: dict[str, Any] = {"tokens": 0}
+        if batch is not None:
+            loss, tokens = sft_loss(self.model, batch)
+            loss.backward()
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            skipped = guarded_optimizer_step(self.optimizer, params, grad_norm=grad_norm, loss=loss.detach())
+            stats = {"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped}
+        self._advance_schedule(1)
         mark_step(self.device)
         self.step += 1
-        row = to_host({"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped})
+        row = to_host(stats)
+        row.update(self._batch_metrics())
         row.update(step=self.step, lr=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
         self.step_seconds.append(row["step_seconds"])
-        self._skipped_in_a_row = self._skipped_in_a_row + 1 if row["skipped_updates"] else 0
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if row.get("skipped_updates") else 0
         check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="SFTConfig.max_skipped_steps")
         return row
+
+    def _batch_metrics(self) -> dict[str, Any]:
+        """Metrics of the batch just trained on, beyond the loss (RFT: what was sampled and kept)."""
+        return {}
 
     def set_steps(self, steps: int) -> None:
         """Change the run's length mid-run (a time budget sizes it from measured step times): the cosine schedule
@@ -155,20 +172,26 @@ class SFTTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = group["initial_lr"]
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, self.config.warmup_steps, steps)
-        for _ in range(self.step):
-            self.scheduler.step()
+        self._advance_schedule(self.step)
+
+    def _advance_schedule(self, steps: int) -> None:
+        with warnings.catch_warnings():  # a step with nothing to train on (RFT) still moves the schedule on
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            for _ in range(steps):
+                self.scheduler.step()
 
     def train(self, progress: bool = True, steps: int | None = None) -> list[dict[str, Any]]:
         """Train until `steps` (default config.steps) steps are done, or max_seconds has passed."""
         cfg = self.config
         target = cfg.steps if steps is None else min(steps, cfg.steps)
         t0 = time.perf_counter()
-        bar = tqdm(total=target, initial=self.step, desc="SFT", disable=not progress)
+        bar = tqdm(total=target, initial=self.step, desc=self.kind.upper(), disable=not progress)
         while self.step < target:
             row = self.train_step()
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.logger.log(row)
-                bar.set_postfix(loss=f"{row['loss']:.3f}")
+                if "loss" in row:
+                    bar.set_postfix(loss=f"{row['loss']:.3f}")
             bar.update(1)
             due = (cfg.save_every and self.step % cfg.save_every == 0) or (
                 cfg.save_every_seconds is not None and time.monotonic() - self._last_save >= cfg.save_every_seconds)
@@ -181,8 +204,8 @@ class SFTTrainer:
 
     def save(self, path: str | Path) -> Path:
         """Weights (or adapter), optimizer, learning-rate schedule, batch order, RNG states, step and settings."""
-        extra = {"kind": "sft", "config": dataclasses.asdict(self.config), "scheduler": self.scheduler.state_dict(),
-                 "batch_order": self._order}
+        extra = {"kind": self.kind, "config": dataclasses.asdict(self.config), "scheduler": self.scheduler.state_dict(),
+                 **self._position()}
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
         self._last_save = time.monotonic()
@@ -192,13 +215,20 @@ class SFTTrainer:
         """Resume: weights, optimizer, schedule, batch order and step; metrics rows after that step are dropped.
         Refuses a checkpoint whose batch settings differ (the resumed run would see different batches)."""
         saved = checkpoint_state(path, verify=False)[1].get("config", {})
-        for name in ("batch_size", "seed"):
+        for name in self.resume_settings:
             if name in saved and saved[name] != getattr(self.config, name):
-                raise ConfigError(f"SFTConfig.{name}={getattr(self.config, name)!r}: the checkpoint {path} was trained with "
-                                  f"{saved[name]!r}; resume with the same value, or start over (--no-resume)")
-        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind="sft")
+                raise ConfigError(f"{type(self.config).__name__}.{name}={getattr(self.config, name)!r}: the checkpoint {path} "
+                                  f"was trained with {saved[name]!r}; resume with the same value, or start over (--no-resume)")
+        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind=self.kind)
         self.step = state["step"]
         if "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
-        self._order = list(state.get("batch_order", []))
         self.logger.truncate(self.step)
+        self._resume_position(state)
+
+    def _position(self) -> dict[str, Any]:
+        """Where the run is in its data, saved with each checkpoint: the batch order still to come."""
+        return {"batch_order": self._order}
+
+    def _resume_position(self, state: dict[str, Any]) -> None:
+        self._order = list(state.get("batch_order", []))

@@ -212,9 +212,17 @@ def evaluate_expression(expression: str, values: dict[str, Fraction]) -> Fractio
     return value(ast.parse(expression, mode="eval").body)
 
 
+def template_level(template: WordProblemTemplate) -> str:
+    """A word problem's difficulty level for `GRPOConfig.difficulty_targeting`: its template, "t3 (3 steps)" (a
+    template not among WORD_PROBLEMS: its step count only)."""
+    steps = f"{len(template.steps)} steps"
+    known = [i for i, t in enumerate(WORD_PROBLEMS) if t == template]
+    return f"t{known[0]} ({steps})" if known else steps
+
+
 def make_word_problem(template: WordProblemTemplate, rng: random.Random, system_prompt: str | None = None) -> dict[str, Any]:
     """One example from `template` with values drawn from `rng` such that every step is a positive whole number
-    (prompt / answer / completion, and `operations`): the reasoning is its steps, "… 3 * 12 = 36 pencils."."""
+    (prompt / answer / completion, and `operations` and `level`): the reasoning is its steps, "… 3 * 12 = 36 pencils."."""
     for _ in range(1000):
         values = {k: Fraction(rng.choice(v) if len(v) != 2 else rng.randint(*v)) for k, v in template.slots.items()}
         results, sentences = dict(values), []
@@ -230,40 +238,50 @@ def make_word_problem(template: WordProblemTemplate, rng: random.Random, system_
             fill = {k: str(v) for k, v in values.items()} | {"name": name}
             reasoning = " ".join(f"{words.format(**fill)} {shown} = {result} {unit}." for words, shown, result, unit in sentences)
             return {"prompt": make_messages(template.question.format(**fill), system_prompt), "answer": answer,
-                    "completion": format_completion(reasoning, answer), "operations": len(template.steps)}
+                    "completion": format_completion(reasoning, answer), "operations": len(template.steps),
+                    "level": template_level(template)}
     raise ValueError(f"no values of {template.slots} make every step of {template.formula!r} a positive whole number")
 
 
 class WordProblemTask:
     """GSM8K-style multi-step word problems with worked solutions, generated from a seed (offline; the task the
     CPU runs train on, and the fixture for the GSM8K code path). `operations` picks the difficulty: templates with
-    that many steps (2–4). Held-out, demonstration and GRPO-prompt questions never repeat across the three."""
+    that many steps (2–4) for the held-out set and the GRPO prompts; `demonstration_operations` (default: the same)
+    for the worked solutions, so the model can be shown 2-step solutions and tested on 3-step problems. Held-out,
+    demonstration and GRPO-prompt questions never repeat across the three."""
 
     def __init__(self, seed: int = 1234, num_demonstrations: int = 200, num_test: int = 200,
-                 operations: tuple[int, ...] = (2, 3, 4), system_prompt: str | None = None) -> None:
-        self.templates = [t for t in WORD_PROBLEMS if len(t.steps) in operations]
-        if not self.templates:
-            known = sorted({len(t.steps) for t in WORD_PROBLEMS})
-            raise ValueError(f"WordProblemTask: operations={operations}: no template has that many steps (have {known})")
+                 operations: tuple[int, ...] = (2, 3, 4), system_prompt: str | None = None,
+                 demonstration_operations: tuple[int, ...] | None = None) -> None:
+        self.templates = self._templates(operations, "operations")
+        demo_templates = self._templates(demonstration_operations or operations, "demonstration_operations")
         self.seed, self.system_prompt = seed, system_prompt
-        self._test = self._unique(num_test, seed + 2, exclude=set())
-        self._demos = self._unique(num_demonstrations, seed + 1, exclude=self._questions(self._test))
+        self._test = self._unique(num_test, seed + 2, exclude=set(), templates=self.templates)
+        self._demos = self._unique(num_demonstrations, seed + 1, exclude=self._questions(self._test), templates=demo_templates)
+
+    @staticmethod
+    def _templates(operations: tuple[int, ...], setting: str) -> list[WordProblemTemplate]:
+        templates = [t for t in WORD_PROBLEMS if len(t.steps) in operations]
+        if not templates:
+            known = sorted({len(t.steps) for t in WORD_PROBLEMS})
+            raise ValueError(f"WordProblemTask: {setting}={operations}: no template has that many steps (have {known})")
+        return templates
 
     @staticmethod
     def _questions(rows: list[dict[str, Any]]) -> set[str]:
         return {row["prompt"][-1]["content"] for row in rows}
 
-    def _unique(self, count: int, seed: int, *, exclude: set[str]) -> list[dict[str, Any]]:
+    def _unique(self, count: int, seed: int, *, exclude: set[str], templates: list[WordProblemTemplate]) -> list[dict[str, Any]]:
         rng, rows, seen = random.Random(seed), [], set(exclude)
         for _ in range(count * 100):
             if len(rows) == count:
                 return rows
-            row = make_word_problem(rng.choice(self.templates), rng, self.system_prompt)
+            row = make_word_problem(rng.choice(templates), rng, self.system_prompt)
             question = row["prompt"][-1]["content"]
             if question not in seen:
                 seen.add(question)
                 rows.append(row)
-        raise ValueError(f"WordProblemTask: could not make {count} distinct problems from {len(self.templates)} templates")
+        raise ValueError(f"WordProblemTask: could not make {count} distinct problems from {len(templates)} templates")
 
     def demonstrations(self) -> Dataset:
         """The fixed SFT pool (prompt, answer, completion, operations)."""
@@ -401,7 +419,8 @@ def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
     if cfg.kind == "arithmetic":
         return ArithmeticTask(min_value=cfg.min_value, max_value=cfg.max_value, **common)
     if cfg.kind == "word_problems":
-        return WordProblemTask(operations=tuple(cfg.operations), **common)
+        demo_ops = tuple(cfg.demonstration_operations) if cfg.demonstration_operations else None
+        return WordProblemTask(operations=tuple(cfg.operations), demonstration_operations=demo_ops, **common)
     if cfg.kind == "gsm8k":
         return GSM8KTask(cfg.source, **common)
     raise ValueError(f"TaskConfig.kind={cfg.kind!r}: must be one of arithmetic, word_problems, gsm8k")

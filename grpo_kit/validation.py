@@ -44,21 +44,24 @@ def one_of(allowed: tuple[str, ...]) -> Rule:
 
 
 DTYPES = ("auto", "float32", "bfloat16")
+STEP_COUNTS: Rule = (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4")
 
 RULES: dict[str, dict[str, Rule]] = {
     "ModelConfig": {
         "lora_r": at_least(1), "lora_alpha": above(0), "lora_dropout": within(0, 1, high_open=True), "dtype": one_of(DTYPES),
     },
-    "TaskConfig": {"kind": one_of(options.TASK_KINDS), "operations": (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4"),
+    "TaskConfig": {"kind": one_of(options.TASK_KINDS), "operations": STEP_COUNTS, "demonstration_operations": STEP_COUNTS,
                    "num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
     "DemoConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
-                   "eval_pass_k": at_least(0)},
+                   "eval_pass_k": at_least(0), "eval_batch_size": at_least(1)},
     "SFTConfig": {
         "steps": at_least(0), "batch_size": at_least(1), "learning_rate": above(0), "weight_decay": at_least(0),
         "warmup_steps": at_least(0), "max_grad_norm": above(0), "max_length": at_least(8), "pad_to_multiple_of": at_least(1),
         "log_every": at_least(1), "max_seconds": above(0), "max_skipped_steps": at_least(0),
         "save_every": at_least(0), "save_every_seconds": above(0),
     },
+    "RFTConfig": {"prompts_per_step": at_least(1), "group_size": at_least(1), "temperature": above(0),
+                  "max_new_tokens": at_least(1), "prompt_bucket": at_least(1)},
     "GRPOConfig": {
         "steps": at_least(0), "prompts_per_step": at_least(1), "group_size": at_least(2), "max_new_tokens": at_least(1),
         "prompt_bucket": at_least(1), "max_prompt_tokens": at_least(1), "temperature": above(0), "top_k": at_least(0), "top_p": within(0, 1, low_open=True),
@@ -75,6 +78,7 @@ RULES: dict[str, dict[str, Rule]] = {
     },
 }
 """Range and choice rules per config class and field; a None value (where the field allows it) skips its rule."""
+RULES["RFTConfig"] = {**RULES["SFTConfig"], **RULES["RFTConfig"]}  # an RFT run's SFT steps follow SFT's rules
 
 
 def _coerce(value: Any, hint: Any, setting: str) -> Any:

@@ -25,7 +25,6 @@ import copy
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 
 from ..config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
-from ..device import cpu_bf16_products
+from ..device import cpu_bf16_products, describe_machine
 from ..evaluation import evaluate
 from ..grpo import GRPOTrainer
 from ..models import load_model
@@ -512,23 +511,12 @@ def _xla_child(token_counts: list[int], sizes: BenchSizes) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    import transformers
-
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
-            "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
+    info = describe_machine()
     try:
         import trl
 
         info["trl"] = trl.__version__
     except ImportError:
-        pass
-    try:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                                 if line.startswith("model name"))
-    except (OSError, StopIteration):
         pass
     return info
 

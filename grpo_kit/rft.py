@@ -1,0 +1,90 @@
+"""Rejection-sampling fine-tuning (RFT): learn from the verifier without GRPO.
+
+Each step samples `group_size` completions for each of `prompts_per_step` new prompts from the current model, keeps
+the completions the verifier accepts (finished, `correctness_reward` = 1, each text once per prompt) and takes one
+SFT step on them (`sft.sft_loss`, the same loop, schedule and checkpoints as `SFTTrainer`). A step whose samples are
+all wrong trains on nothing. It is the control that asks whether a gain is GRPO's or only learning from the verifier
+(RAFT, arXiv 2504.11343); the arc runs it for as long as GRPO trained (`DemoConfig.rft_control`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .chat import stop_token_ids
+from .config import RFTConfig
+from .device import shard_batch
+from .rewards import correctness_reward
+from .sampling import encode_prompts, sample
+from .sft import SFTTrainer, collate, encode_demonstrations
+
+
+def accepted_completions(rows: list[dict[str, Any]], texts: list[str], *, finished: list[bool], right: list[float],
+                         group_size: int) -> list[dict[str, Any]]:
+    """The demonstrations RFT keeps from one rollout: `texts` holds `group_size` completions per row of `rows`, in
+    order; a completion is kept when it `finished` (its stop token came before the length limit) and is `right`
+    (its `correctness_reward`, 1 = right), and each distinct text once per prompt."""
+    kept, seen = [], set()
+    for i, (text, done, score) in enumerate(zip(texts, finished, right, strict=True)):
+        row = rows[i // group_size]
+        if done and score == 1.0 and (i // group_size, text) not in seen:
+            seen.add((i // group_size, text))
+            kept.append({"prompt": row["prompt"], "completion": text})
+    return kept
+
+
+class RFTTrainer(SFTTrainer):
+    """RFT from a prompt stream (rows with `prompt` and `answer`, e.g. `task.prompt_stream()`): `SFTTrainer`'s loop
+    with batches sampled from the model and filtered by the verifier. Saves and resumes like SFT; the prompts
+    already drawn are skipped on resume."""
+
+    kind = "rft"
+    resume_settings = ("prompts_per_step", "group_size", "seed")
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, prompts: Iterable[dict[str, Any]],
+                 config: RFTConfig | None = None, *, resume_metrics: bool = False) -> None:
+        super().__init__(model, tokenizer, None, config or RFTConfig(), resume_metrics=resume_metrics)
+        self.config: RFTConfig
+        self.prompts = iter(prompts)
+        self.prompts_drawn = 0
+        """Prompts taken from the stream so far (a resumed run skips as many)."""
+        self.stop_ids = stop_token_ids(tokenizer)
+        self._last = {"sampled_accuracy": 0.0, "accepted": 0}
+
+    def _next_batch(self) -> dict[str, torch.Tensor] | None:
+        cfg = self.config
+        rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
+        self.prompts_drawn += len(rows)
+        ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket)
+        ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
+        roll = sample(self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids,
+                      pad_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, generator=self.generator,
+                      group_size=cfg.group_size)
+        lengths = roll.completion_mask.cpu().sum(1).tolist()
+        comp = roll.completion_ids.cpu()
+        texts = self.tokenizer.batch_decode([comp[i, :n].tolist() for i, n in enumerate(lengths)], skip_special_tokens=True)
+        answers = [row["answer"] for row in rows for _ in range(cfg.group_size)]
+        right = correctness_reward([None] * len(texts), texts, answer=answers)
+        kept = accepted_completions(rows, texts, finished=(~roll.truncated.cpu()).tolist(), right=right,
+                                    group_size=cfg.group_size)
+        self._last = {"sampled_accuracy": sum(right) / len(right), "accepted": len(kept)}
+        if not kept:
+            return None
+        batch = collate(encode_demonstrations(self.tokenizer, kept, cfg.max_length), self.tokenizer.pad_token_id,
+                        cfg.pad_to_multiple_of)
+        return {k: shard_batch(v.to(self.device)) for k, v in batch.items()}
+
+    def _batch_metrics(self) -> dict[str, Any]:
+        return dict(self._last)
+
+    def _position(self) -> dict[str, Any]:
+        return {"prompts_drawn": self.prompts_drawn}
+
+    def _resume_position(self, state: dict[str, Any]) -> None:
+        self.prompts_drawn = state.get("prompts_drawn", 0)
+        for _ in itertools.repeat(None, self.prompts_drawn):
+            next(self.prompts)

@@ -1,0 +1,101 @@
+"""The study's arithmetic (paired differences, their bootstrap interval, the summary) and one small cell end to end."""
+
+import json
+
+import numpy as np
+import pytest
+
+from grpo_kit.cli import main
+from grpo_kit.study import REGIMES, cell_config, paired_difference, run_study, summarize
+
+
+def test_the_paired_difference_counts_fixed_and_broken_problems_and_its_interval_covers_the_truth():
+    first = [[True, False, False, True], [False, False, True, True]]
+    second = [[True, True, False, False], [True, True, True, True]]
+    d = paired_difference(first, second)
+    assert d["mean"] == pytest.approx(100 * (3 - 1) / 8) and (d["fixed"], d["broken"], d["paired_problems"]) == (3, 1, 8)
+    assert d["low"] < d["mean"] < d["high"]
+    assert paired_difference(first, second) == d  # seeded
+    sure = paired_difference([[False] * 50], [[True] * 50])
+    assert sure["mean"] == sure["low"] == sure["high"] == 100.0
+
+    # coverage: two models whose true accuracies differ by 10 points, 3 seeds × 200 paired problems
+    rng = np.random.default_rng(5)
+    covered = 0
+    for trial in range(40):
+        base = [rng.random(200) < 0.3 for _ in range(3)]
+        better = [b | (rng.random(200) < 0.1 / 0.7) for b in base]  # fixes ≈ 10 % of problems, breaks none
+        d = paired_difference(base, better, samples=2000, seed=trial)
+        truth = 100 * np.mean([(b & ~a).mean() for a, b in zip(base, better, strict=True)])
+        covered += d["low"] <= truth <= d["high"]
+        assert d["low"] > 0
+    assert covered >= 36
+
+
+def _write_cell(root, regime, seed, correct, *, finished=True):
+    phases = {"base_eval": {"accuracy": 0.0, "format_rate": 0.0, "correct": [False] * 4}}
+    for stage, right in correct.items():
+        if finished or stage == "sft":
+            phases[f"{stage}_eval"] = {"accuracy": sum(right) / len(right), "format_rate": 1.0, "correct": right,
+                                       "pass@1": 0.5, "maj@4": 0.25, "pass@4": 0.75, "correct_counts": [1, 2, 3, 4]}
+            phases[stage] = {"steps": 7, "seconds": 1.0}
+    path = root / regime / f"seed{seed}"
+    path.mkdir(parents=True)
+    (path / "progress.json").write_text(json.dumps({"settings": {}, "plan": {}, "phases": phases}))
+
+
+def test_the_summary_pools_finished_seeds_and_leaves_unfinished_ones_out(tmp_path):
+    t, f = True, False
+    _write_cell(tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]})
+    _write_cell(tmp_path, "scarce", 1, {"sft": [f, t, f, f], "grpo": [t, t, t, f], "control": [f, t, f, f], "rft": [f, f, f, f]})
+    _write_cell(tmp_path, "scarce", 2, {"sft": [t, t, t, t], "grpo": [], "control": [], "rft": []}, finished=False)
+    summary = summarize(tmp_path, regimes=["scarce", "beyond"], seeds=[0, 1, 2])
+    scarce = summary["regimes"]["scarce"]
+    assert scarce["seeds"] == [0, 1] and scarce["paired_problems"] == 8
+    assert scarce["grpo_minus_sft_control"]["mean"] == pytest.approx(100 * 3 / 8)  # 5 right vs 2 of 8
+    assert scarce["grpo_minus_rft"]["mean"] == pytest.approx(100 * 2 / 8)
+    assert scarce["stages"]["grpo"] == {"accuracy": 62.5, "format_rate": 100.0, "pass@1": 50.0, "maj@4": 25.0, "pass@4": 75.0}
+    assert [c["finished"] for c in scarce["cells"]] == [True, True, False] and scarce["cells"][2]["sft_accuracy"] == 100.0
+    assert summary["regimes"]["beyond"]["seeds"] == [] and "grpo_minus_sft_control" not in summary["regimes"]["beyond"]
+    assert summary["primary_metric"].startswith("greedy accuracy")
+
+
+def test_each_cell_is_the_preset_with_its_regime_and_seed():
+    cfg = cell_config("cpu-gemma-270m", "beyond", 2, "runs/x")
+    assert cfg.task.operations == (3,) and cfg.task.demonstration_operations == (2,) and cfg.task.seed == 1234 + 2
+    assert cfg.sft.seed == cfg.grpo.seed == 2 and cfg.control and cfg.rft_control and cfg.eval_pass_k == 4
+    assert cfg.grpo.gate_shaped_rewards and cfg.grpo.difficulty_targeting and cfg.grpo.learning_rate == 2e-5
+    assert cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task.num_demonstrations == 32
+    assert set(REGIMES) == {"plentiful", "scarce", "beyond"}
+    with pytest.raises(ValueError, match="unknown regime 'easy'"):
+        cell_config("cpu-gemma-270m", "easy", 0, "runs/x")
+
+
+TINY = {"time_budget_minutes": None, "eval_batch_size": 16, "eval_pass_k": 2,
+        "task": {"kind": "word_problems", "num_test": 8},
+        "sft": {"steps": 6, "batch_size": 8, "max_length": 512},
+        "grpo": {"steps": 2, "max_new_tokens": 16, "prompts_per_step": 2, "group_size": 4, "micro_batch_size": 8,
+                 "prompt_bucket": 64}}
+
+
+def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without_retraining(tmp_path, capsys):
+    out = tmp_path / "study"
+    summary = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False)
+    beyond = summary["regimes"]["beyond"]
+    assert beyond["seeds"] == [0] and beyond["paired_problems"] == 8
+    cell = beyond["cells"][0]
+    assert cell["grpo_steps"] == 2 and cell["rft_steps"] >= 2 and cell["control_steps"] >= 1
+    assert cell["sft_probe"]["prompts"] == 64 and 0 <= cell["sft_probe"]["pass@8"] <= 1
+    for key in ("grpo_minus_sft_control", "grpo_minus_rft", "grpo_minus_sft"):
+        assert set(beyond[key]) >= {"mean", "low", "high", "paired_problems"}
+    assert summary["machine"]["cpu_count"] >= 1 and "cpu_bf16_products" in summary["machine"]
+    assert json.loads((out / "summary.json").read_text())["regimes"]["beyond"]["seeds"] == [0]
+    assert (out / "study.png").read_bytes()[:4] == b"\x89PNG"
+    progress = (out / "beyond" / "seed0" / "progress.json").read_text()
+    again = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False)
+    assert (out / "beyond" / "seed0" / "progress.json").read_text() == progress  # every phase was recorded: none ran
+    assert again["regimes"] == summary["regimes"]
+    assert main(["study", "--output-dir", str(out), "--regimes", "beyond", "--seeds", "1", "--summary-only"]) == 0
+    assert json.loads(capsys.readouterr().out)["beyond"]["seeds"] == [0]
+    assert main(["study", "--output-dir", str(out), "--regimes", "easy", "--summary-only"]) == 2
+    assert "--regimes easy: one of plentiful, scarce, beyond" in capsys.readouterr().err
