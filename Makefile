@@ -52,11 +52,13 @@ platforms: $(STAMP)
 	$(BIN)/python scripts/platforms.py
 
 # The study (`grpo-kit study`: 3 regimes × 3 seeds, about an hour a cell on 2 cores; running it again continues where it
-# stopped), then its summary and plot copied to docs/ (docs/study.json, docs/study.png).
+# stopped), then its summary and plot copied to docs/ (docs/study.json, docs/study.png) and the table written into
+# docs/capstone.md from docs/study.json.
 study: $(STAMP)
 	$(BIN)/grpo-kit study --output-dir runs/study
 	cp runs/study/summary.json docs/study.json
 	cp runs/study/study.png docs/study.png
+	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md
 
 # docs/benchmarks.md and its plots, from one run (`grpo-kit bench --quick` ≤ 25 minutes on 2 cores).
 bench: $(STAMP)

@@ -23,7 +23,8 @@ from .device import SetupError, torch_xla_mismatch
 # public name -> the module that defines it (None: the name is a submodule offered as a namespace)
 PUBLIC: dict[str, str | None] = {
     # trainers and their settings
-    "GRPOTrainer": "grpo", "SFTTrainer": "sft", "GRPOConfig": "config", "SFTConfig": "config",
+    "GRPOTrainer": "grpo", "SFTTrainer": "sft", "RFTTrainer": "rft", "GRPOConfig": "config", "SFTConfig": "config",
+    "RFTConfig": "config",
     "ModelConfig": "config", "TaskConfig": "config", "DemoConfig": "config", "Controls": "controls",
     "PRESETS": "config", "PRESET_TIMES": "config", "load_demo_config": "config", "Arc": "demo", "run_demo": "demo",
     # models and devices
@@ -31,20 +32,25 @@ PUBLIC: dict[str, str | None] = {
     "resolve_model": "hub", "ModelAccessError": "hub", "stop_token_ids": "chat", "GEMMA_CHAT_TEMPLATE": "chat",
     "get_device": "device", "xla_problem": "device", "SetupError": "device",
     # data and rewards
-    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "GSM8KTask": "tasks", "make_task": "tasks", "load_gsm8k": "tasks", "parse_number": "tasks",
+    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "GSM8KTask": "tasks", "make_task": "tasks", "load_gsm8k": "tasks", "parse_number": "answers",
+    "load_task": "tasks", "DataTask": "tasks", "answer_matches": "answers", "infer_answer_type": "answers",
     "DEFAULT_REWARDS": "rewards", "DEFAULT_WEIGHTS": "rewards",
     "strict_format_reward": "rewards", "soft_format_reward": "rewards", "correctness_reward": "rewards",
     "answer_digits_reward": "rewards", "arithmetic_steps_reward": "rewards", "make_length_penalty": "rewards",
     "ClassifierReward": "rewards", "RewardError": "rewards", "compute_rewards": "rewards", "rewards": None,
+    "judge_reward": "rewards", "JudgeReward": "rewards", "test_reward": "rewards",
     # the algorithm's math, as pure tensor functions
     "compute_advantages": "advantages", "group_zscore": "advantages", "zero_std_fraction": "advantages",
     "policy_loss": "losses", "kl_estimate": "losses",
     # generation, evaluation, SFT batches
     "encode_prompts": "sampling", "generate_completions": "evaluation", "evaluate": "evaluation", "pass_at_k": "evaluation",
+    "sampled_scores": "evaluation",
     "encode_demonstrations": "sft", "collate": "sft",
     # watching, steering, saving
     "Dashboard": "dashboard", "control_changes": "dashboard", "read_jsonl": "metrics",
     "export_model": "export", "push_folder": "export", "load_checkpoint": "checkpoint",
+    # the study (regimes × seeds, paired intervals) and online difficulty targeting
+    "run_study": "study", "paired_difference": "evaluation", "DifficultyTargeting": "difficulty",
     # sizing a run
     "PlanInput": "planner", "plan": "planner", "plan_table": "planner",
     # the notebooks' helpers (environment, preset with fallback, course checkpoints, exercise checks)

@@ -1,4 +1,5 @@
-"""`grpo-kit` command line. For users: demo, sft, train (GRPO), eval, plan, export; the study (`study`, hours).
+"""`grpo-kit` command line. For users: demo, sft, train (GRPO), eval, score and leaderboard (your task), plan, export;
+the study (`study`, hours).
 Developer tools (`grpo_kit.devtools`): xla-check, smoke, bench.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
@@ -58,7 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .study import REGIMES, run_study, summarize
+    from .study import REGIMES, run_study, summarize, write_report
 
     regimes = args.regimes or list(REGIMES)
     unknown = [r for r in regimes if r not in REGIMES]
@@ -66,12 +67,58 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise ValueError(f"--regimes {' '.join(unknown)}: one of {', '.join(REGIMES)}" if unknown else
                          f"--seeds {args.seeds}: must be ≥ 1")
     seeds = list(range(args.seeds))
-    if args.summary_only:
+    if args.from_json:
+        summary = json.loads(Path(args.from_json).read_text())
+    elif args.summary_only:
         summary = summarize(args.output_dir, regimes=regimes, seeds=seeds)
     else:
         summary = run_study(args.output_dir, preset=args.preset, regimes=regimes, seeds=seeds, minutes=args.minutes,
                             progress=not args.quiet)
+    for path in args.report:
+        write_report(summary, path)
     _print({r: {k: v for k, v in result.items() if k != "cells"} for r, result in summary["regimes"].items()})
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import checkpoint_state, load_checkpoint
+    from .device import get_device
+    from .models import load_model
+    from .scoring import score_model
+    from .tasks import load_task
+
+    cfg = _config(args, "runs/score")
+    task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
+                     num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
+    checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
+    model_cfg = cfg.model if checkpoint else dataclasses.replace(cfg.model, lora=False)  # a named or exported model is whole
+    if checkpoint:  # a checkpoint holds weights (or an adapter) for the preset's model
+        model_cfg = dataclasses.replace(model_cfg, name=load_demo_config(args.preset, args.config).model.name)
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, tokenizer = load_model(model_cfg, get_device(args.device))
+    training: dict[str, Any] = {}
+    if checkpoint:
+        state = checkpoint_state(checkpoint, verify=False)[1]
+        training = {"checkpoint": str(checkpoint), "base model": model_cfg.name, "phase": state.get("kind"),
+                    "steps": state.get("step")}
+        load_checkpoint(checkpoint, model)
+    name = args.name or (f"{model_cfg.name} + {checkpoint}" if checkpoint else model_cfg.name)
+    score = score_model(model, tokenizer, task, cfg.output_dir, model_name=name, task_name=str(args.task),
+                        training=training, overwrite=args.overwrite)
+    _print({k: v for k, v in score.items() if k not in ("items", "machine")})
+    print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (score.json, RESULTS.md)", file=sys.stderr)
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from .scoring import leaderboard
+
+    table = leaderboard(args.scores)
+    if args.output:
+        Path(args.output).write_text(table)
+    print(table, end="")
     return 0
 
 
@@ -189,7 +236,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/)")
     cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
-    out = export_model(model, tokenizer, args.out, base_name=cfg.model.name, dtype=dtype, push_to=args.push_to,
+    notes = Path(args.results).read_text() if args.results else ""
+    out = export_model(model, tokenizer, args.out, base_name=cfg.model.name, notes=notes, dtype=dtype, push_to=args.push_to,
                        allow_public=args.public)
     _print({"exported": str(out), "pushed_to": args.push_to})
     return 0
@@ -296,6 +344,27 @@ def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
                    "the files the run wrote are removed), or write beside files grpo-kit did not write")
 
 
+def _score_parsers(sub: Any) -> None:
+    p = sub.add_parser("score", help="the frozen evaluation harness: score a model on your task's held-out split; writes "
+                       "score.json and RESULTS.md")
+    _common(p, preset="cpu-tiny")
+    p.add_argument("--task", required=True, help="your data: a .jsonl/.json/.csv/.parquet file or a Hugging Face dataset id")
+    p.add_argument("--prompt-column", default="prompt", help="the column holding the questions (default prompt)")
+    p.add_argument("--answer-column", default="answer", help="the column holding the right answers (default answer)")
+    p.add_argument("--answer-type", default="auto", help="number, choice, string, regex, or auto (inferred per row; default)")
+    p.add_argument("--num-test", type=int, default=200, help="held-out rows (default 200; the same as for training)")
+    p.add_argument("--seed", type=int, default=1234, help="the split's seed (default 1234; the same as for training)")
+    p.add_argument("--system-prompt", default=None, help="the instruction each question gets (as for training)")
+    p.add_argument("--split", default="train", help="a hub dataset's split (default train)")
+    p.add_argument("--name", default=None, help="the entry's name on the leaderboard (default: the model)")
+    p.add_argument("--overwrite", action="store_true", help="score again into a directory holding a score")
+    p.set_defaults(func=cmd_score)
+    p = sub.add_parser("leaderboard", help="rank score files (grpo-kit score) on the same split as a Markdown table")
+    p.add_argument("scores", nargs="+", help="score.json files (or the directories holding them)")
+    p.add_argument("--output", default=None, help="also write the table to this Markdown file")
+    p.set_defaults(func=cmd_leaderboard)
+
+
 def _study_parser(sub: Any) -> None:
     p = sub.add_parser("study", help="(slow: hours) when GRPO beats more SFT: three regimes × seeds on Gemma 3 270M, GRPO "
                        "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)")
@@ -307,6 +376,10 @@ def _study_parser(sub: Any) -> None:
     p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per regime (default 3)")
     p.add_argument("--minutes", type=float, default=None, help="each cell's time budget (default 60)")
     p.add_argument("--summary-only", action="store_true", help="train nothing: summarise the cells on disk")
+    p.add_argument("--from-json", default=None, metavar="SUMMARY", help="train nothing: read this summary.json (e.g. "
+                   "docs/study.json) for --report")
+    p.add_argument("--report", nargs="+", default=[], metavar="MARKDOWN", help="write the results table between the "
+                   "study markers of these Markdown files (docs/capstone.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_study)
 
@@ -324,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the same settings continues where it stopped")
     p.set_defaults(func=cmd_demo)
     _study_parser(sub)
+    _score_parsers(sub)
     p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint as it goes")
     _common(p)
     p.add_argument("--init-from", default=None, help="checkpoint directory to start from")
@@ -343,9 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to export")
     p.add_argument("--out", required=True, help="directory to write (safetensors, tokenizer, chat template, README.md)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)")
-    p.add_argument("--push-to", default=None, help="Hugging Face repo id to upload the exported files to (a new repo is "
-                   "private; an existing public one is refused unless --public)")
+    p.add_argument("--push-to", default=None, help="upload the exported files to a Hugging Face repo id, or to Kaggle Models "
+                   "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless "
+                   "--public)")
     p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score) to end the "
+                   "model card with")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("add-manifest", help="write the checksum manifest into a checkpoint saved by an older grpo_kit, "
                        "so it loads (only for a checkpoint you trust)")

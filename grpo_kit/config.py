@@ -54,7 +54,9 @@ class TaskConfig:
 
     kind: str = "arithmetic"
     """`arithmetic` (two-operand addition, the tiny model's course task), `word_problems` (generated GSM8K-style
-    multi-step problems, offline: the real-Gemma CPU preset's task) or `gsm8k` (GSM8K itself from `source`)."""
+    multi-step problems, offline: the real-Gemma CPU preset's task), `gsm8k` (GSM8K itself from `source`), or your
+    own data: `file` (a .jsonl/.json/.csv/.parquet file at `source`) or `hub` (a Hugging Face dataset id in `source`),
+    read with the `*_column` settings below (`data_task.load_task`)."""
     operations: tuple[int, ...] = (2, 3, 4)
     """word_problems: how many arithmetic steps a problem takes (its templates' lengths, from 2 to 4) — the
     difficulty knob."""
@@ -63,13 +65,28 @@ class TaskConfig:
     operations (3,) demonstrates 2-step problems only and tests on 3-step ones, beyond the demonstrations."""
     source: str = "openai/gsm8k"
     """gsm8k: the hub dataset (needs network; test split held out) or a local GSM8K-format .jsonl/.json file
-    (`question`, `answer` ending in `#### N`; its first num_test rows held out)."""
+    (`question`, `answer` ending in `#### N`; its first num_test rows held out). file: the data file's path. hub: the
+    dataset id."""
+    prompt_column: str = "prompt"
+    """file/hub: the column holding each question (text, or chat messages)."""
+    answer_column: str = "answer"
+    """file/hub: the column holding the right final answer."""
+    solution_column: str | None = None
+    """file/hub: the column holding a worked solution, for SFT (None: no SFT rows; rows without one are skipped)."""
+    system_column: str | None = None
+    """file/hub: a column holding a per-row instruction (None: `system_prompt` for every row)."""
+    answer_type: str = "auto"
+    """file/hub: how answers are compared (`answers.ANSWER_TYPES`: number, choice, string, regex; auto = inferred per
+    row from the answer). A file's own `answer_type` column wins, row by row."""
+    split: str = "train"
+    """hub: the dataset split to read (the kit holds out its own `num_test` rows from it)."""
     seed: int = 1234
     """Seed for problems; demonstrations, the prompt stream and the held-out set are disjoint."""
     num_demonstrations: int = 200
-    """Size of the fixed SFT demonstration pool. Small on purpose: RL pays where demonstrations are scarce."""
+    """Size of the fixed SFT demonstration pool. Small on purpose: RL pays where demonstrations are scarce. (file/hub:
+    every training row with a solution.)"""
     num_test: int = 200
-    """Held-out problems for greedy evaluation."""
+    """Held-out problems for greedy evaluation (file/hub: drawn by `seed`, the same rows on every run)."""
     min_value: int = 10
     """arithmetic: smallest operand."""
     max_value: int = 99

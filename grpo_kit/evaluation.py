@@ -1,11 +1,14 @@
-"""Greedy evaluation on a held-out set: accuracy, format rate, and the completions themselves."""
+"""Evaluation on a held-out set: greedy accuracy, format rate and the completions themselves; k samples per problem
+(pass@1, maj@k, pass@k); and the paired difference between two models on the same problems, with its interval."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .chat import stop_token_ids
@@ -36,15 +39,29 @@ def generate_completions(
     return texts
 
 
+def _correct(dataset: Any, prompts: list, completions: list[str], answers: list, *, repeat: int,
+             row: int | None = None) -> list[float]:
+    """`correctness_reward` of each completion (each answer `repeat` times in a row), under the rows' `answer_type`
+    where the dataset has that column (a user's task). `row`: the answers are that one row's."""
+    columns = dataset.column_names if hasattr(dataset, "column_names") else list(dataset)
+    answers = [a for a in answers for _ in range(repeat)]
+    types = None
+    if "answer_type" in columns:
+        types = list(dataset["answer_type"]) if row is None else [dataset["answer_type"][row]]
+        types = [t for t in types for _ in range(repeat)]
+    return correctness_reward(prompts, completions, answer=answers, answer_type=types)
+
+
 def evaluate(
     model: torch.nn.Module, tokenizer: Any, dataset: Any, *, max_new_tokens: int = 40, batch_size: int = 64, bucket: int = 32,
+    samples: int = 8,
 ) -> dict[str, Any]:
     """Greedy accuracy (correct answer in `<answer>`) and strict-format rate on `dataset` (prompt, answer); `correct`
-    says which problems were solved, `samples` shows the first eight."""
+    says which problems were solved, `samples` shows the first `samples` (prompt, completion, answer, correct)."""
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     completions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                        bucket=bucket)
-    correct = correctness_reward(prompts, completions, answer=answers)
+    correct = _correct(dataset, prompts, completions, answers, repeat=1)
     formatted = strict_format_reward(prompts, completions)
     n = max(len(completions), 1)
     return {
@@ -54,7 +71,7 @@ def evaluate(
         "correct": [bool(k) for k in correct],
         "samples": [
             {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": c, "answer": a, "correct": bool(k)}
-            for p, c, a, k in list(zip(prompts, completions, answers, correct, strict=True))[:8]
+            for p, c, a, k in list(zip(prompts, completions, answers, correct, strict=True))[:samples]
         ],
     }
 
@@ -79,7 +96,7 @@ def sampled_scores(
     completions = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                        bucket=bucket, greedy=False, temperature=temperature,
                                        generator=torch.Generator().manual_seed(seed))
-    correct = correctness_reward(repeated, completions, answer=[a for a in answers for _ in range(k)])
+    correct = _correct(dataset, repeated, completions, answers, repeat=k)
     counts, majority_right = [], []
     for i, truth in enumerate(answers):
         group = range(i * k, (i + 1) * k)
@@ -87,7 +104,7 @@ def sampled_scores(
         votes = Counter(a for j in group if (a := extract_answer(completion_text(completions[j]))) is not None)
         if votes:
             top = votes.most_common(1)[0][0]
-            majority_right.append(bool(correctness_reward([None], [f"<answer>{top}</answer>"], answer=[truth])[0]))
+            majority_right.append(bool(_correct(dataset, [None], [f"<answer>{top}</answer>"], [truth], repeat=1, row=i)[0]))
         else:
             majority_right.append(False)
     n = max(len(prompts), 1)
@@ -105,3 +122,27 @@ def pass_at_k(
         raise ValueError(f"pass_at_k: k={k}: must be ≥ 1")
     return sampled_scores(model, tokenizer, dataset, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                           batch_size=batch_size, bucket=bucket, seed=seed)[f"pass@{k}"]
+
+
+BOOTSTRAP_SAMPLES = 10_000
+"""Bootstrap resamples behind a paired difference's interval (its ends move by < 0.1 point between seeds)."""
+
+
+def paired_difference(first: Sequence[Sequence[bool]], second: Sequence[Sequence[bool]], *, samples: int = BOOTSTRAP_SAMPLES,
+                      seed: int = 0) -> dict[str, Any]:
+    """second − first in points of accuracy, over problems paired within each seed (`first[s][i]`: problem i of
+    seed s solved by the first model). The 95 % interval is the 2.5th–97.5th percentile of the difference over
+    `samples` bootstrap resamples of each seed's problems (with replacement, seeds kept apart)."""
+    rng = np.random.default_rng(seed)
+    diffs = [np.asarray(b, dtype=float) - np.asarray(a, dtype=float) for a, b in zip(first, second, strict=True)]
+    n = sum(len(d) for d in diffs)
+    if n == 0:
+        raise ValueError("paired_difference: no paired problems")
+    totals = np.zeros(samples)
+    for d in diffs:
+        totals += d[rng.integers(0, len(d), size=(samples, len(d)))].sum(axis=1)
+    low, high = np.percentile(100 * totals / n, [2.5, 97.5])
+    fixed = int(sum((d > 0).sum() for d in diffs))
+    broken = int(sum((d < 0).sum() for d in diffs))
+    return {"mean": round(100 * sum(d.sum() for d in diffs) / n, 2), "low": round(float(low), 2),
+            "high": round(float(high), 2), "fixed": fixed, "broken": broken, "paired_problems": n}

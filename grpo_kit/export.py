@@ -1,6 +1,6 @@
 """Export a trained model as a plain transformers directory: LoRA merged into the weights, safetensors,
 the tokenizer with Gemma's chat template, stop tokens in the generation config, and a short model card.
-Optionally pushed to the Hugging Face Hub.
+Optionally pushed to the Hugging Face Hub or to Kaggle Models (`push`).
 
 The directory loads with nothing but transformers:
 
@@ -77,6 +77,7 @@ def export_model(
     *,
     base_name: str | None = None,
     metrics: dict[str, Any] | None = None,
+    notes: str = "",
     dtype: torch.dtype | None = None,
     push_to: str | None = None,
     token: str | None = None,
@@ -85,12 +86,98 @@ def export_model(
 ) -> Path:
     """Merge, save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir` (new,
     empty, or an earlier export: see `save_merged`), and push to the Hub repo `push_to` when given (`push_folder`). `dtype` (e.g. torch.bfloat16) halves the files; the
-    default keeps the training dtype, so reloading gives the same logits."""
+    default keeps the training dtype, so reloading gives the same logits. `notes` (e.g. a score's RESULTS.md) end the
+    model card."""
     base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
-    out = save_merged(merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, dtype=dtype)
+    out = save_merged(merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, notes=notes, dtype=dtype)
     if push_to:
-        push_folder(out, push_to, token=token, private=private, allow_public=allow_public)
+        push(out, push_to, token=token, private=private, allow_public=allow_public)
     return out
+
+
+def push(folder: str | Path, destination: str, *, token: str | None = None, private: bool = True,
+         allow_public: bool = False) -> str:
+    """Upload an export to `destination`: `kaggle:<owner>/<model>` (Kaggle Models, `push_to_kaggle`) or a Hugging
+    Face repo id (`push_folder`). Returns the model's URL."""
+    if destination.startswith("kaggle:"):
+        return push_to_kaggle(folder, destination.removeprefix("kaggle:"), allow_public=allow_public)
+    return push_folder(folder, destination, token=token, private=private, allow_public=allow_public)
+
+
+def kaggle_model_handle(name: str) -> str:
+    """kagglehub's handle for `owner/model` (→ `owner/model/transformers/default`) or a full
+    `owner/model/framework/variation`; a one-line error for anything else."""
+    parts = name.strip("/").split("/")
+    if len(parts) == 2 and all(parts):
+        return f"{parts[0]}/{parts[1]}/transformers/default"
+    if len(parts) == 4 and all(parts):
+        return "/".join(parts)
+    raise ValueError(f"kaggle:{name}: expected kaggle:<owner>/<model> or kaggle:<owner>/<model>/<framework>/<variation>")
+
+
+def kaggle_visibility(owner: str, model: str) -> str:
+    """`public`, `private` or `missing`: what Kaggle Models holds under owner/model (asked through kagglehub's client)."""
+    from kagglehub.clients import build_kaggle_client
+    from kagglehub.exceptions import KaggleApiHTTPError
+    from kagglesdk.models.types.model_api_service import ApiGetModelRequest
+
+    request = ApiGetModelRequest()
+    request.owner_slug, request.model_slug = owner, model
+    try:
+        with build_kaggle_client() as client:
+            found = client.models.model_api_client.get_model(request)
+    except KaggleApiHTTPError as e:
+        if e.response is not None and e.response.status_code in (403, 404):
+            return "missing"
+        raise
+    return "private" if getattr(found, "is_private", True) else "public"
+
+
+def load_kaggle_credentials() -> None:
+    """Make the Kaggle API token visible to kagglehub: KAGGLE_USERNAME and KAGGLE_KEY from the environment, a Colab
+    secret or a Kaggle secret of those names, or ~/.kaggle/kaggle.json (inside a Kaggle notebook kagglehub signs in by
+    itself). A one-line ModelAccessError says where to put it when none is found."""
+    from .hub import ModelAccessError, kaggle_credentials, on_kaggle, secret
+
+    if kaggle_credentials():
+        return
+    found = {name: secret(name) for name in ("KAGGLE_USERNAME", "KAGGLE_KEY")}
+    if all(found.values()):
+        os.environ.update(found)  # kagglehub reads them from the environment
+        return
+    where = "Kaggle: Add-ons → Secrets" if on_kaggle() else "Colab: the key icon → secrets; elsewhere: environment variables"
+    raise ModelAccessError("pushing to Kaggle Models needs your Kaggle API token: set KAGGLE_USERNAME and KAGGLE_KEY "
+                           f"({where}) — create one at https://www.kaggle.com/settings")
+
+
+def push_to_kaggle(folder: str | Path, name: str, *, allow_public: bool = False, version_notes: str = "grpo_kit export") -> str:
+    """Upload an export (`export_model`) to Kaggle Models as `name` (`owner/model`, or with framework and variation):
+    only the files the export wrote (everything else in the folder is left out), to a new private model by default
+    (kagglehub creates models private); an existing public model is refused unless `allow_public`. The model card is
+    the export's README.md. Returns the model's URL."""
+    import kagglehub
+
+    from .hub import ModelAccessError
+
+    handle = kaggle_model_handle(name)
+    files = owned_files(folder, "export")
+    if not files:
+        raise RunDirError(f"{folder} holds no exported files: export the model there first")
+    load_kaggle_credentials()
+    owner, model = handle.split("/")[:2]
+    try:
+        if kaggle_visibility(owner, model) == "public" and not allow_public:
+            raise ModelAccessError(f"kaggle:{owner}/{model} exists and is public, so this upload would be public: make it "
+                                   f"private in its settings (https://www.kaggle.com/models/{owner}/{model}), push to a new "
+                                   "name, or pass allow_public=True (CLI: --public)")
+        others = [p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if p.name not in files]
+        kagglehub.model_upload(handle, str(folder), version_notes=version_notes, ignore_patterns=others)
+    except ModelAccessError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure becomes one message with its fix
+        raise ModelAccessError(f"push to kaggle:{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]} (check "
+                               "KAGGLE_USERNAME/KAGGLE_KEY and that the notebook has internet access)") from e
+    return f"https://www.kaggle.com/models/{owner}/{model}"
 
 
 def save_merged(
@@ -100,6 +187,7 @@ def save_merged(
     *,
     base_name: str,
     metrics: dict[str, Any] | None = None,
+    notes: str = "",
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write an already-merged model (from `merged_copy`) as `export_model` does, without pushing.
@@ -118,7 +206,7 @@ def save_merged(
         merged.generation_config.pad_token_id = tokenizer.pad_token_id
         merged.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(base_name, metrics))
+        (staging / "README.md").write_text(model_card(base_name, metrics, notes))
         if metrics:
             (staging / "grpo_kit_metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
         for entry in sorted(staging.iterdir()):

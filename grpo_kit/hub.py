@@ -70,20 +70,23 @@ def cache_dir() -> Path:
 
 def hf_token(explicit: str | None = None) -> str | None:
     """Token for gated checkpoints: the argument, HF_TOKEN, or the Colab / Kaggle secret named HF_TOKEN."""
-    if explicit:
-        return explicit
-    if os.environ.get("HF_TOKEN"):
-        return os.environ["HF_TOKEN"]
+    return explicit or secret("HF_TOKEN")
+
+
+def secret(name: str) -> str | None:
+    """A credential by name: the environment variable, else the Colab secret, else the Kaggle secret (None if none)."""
+    if os.environ.get(name):
+        return os.environ[name]
     with contextlib.suppress(Exception):
         from google.colab import userdata  # type: ignore[import-not-found]
 
-        return userdata.get("HF_TOKEN")
+        return userdata.get(name)
     if on_kaggle():
         # Kaggle hands secrets out through its client, never as environment variables (Add-ons → Secrets).
         with contextlib.suppress(Exception):
             from kaggle_secrets import UserSecretsClient  # type: ignore[import-not-found]
 
-            return UserSecretsClient().get_secret("HF_TOKEN") or None
+            return UserSecretsClient().get_secret(name) or None
     return None
 
 

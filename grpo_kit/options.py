@@ -11,7 +11,8 @@ KL_ESTIMATORS = ("k1", "k3")
 ADVANTAGE_ESTIMATORS = ("zscore", "centered", "mad", "batch")
 ADVANTAGE_CLIPS = ("none", "symmetric", "asymmetric", "tanh")
 REWARD_ON_ERROR = ("raise", "zero")
-TASK_KINDS = ("arithmetic", "word_problems", "gsm8k")
+TASK_KINDS = ("arithmetic", "word_problems", "gsm8k", "file", "hub")
+ANSWER_TYPES = ("auto", "number", "choice", "string", "regex", "function")
 
 
 def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .tasks import completion_text, parse_number
+from .answers import answer_matches, infer_answer_type
+from .tasks import completion_text
 
 RewardFunc = Callable[..., list]
 
@@ -52,27 +53,33 @@ def extract_answer(text: str) -> str | None:
 def make_correctness_reward(
     abs_tol: float = 1e-6, rel_tol: float = 0.0, numeric_credit: float = 1.0, name: str = "correctness_reward"
 ) -> RewardFunc:
-    """Build a correctness reward: 1.0 for an exact string match of the extracted answer, `numeric_credit`
-    when both hold one number (`tasks.parse_number`: "$1,350.00", "18 dollars.") and |x − y| ≤ max(abs_tol,
-    rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0.
+    """Build a correctness reward for the extracted answer, by the row's answer type (the dataset column
+    `answer_type` where it has one, else inferred from the answer: `answers.infer_answer_type`):
+
+    - number: 1.0 for an exact string match, `numeric_credit` when both hold one number (`answers.parse_number`:
+      "$1,350.00", "18 dollars.") and |x − y| ≤ max(abs_tol, rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0;
+    - choice, string, regex: 1.0 when `answers.answer_matches` says so ("(b)" for B, "the Nile." for Nile), else 0.0.
 
     Needs the dataset column `answer`.
     """
 
-    def reward(prompts: list, completions: list, answer: list[str] | None = None, **_: Any) -> list[float]:
+    def reward(prompts: list, completions: list, answer: list[str] | None = None, answer_type: list[str] | None = None,
+               **_: Any) -> list[float]:
         if answer is None:
             raise ValueError(f"{name} needs the dataset column 'answer'")
+        types = answer_type if answer_type is not None else [None] * len(answer)
         scores = []
-        for c, truth in zip(completions, answer, strict=True):
-            got = extract_answer(completion_text(c))
+        for c, truth, kind in zip(completions, answer, types, strict=True):
+            got, truth = extract_answer(completion_text(c)), str(truth).strip()
+            kind = infer_answer_type(truth) if kind in (None, "auto") else kind
             if got is None:
                 scores.append(0.0)
-            elif got == str(truth).strip():
+            elif kind != "number":
+                scores.append(float(answer_matches(got, truth, kind)))
+            elif got == truth:
                 scores.append(1.0)
             else:
-                x, y = parse_number(got), parse_number(str(truth))
-                close = x is not None and y is not None and abs(x - y) <= max(abs_tol, rel_tol * abs(y))
-                scores.append(numeric_credit if close else 0.0)
+                scores.append(numeric_credit if answer_matches(got, truth, "number", abs_tol=abs_tol, rel_tol=rel_tol) else 0.0)
         return scores
 
     reward.__name__ = name
@@ -80,7 +87,6 @@ def make_correctness_reward(
 
 
 correctness_reward = make_correctness_reward()
-
 
 
 def answer_digits_reward(prompts: list, completions: list, answer: list[str] | None = None, **_: Any) -> list[float]:
@@ -140,6 +146,84 @@ def arithmetic_steps_reward(prompts: list, completions: list, **_: Any) -> list[
         right = sum(1 for expr, value in steps if _arithmetic(expr) == int(value))
         scores.append(right / len(steps) if steps else 0.0)
     return scores
+
+
+class JudgeReward:
+    """A judge-model reward for answers no verifier can check: a causal LM (e.g. a larger Gemma) reads the `rubric`,
+    the question and the completion's answer, and the reward is its probability of "Yes" against "No" for the next
+    token: r = p(Yes) / (p(Yes) + p(No)), in [0, 1]. Slower than a verifier (one forward per completion) and as
+    fallible as the judge: check it on cases with `test_reward` first, and keep a verifier where one exists."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, rubric: str, *, batch_size: int = 8, name: str = "judge_reward",
+                 ) -> None:
+        self.model, self.tokenizer, self.rubric, self.batch_size = model.eval(), tokenizer, rubric, batch_size
+        self.__name__ = name
+        self.choices = [self._token(word) for word in ("Yes", "No")]
+
+    def _token(self, word: str) -> int:
+        ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"judge_reward: the judge's tokenizer has no token for {word!r}")
+        return ids[0]
+
+    def prompt(self, prompt: Any, completion: Any) -> str:
+        """The judge's chat prompt for one completion (its `<answer>` if it has one, else the whole completion)."""
+        question = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+        text = completion_text(completion)
+        answer = extract_answer(text) or text
+        ask = (f"{self.rubric}\n\nQuestion: {question}\n\nAnswer: {answer}\n\nDoes the answer meet the rubric? "
+               "Reply with Yes or No.")
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": ask}], tokenize=False, add_generation_prompt=True)
+
+    @torch.no_grad()
+    def __call__(self, prompts: list, completions: list, **_: Any) -> list[float]:
+        texts = [self.prompt(p, c) for p, c in zip(prompts, completions, strict=True)]
+        device = next(self.model.parameters()).device
+        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"  # the last position is the next token
+        try:
+            scores: list[float] = []
+            for i in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True,
+                                     add_special_tokens=False).to(device)
+                logits = self.model(**enc).logits[:, -1, self.choices].float()
+                scores.extend(logits.softmax(-1)[:, 0].cpu().tolist())
+        finally:
+            self.tokenizer.padding_side = side
+        return scores
+
+
+def judge_reward(model: torch.nn.Module, tokenizer: Any, rubric: str, **kwargs: Any) -> JudgeReward:
+    """A `JudgeReward`: `model` judges each answer against `rubric` (see the class)."""
+    return JudgeReward(model, tokenizer, rubric, **kwargs)
+
+
+def test_reward(func: RewardFunc, cases: Sequence[dict[str, Any]], *, tolerance: float = 1e-6, show: bool = True,
+                ) -> list[dict[str, Any]]:
+    """Unit-test a reward before training with it: each case is a dict with `completion`, `expected` (the score it
+    should get) and any dataset columns the reward reads (`answer`, …; `prompt` defaults to ""). Prints a table of
+    case → score → expected (✓ within `tolerance`, ✗ otherwise) and returns its rows; a reward that raises shows its
+    error in the table. `test_reward.__test__` is False, so pytest never collects it."""
+    rows = []
+    for i, case in enumerate(cases):
+        columns = {k: [v] for k, v in case.items() if k not in ("completion", "expected", "prompt")}
+        try:
+            score: Any = func([case.get("prompt", "")], [case["completion"]], **columns)[0]
+        except Exception as e:  # noqa: BLE001 - the table shows it
+            score = f"{type(e).__name__}: {e}"
+        ok = isinstance(score, (int, float)) and abs(float(score) - float(case["expected"])) <= tolerance
+        rows.append({"case": i, "completion": str(case["completion"]), "score": score, "expected": case["expected"], "ok": ok})
+    if show:
+        print(f"{'case':>4}  {'completion':<44}  {'score':>8}  {'expected':>8}")
+        for r in rows:
+            shown = r["completion"].replace("\n", " ")
+            shown = shown if len(shown) <= 44 else shown[:41] + "..."
+            score = f"{r['score']:.3f}" if isinstance(r["score"], (int, float)) else str(r["score"])[:30]
+            print(f"{r['case']:>4}  {shown:<44}  {score:>8}  {float(r['expected']):>8.3f}  {'✓' if r['ok'] else '✗'}")
+        print(f"{sum(r['ok'] for r in rows)} of {len(rows)} cases as expected")
+    return rows
+
+
+test_reward.__test__ = False  # type: ignore[attr-defined]
 
 
 def make_length_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, name: str = "length_penalty") -> RewardFunc:

@@ -32,12 +32,13 @@ from .checkpoint import previous_path, temporary_names
 
 MARK = ".grpo_kit"
 """The kit's folder inside an output directory: run.json (the manifest) and lock."""
-KINDS = ("arc", "sft", "grpo", "rft", "export", "study")
+KINDS = ("arc", "sft", "grpo", "rft", "export", "study", "score")
 KNOWN_ENTRIES: dict[str, tuple[str, ...]] = {
     "arc": ("progress.json", "summary.json", "sft", "grpo", "control", "reward_curve.png", "kl.png",
             "advantage_histograms.png", "accuracy.png", "export-base", "export-sft", "export-grpo", "export-control"),
     "rft": (),
     "study": (),
+    "score": (),
     "sft": ("checkpoint", "final", "sft_metrics.jsonl"),
     "grpo": ("checkpoint", "final", "metrics.jsonl"),
     "export": (),

@@ -32,7 +32,7 @@ import numpy as np
 from .config import DemoConfig, apply_overrides, load_demo_config
 from .demo import Arc
 from .device import describe_machine
-from .evaluation import sampled_scores
+from .evaluation import paired_difference, sampled_scores
 from .plots import plot_study
 from .rundir import claim
 
@@ -63,7 +63,6 @@ COMPARISONS = {"grpo_minus_sft_control": ("control", "grpo"), "grpo_minus_rft": 
 STAGES = ("sft", "grpo", "control", "rft")
 PROBE_PROMPTS, PROBE_K = 64, 8
 """The `beyond` regime's check that GRPO has a signal at all: the SFT model's pass@8 on 64 of GRPO's prompts."""
-BOOTSTRAP_SAMPLES = 10_000
 
 
 def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
@@ -96,26 +95,6 @@ def run_cell(cfg: DemoConfig, regime: str, *, progress: bool = True) -> dict[str
         arc.finish("sft_probe", {f"pass@{PROBE_K}": scores[f"pass@{PROBE_K}"], "pass@1": scores["pass@1"],
                                   "prompts": PROBE_PROMPTS, "seconds": time.perf_counter() - t0})
     return arc.run()
-
-
-def paired_difference(first: Sequence[Sequence[bool]], second: Sequence[Sequence[bool]], *, samples: int = BOOTSTRAP_SAMPLES,
-                      seed: int = 0) -> dict[str, Any]:
-    """second − first in points of accuracy, over problems paired within each seed (`first[s][i]`: problem i of
-    seed s solved by the first model). The 95 % interval is the 2.5th–97.5th percentile of the difference over
-    `samples` bootstrap resamples of each seed's problems (with replacement, seeds kept apart)."""
-    rng = np.random.default_rng(seed)
-    diffs = [np.asarray(b, dtype=float) - np.asarray(a, dtype=float) for a, b in zip(first, second, strict=True)]
-    n = sum(len(d) for d in diffs)
-    if n == 0:
-        raise ValueError("paired_difference: no paired problems")
-    totals = np.zeros(samples)
-    for d in diffs:
-        totals += d[rng.integers(0, len(d), size=(samples, len(d)))].sum(axis=1)
-    low, high = np.percentile(100 * totals / n, [2.5, 97.5])
-    fixed = int(sum((d > 0).sum() for d in diffs))
-    broken = int(sum((d < 0).sum() for d in diffs))
-    return {"mean": round(100 * sum(d.sum() for d in diffs) / n, 2), "low": round(float(low), 2),
-            "high": round(float(high), 2), "fixed": fixed, "broken": broken, "paired_problems": n}
 
 
 def _is_metric(name: str) -> bool:
@@ -195,3 +174,50 @@ def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_study(summary, out / "study.png")
     return summary
+
+
+REPORT_BEGIN, REPORT_END = "<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->", "<!-- end of study table -->"
+"""The markers in a Markdown file between which `write_report` puts the table."""
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """The study as Markdown: per regime the greedy accuracy (primary), sampled pass@1, maj@k, pass@k and format rate
+    of each stage (means over the finished seeds), then GRPO against each control, paired, with the 95 % interval."""
+    lines = []
+    machine = summary.get("machine", {})
+    if machine:
+        products = "bf16 weight products" if machine.get("cpu_bf16_products") else "fp32"
+        lines += [f"Machine: {machine.get('cpu_model', machine.get('processor'))}, {machine.get('cpu_count')} cores, "
+                  f"torch {machine.get('torch')} ({machine.get('cpu_capability')}, {products}).", ""]
+    for regime, result in summary["regimes"].items():
+        seeds = result["seeds"]
+        lines += [f"**{regime}** — {result['text']}. Seeds finished: {len(seeds)}"
+                  f"{' (' + ', '.join(map(str, seeds)) + ')' if seeds else ''}; {result['paired_problems']} paired problems.", ""]
+        if not seeds:
+            continue
+        k = next((m.split("@")[1] for m in result["stages"].get("grpo", {}) if m.startswith("maj@")), "k")
+        lines += [f"| stage | greedy accuracy | sampled pass@1 | maj@{k} | pass@{k} | format |", "|---|---|---|---|---|---|"]
+        for stage, label in (("sft", "after SFT"), ("grpo", "GRPO"), ("control", "more SFT (control)"), ("rft", "RFT (control)")):
+            m = result["stages"].get(stage, {})
+            cells = [m.get(x) for x in ("accuracy", "pass@1", f"maj@{k}", f"pass@{k}", "format_rate")]
+            lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f} %" for v in cells) + " |")
+        lines += ["", "| paired difference (greedy) | mean | 95 % interval | fixed / broken |", "|---|---|---|---|"]
+        for name, label in (("grpo_minus_sft_control", "GRPO − more SFT"), ("grpo_minus_rft", "GRPO − RFT"),
+                            ("grpo_minus_sft", "GRPO − SFT"), ("rft_minus_sft_control", "RFT − more SFT")):
+            if d := result.get(name):
+                lines.append(f"| {label} | {d['mean']:+.1f} | [{d['low']:+.1f}, {d['high']:+.1f}] | {d['fixed']} / {d['broken']} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(summary: dict[str, Any], path: str | Path) -> Path:
+    """Put `render_markdown(summary)` between REPORT_BEGIN and REPORT_END in the Markdown file `path` (which must hold
+    both markers: the rest of the file is the author's)."""
+    path = Path(path)
+    text = path.read_text()
+    if REPORT_BEGIN not in text or REPORT_END not in text:
+        raise ValueError(f"{path}: no study table markers ({REPORT_BEGIN} … {REPORT_END}) to write between")
+    head, rest = text.split(REPORT_BEGIN, 1)
+    tail = rest.split(REPORT_END, 1)[1]
+    path.write_text(f"{head}{REPORT_BEGIN}\n{render_markdown(summary)}{REPORT_END}{tail}")
+    return path

@@ -1,26 +1,33 @@
-"""Tasks: the built-in arithmetic problems, generated GSM8K-style word problems, a GSM8K loader, and chat-format prompts.
+"""Tasks: the built-in arithmetic problems, generated GSM8K-style word problems, a GSM8K loader, tasks from your own
+data (`load_task`: a JSONL/JSON/CSV/Parquet file or a Hugging Face dataset), and chat-format prompts.
 
 Every example has the columns the trainers and rewards use:
-    prompt      list of chat messages, e.g. [{"role": "user", "content": "What is 23 + 45?"}]
-    answer      the verifiable final answer as a string, e.g. "68"
-    completion  (demonstrations only) the target text "<reasoning>…</reasoning><answer>68</answer>"
+    prompt       list of chat messages, e.g. [{"role": "user", "content": "What is 23 + 45?"}]
+    answer       the verifiable final answer as a string, e.g. "68"
+    completion   (demonstrations only) the target text "<reasoning>…</reasoning><answer>68</answer>"
+    answer_type  (tasks from your data) how the answer is compared: number, choice, string, regex (`answers.py`)
+
+A task gives `demonstrations()` (SFT), `prompt_stream()` (GRPO, endless) and `test_set()` (held out, never trained on).
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import operator
 import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
+
+from .answers import ANSWER_TYPES, canonical_number, infer_answer_type
+from .validation import DataError, prompt_problem
 
 REASONING_OPEN, REASONING_CLOSE = "<reasoning>", "</reasoning>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -300,34 +307,6 @@ class WordProblemTask:
                 yield row
 
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-
-
-def _number_text(text: str) -> str | None:
-    cleaned = _THOUSANDS.sub("", str(text).replace("$", "").replace("\u2212", "-"))  # 1,350 → 1350; "3, 4" stays two
-    found = _NUMBER.findall(cleaned)
-    return found[0] if len(found) == 1 else None
-
-
-def parse_number(text: str) -> float | None:
-    """The one number in an answer as GSM8K writes it and models answer it — thousands separators, a currency sign,
-    a unit or a trailing period around it: "$1,350.00" → 1350.0, "18 dollars." → 18.0, "-7" → -7.0, "0.5 kg" → 0.5.
-    None when there is no number or more than one ("3 or 4", "2/3")."""
-    found = _number_text(text)
-    return None if found is None else float(found)
-
-
-def canonical_number(text: str) -> str | None:
-    """`parse_number`'s number written as the `answer` column holds it, exactly (no float rounding): "1,350.00" →
-    "1350", "$27.50" → "27.5", "-3" → "-3". None as for `parse_number`."""
-    found = _number_text(text)
-    if found is None:
-        return None
-    value = format(Decimal(found).normalize(), "f")
-    return "0" if value == "-0" else value
-
-
 _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.S)
 _GSM8K_CALC = re.compile(r"<<[^>]*>>")
 
@@ -412,6 +391,127 @@ class GSM8KTask:
             yield from rng.sample(self._train, len(self._train))
 
 
+# ---- tasks from your own data ------------------------------------------------------------------------------------
+#     task = gk.load_task("data/example_task.jsonl", prompt="question", answer="answer", solution="solution")
+# Columns are mapped by name: the question (text or chat messages), the right final answer, optionally a worked solution
+# (for SFT) and a per-row instruction. The same file, seed and num_test always give the same held-out rows, whose
+# hash (`DataTask.split_hash`) a score file carries; `check_no_overlap` refuses a training set holding one of them.
+
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+"""File suffix → the `datasets` builder that reads it."""
+
+
+def read_rows(source: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
+    """Every row of a data file (by suffix, FILE_FORMATS) or of a Hugging Face dataset's `split`."""
+    from datasets import load_dataset
+
+    path = Path(source)
+    if path.suffix in FILE_FORMATS:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file")
+        return list(load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train"))
+    if path.exists():
+        raise DataError(f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use one of {', '.join(FILE_FORMATS)}")
+    return list(load_dataset(str(source), split=split))
+
+
+def prompt_key(prompt: Any) -> str:
+    """A prompt's identity for the overlap check: its last message's text (or the text), normalised (case, spaces)."""
+    text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+    return hashlib.sha256(" ".join(text.casefold().split()).encode()).hexdigest()
+
+
+def check_no_overlap(training_prompts: list[Any], held_out: Dataset | list[dict[str, Any]], *, where: str = "training set") -> None:
+    """Refuse a training set that holds a held-out question (compared by `prompt_key`), naming the first one."""
+    held = {prompt_key(r["prompt"]): r["prompt"] for r in held_out}
+    for i, prompt in enumerate(training_prompts):
+        if prompt_key(prompt) in held:
+            text = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+            raise DataError(f"{where} row {i} is a held-out question ({str(text)[:60]!r}): training on the held-out "
+                            "split would inflate its score; remove it from the training data")
+
+
+class DataTask:
+    """The rows of a data file or hub dataset, split once by `seed` into `num_test` held-out rows and the rest."""
+
+    def __init__(self, rows: list[dict[str, Any]], *, name: str, prompt: str = "prompt", answer: str = "answer",
+                 solution: str | None = None, system: str | None = None, answer_type: str = "auto",
+                 num_test: int = 200, seed: int = 1234, system_prompt: str | None = None) -> None:
+        self.name, self.seed = name, seed
+        if answer_type not in ANSWER_TYPES:
+            raise DataError(f"{name}: answer_type={answer_type!r}: one of {', '.join(ANSWER_TYPES)}")
+        columns = sorted(set().union(*(r.keys() for r in rows))) if rows else []
+        for role, column in (("prompt", prompt), ("answer", answer), ("solution", solution), ("system", system)):
+            if column is not None and column not in columns:
+                raise DataError(f"{name}: no column {column!r} for the {role} (columns: {', '.join(columns) or 'none'}); "
+                                f"pass {role}=<the column's name>")
+        examples = [self._example(i, r, prompt=prompt, answer=answer, solution=solution, system=system,
+                                  answer_type=answer_type, system_prompt=system_prompt) for i, r in enumerate(rows)]
+        if len(examples) <= num_test:
+            raise DataError(f"{name}: {len(examples)} rows, but num_test={num_test} are held out: nothing is left to "
+                            "train on; lower num_test or add rows")
+        order = list(range(len(examples)))
+        random.Random(seed).shuffle(order)
+        self._test = [examples[i] for i in sorted(order[:num_test])]
+        self._train = [examples[i] for i in sorted(order[num_test:])]
+        self.split_hash = hashlib.sha256(json.dumps([[r["prompt"], r["answer"]] for r in self._test]).encode()).hexdigest()
+        """SHA-256 of the held-out rows (prompt and answer, in order): two scores compare only on the same split."""
+
+    def _example(self, i: int, row: dict[str, Any], *, prompt: str, answer: str, solution: str | None, system: str | None,
+                 answer_type: str, system_prompt: str | None) -> dict[str, Any]:
+        where = f"{self.name} row {i}"
+        question, truth = row.get(prompt), row.get(answer)
+        if isinstance(question, str) and question.strip():
+            instruction = (row.get(system) if system else None) or system_prompt
+            question = make_messages(question, instruction)
+        if problem := prompt_problem(question):
+            raise DataError(f"{where}, column {prompt!r}: {problem}")
+        if truth is None or isinstance(truth, (list, dict)) or not str(truth).strip():
+            raise DataError(f"{where}, column {answer!r}: needs the right final answer as text or a number, got {truth!r}")
+        truth = str(truth).strip()
+        kind = row.get("answer_type") or answer_type  # a row's own answer_type column wins
+        if kind not in ANSWER_TYPES or kind == "function":
+            raise DataError(f"{where}, column 'answer_type': {kind!r} is not one of {', '.join(ANSWER_TYPES[:-1])}")
+        example = {"prompt": question, "answer": truth, "answer_type": infer_answer_type(truth) if kind == "auto" else kind}
+        worked = row.get(solution) if solution else None
+        if worked is not None and not isinstance(worked, str):
+            raise DataError(f"{where}, column {solution!r}: the worked solution must be text, got {type(worked).__name__}")
+        if worked and worked.strip():
+            example["completion"] = worked.strip() if ANSWER_OPEN in worked else format_completion(worked.strip(), truth)
+        return example
+
+    def demonstrations(self) -> Dataset:
+        """The training rows that have a worked solution (prompt, answer, answer_type, completion), for SFT."""
+        rows = [r for r in self._train if "completion" in r]
+        if not rows:
+            raise DataError(f"{self.name}: no training row has a worked solution: give the solution column for SFT, "
+                            "or go straight to GRPO")
+        return Dataset.from_list(rows)
+
+    def test_set(self) -> Dataset:
+        """The held-out rows (prompt, answer, answer_type), the same for every run with this file, seed and num_test."""
+        return Dataset.from_list([{k: v for k, v in r.items() if k != "completion"} for r in self._test])
+
+    def prompt_stream(self, seed: int = 0) -> Iterator[dict[str, Any]]:
+        """Every training row (prompt, answer, answer_type), shuffled anew each pass, endlessly."""
+        rows = [{k: v for k, v in r.items() if k != "completion"} for r in self._train]
+        rng = random.Random(self.seed * 1000 + seed)
+        while True:
+            order = list(range(len(rows)))
+            rng.shuffle(order)
+            for i in order:
+                yield rows[i]
+
+
+def load_task(source: str | Path, *, prompt: str = "prompt", answer: str = "answer", solution: str | None = None,
+              system: str | None = None, answer_type: str = "auto", num_test: int = 200, seed: int = 1234,
+              system_prompt: str | None = None, split: str = "train") -> DataTask:
+    """A `DataTask` from a data file (.jsonl, .json, .csv, .parquet) or a Hugging Face dataset id (its `split`), with
+    the columns named by `prompt`, `answer`, `solution` and `system` (see the module docstring)."""
+    return DataTask(read_rows(source, split=split), name=str(source), prompt=prompt, answer=answer, solution=solution,
+                    system=system, answer_type=answer_type, num_test=num_test, seed=seed, system_prompt=system_prompt)
+
+
 def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
     """The task a `TaskConfig` names (`kind`), built with its settings."""
     common = {"seed": cfg.seed, "num_demonstrations": cfg.num_demonstrations, "num_test": cfg.num_test,
@@ -423,7 +523,13 @@ def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
         return WordProblemTask(operations=tuple(cfg.operations), demonstration_operations=demo_ops, **common)
     if cfg.kind == "gsm8k":
         return GSM8KTask(cfg.source, **common)
-    raise ValueError(f"TaskConfig.kind={cfg.kind!r}: must be one of arithmetic, word_problems, gsm8k")
+    if cfg.kind in ("file", "hub"):
+        if cfg.kind == "file" and not Path(cfg.source).exists():
+            raise FileNotFoundError(f"TaskConfig.source={cfg.source!r}: no such file (kind 'file' reads a local data file)")
+        return load_task(cfg.source, prompt=cfg.prompt_column, answer=cfg.answer_column, solution=cfg.solution_column,
+                         system=cfg.system_column, answer_type=cfg.answer_type, num_test=cfg.num_test, seed=cfg.seed,
+                         system_prompt=cfg.system_prompt, split=cfg.split)
+    raise ValueError(f"TaskConfig.kind={cfg.kind!r}: must be one of arithmetic, word_problems, gsm8k, file, hub")
 
 
 def completion_text(completion: Any) -> str:

@@ -51,6 +51,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "lora_r": at_least(1), "lora_alpha": above(0), "lora_dropout": within(0, 1, high_open=True), "dtype": one_of(DTYPES),
     },
     "TaskConfig": {"kind": one_of(options.TASK_KINDS), "operations": STEP_COUNTS, "demonstration_operations": STEP_COUNTS,
+                   "answer_type": one_of(options.ANSWER_TYPES),
                    "num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
     "DemoConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
                    "eval_pass_k": at_least(0), "eval_batch_size": at_least(1)},
@@ -187,7 +188,12 @@ def reward_columns(func: Callable[..., Any]) -> list[str]:
     except (TypeError, ValueError):
         return []
     named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][2:]
-    return [p.name for p in named if p.name != "completion_ids"]
+    return [p.name for p in named if p.name not in OPTIONAL_COLUMNS]
+
+
+OPTIONAL_COLUMNS = ("completion_ids", "answer_type")
+"""Reward parameters that need no dataset column: the sampled token ids (always passed), and `answer_type`, which only
+tasks from a user's data have (the reward reads None without it)."""
 
 
 def prompt_problem(prompt: Any) -> str | None:

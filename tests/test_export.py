@@ -36,7 +36,8 @@ def test_export_reloads_with_plain_transformers(tmp_path, cpu, lora):
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.05)
-    out = export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma", metrics={"accuracy": 0.5})
+    out = export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma", metrics={"accuracy": 0.5},
+                       notes="# Results: tiny\n\ngreedy accuracy 42.0 %")
     files = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"} <= files
     assert not any("adapter" in f for f in files)
@@ -49,7 +50,7 @@ def test_export_reloads_with_plain_transformers(tmp_path, cpu, lora):
     assert reloaded_tokenizer.apply_chat_template(PROMPTS[0], tokenize=False) == tokenizer.apply_chat_template(PROMPTS[0], tokenize=False)
     assert reloaded.generation_config.eos_token_id == [1, 5]  # <eos> and <end_of_turn>
     card = (out / "README.md").read_text()
-    assert "base_model: tiny-gemma" in card and "| accuracy | 0.5 |" in card
+    assert "base_model: tiny-gemma" in card and "| accuracy | 0.5 |" in card and card.rstrip().endswith("greedy accuracy 42.0 %")
     if lora:  # the trained model keeps its adapter (export merged a copy)
         assert hasattr(model, "peft_config")
 

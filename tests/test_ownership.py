@@ -269,3 +269,62 @@ def test_two_claims_in_one_process_share_one_manifest(tmp_path):
     assert json.loads((tmp_path / "run" / ".grpo_kit" / "run.json").read_text())["entries"] == ["metrics.jsonl", "checkpoint"]
     command.release()
     trainer.release()
+
+
+@pytest.fixture()
+def kaggle(monkeypatch):
+    """A stand-in for Kaggle Models: kagglehub.model_upload records the files it would send (kagglehub's own filter
+    over the ignore patterns it is given); `visibility` is what the model's page says (missing, private, public)."""
+    import kagglehub
+    from kagglehub.gcs_upload import filtered_walk, normalize_patterns
+    from kagglehub.models import DEFAULT_IGNORE_PATTERNS
+
+    import grpo_kit.export as export
+
+    record = {"calls": [], "visibility": "missing"}
+
+    def model_upload(handle, local_model_dir, license_name=None, version_notes="", ignore_patterns=None):
+        patterns = normalize_patterns(default=DEFAULT_IGNORE_PATTERNS, additional=ignore_patterns)
+        sent = sorted(str(Path(root, f).relative_to(local_model_dir))
+                      for root, _, files in filtered_walk(base_dir=local_model_dir, ignore_patterns=patterns) for f in files)
+        record["calls"].append(("model_upload", handle, sent, version_notes))
+
+    monkeypatch.setattr(kagglehub, "model_upload", model_upload)
+    monkeypatch.setattr(export, "kaggle_visibility", lambda owner, model: record["calls"].append(("visibility", owner, model))
+                        or record["visibility"])
+    monkeypatch.setenv("KAGGLE_USERNAME", "me")
+    monkeypatch.setenv("KAGGLE_KEY", "kaggle_test_key")
+    return record
+
+
+def test_a_kaggle_push_sends_only_the_exported_files_with_the_card(exported, kaggle):
+    from grpo_kit.export import push
+
+    (exported / "stray-notes.txt").write_text("not part of the export")
+    (exported / "checkpoint").mkdir()
+    (exported / "checkpoint" / "optimizer.pt").write_bytes(b"not part of the export either")
+    url = push(exported, "kaggle:me/tiny-grpo")
+    assert url == "https://www.kaggle.com/models/me/tiny-grpo"
+    (_, owner, model), (_, handle, sent, _) = kaggle["calls"]
+    assert (owner, model, handle) == ("me", "tiny-grpo", "me/tiny-grpo/transformers/default")
+    expected = sorted(p.name for p in exported.iterdir() if p.is_file() and p.name != "stray-notes.txt")
+    assert sent == expected and "README.md" in sent and "config.json" in sent  # the card goes; .grpo_kit/ does not
+
+
+def test_an_existing_public_kaggle_model_is_reported_and_credentials_are_asked_for(exported, kaggle, monkeypatch):
+    from grpo_kit.export import push
+    from grpo_kit.hub import ModelAccessError
+
+    kaggle["visibility"] = "public"
+    with pytest.raises(ModelAccessError, match="kaggle:me/tiny exists and is public, so this upload would be public"):
+        push(exported, "kaggle:me/tiny/transformers/v2")
+    assert [c[0] for c in kaggle["calls"]] == ["visibility"]
+    push(exported, "kaggle:me/tiny/transformers/v2", allow_public=True)
+    assert kaggle["calls"][-1][1] == "me/tiny/transformers/v2"
+    with pytest.raises(ValueError, match="expected kaggle:<owner>/<model>"):
+        push(exported, "kaggle:just-a-name")
+    monkeypatch.delenv("KAGGLE_USERNAME")
+    monkeypatch.delenv("KAGGLE_KEY")
+    monkeypatch.setattr(Path, "home", lambda: exported / "nowhere")
+    with pytest.raises(ModelAccessError, match="needs your Kaggle API token: set KAGGLE_USERNAME and KAGGLE_KEY"):
+        push(exported, "kaggle:me/tiny")

@@ -143,3 +143,37 @@ def test_a_reward_that_raises_on_the_batch_then_hangs_on_a_row_stops_the_run_nam
         R.compute_rewards([flaky_reward], ["p", "p"], [GOOD, "x"], on_error=on_error, timeout=0.2)
     assert calls == [2, 1] and not release.is_set()
     release.set()
+
+
+def test_test_reward_prints_a_table_and_flags_the_cases_that_disagree(capsys):
+    from grpo_kit.rewards import correctness_reward
+    from grpo_kit.rewards import test_reward as check_reward
+
+    def broken(prompts, completions, answer=None, **_):
+        raise KeyError("answer")
+
+    cases = [{"completion": "<answer>42</answer>", "answer": "42", "expected": 1.0},
+             {"completion": "<answer>41</answer>", "answer": "42", "expected": 1.0},  # the reward disagrees
+             {"completion": "no tags at all", "answer": "42", "expected": 0.0}]
+    rows = check_reward(correctness_reward, cases)
+    assert [r["ok"] for r in rows] == [True, False, True] and rows[1]["score"] == 0.0
+    out = capsys.readouterr().out
+    assert "2 of 3 cases as expected" in out and "✗" in out.splitlines()[2] and "<answer>41</answer>" in out
+    failing = check_reward(broken, cases[:1], show=False)
+    assert failing[0]["ok"] is False and failing[0]["score"].startswith("KeyError")
+
+
+def test_a_judge_reward_is_a_probability_per_completion_from_the_judges_yes_and_no(cpu):
+    from grpo_kit.config import ModelConfig
+    from grpo_kit.models import load_model
+    from grpo_kit.rewards import judge_reward
+
+    judge_model, tok = load_model(ModelConfig(), cpu)
+    judge = judge_reward(judge_model, tok, "The answer names a colour.", batch_size=2)
+    prompts = [[{"role": "user", "content": "What colour is the sky?"}]] * 3
+    completions = ["<reasoning>look up</reasoning><answer>blue</answer>", "<answer>seven</answer>", "blue, of course"]
+    scores = judge(prompts, completions)
+    assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)
+    assert judge(prompts[:1], completions[:1]) == pytest.approx(scores[:1], abs=1e-5)  # batching changes nothing
+    assert "Answer: blue\n" in judge.prompt(prompts[0], completions[0]) and "The answer names a colour." in judge.prompt(
+        prompts[0], completions[0])

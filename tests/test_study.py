@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.study import REGIMES, cell_config, paired_difference, run_study, summarize
+from grpo_kit.evaluation import paired_difference
+from grpo_kit.study import (
+    REGIMES,
+    REPORT_BEGIN,
+    REPORT_END,
+    cell_config,
+    run_study,
+    summarize,
+    write_report,
+)
 
 
 def test_the_paired_difference_counts_fixed_and_broken_problems_and_its_interval_covers_the_truth():
@@ -58,6 +67,27 @@ def test_the_summary_pools_finished_seeds_and_leaves_unfinished_ones_out(tmp_pat
     assert [c["finished"] for c in scarce["cells"]] == [True, True, False] and scarce["cells"][2]["sft_accuracy"] == 100.0
     assert summary["regimes"]["beyond"]["seeds"] == [] and "grpo_minus_sft_control" not in summary["regimes"]["beyond"]
     assert summary["primary_metric"].startswith("greedy accuracy")
+
+
+def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
+    t, f = True, False
+    _write_cell(tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]})
+    summary = summarize(tmp_path, regimes=["scarce", "beyond"], seeds=[0])
+    doc = tmp_path / "capstone.md"
+    doc.write_text(f"# Title\n\nMine.\n\n{REPORT_BEGIN}\nold table\n{REPORT_END}\n\nAlso mine.\n")
+    write_report(summary, doc)
+    text = doc.read_text()
+    assert text.startswith("# Title\n\nMine.\n\n") and text.endswith(f"{REPORT_END}\n\nAlso mine.\n") and "old table" not in text
+    assert "| GRPO | 50.0 % | 50.0 % | 25.0 % | 75.0 % | 100.0 % |" in text
+    assert "| GRPO − more SFT | +25.0 | [" in text and "Seeds finished: 1 (0); 4 paired problems" in text
+    assert "**beyond** — worked solutions of 2-step problems only; GRPO prompts and test set 3-step. Seeds finished: 0;" in text
+    write_report(summary, doc)
+    assert doc.read_text() == text  # writing again changes nothing
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    with pytest.raises(ValueError, match="no study table markers"):
+        write_report(summary, plain)
+    assert plain.read_text() == "no markers\n"
 
 
 def test_each_cell_is_the_preset_with_its_regime_and_seed():

@@ -1,0 +1,177 @@
+"""The frozen evaluation harness and the leaderboard: every entry scored the same way on the same held-out rows.
+
+    grpo-kit score --task data/example_task.jsonl --model runs/mine/export-grpo --output-dir runs/mine/score
+    grpo-kit leaderboard runs/*/score/score.json
+
+`score_model` decodes each held-out problem greedily (the primary score, accuracy) and `SCORE_SETTINGS.k` times at
+`SCORE_SETTINGS.temperature` (sampled pass@1, maj@k, pass@k), always with `SCORE_SETTINGS`, and writes `score.json`
+(the scores with a 95 % interval, every item, the split's hash, the model, the settings, seconds, the kit's version)
+and a results card `RESULTS.md`. `leaderboard` ranks score files and refuses to rank files from different splits or
+settings: their numbers would not be comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .evaluation import evaluate, paired_difference, sampled_scores
+from .rundir import claim
+
+SCORE_FILES = ("score.json", "RESULTS.md")
+"""What `score_model` writes in its output directory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSettings:
+    """The harness's decoding, the same for every entry (a leaderboard compares only scores made with equal ones)."""
+
+    max_new_tokens: int = 256
+    """Completion length: long enough for a worked solution and its answer."""
+    k: int = 4
+    """Samples per problem for pass@1, maj@k and pass@k."""
+    temperature: float = 0.8
+    """Sampling temperature of those k samples."""
+    seed: int = 0
+    """Seed of the samples."""
+    prompt_bucket: int = 32
+    """Prompt length bucket (does not change any token, only padding)."""
+    batch_size: int = 64
+    """Problems decoded together (does not change any token)."""
+
+
+SCORE_SETTINGS = ScoreSettings()
+
+
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of an accuracy correct/n, in points: (p + z²/2n ± z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n).
+    It stays inside [0, 100] and is sensible at 0 % and 100 %, where p ± 1.96·SE is not."""
+    if n == 0:
+        return 0.0, 0.0
+    p = correct / n
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(100 * max(0.0, center - half), 2), round(100 * min(1.0, center + half), 2)
+
+
+def kit_version() -> str:
+    try:
+        return importlib.metadata.version("grpo_kit")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def score_model(model: torch.nn.Module, tokenizer: Any, task: Any, output_dir: str | Path, *, model_name: str,
+                task_name: str, settings: ScoreSettings = SCORE_SETTINGS, training: dict[str, Any] | None = None,
+                overwrite: bool = False) -> dict[str, Any]:
+    """Score `model` on `task.test_set()` with `settings`; write `output_dir/score.json` and `RESULTS.md`; return the
+    score. `training` (what was trained and how, e.g. an arc's summary) goes into the card."""
+    from .device import describe_machine
+
+    run_dir = claim(output_dir, "score", overwrite=overwrite)
+    for name in SCORE_FILES:
+        run_dir.add(name)
+    test = task.test_set()
+    t0 = time.perf_counter()
+    greedy = evaluate(model, tokenizer, test, max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size,
+                      bucket=settings.prompt_bucket, samples=len(test))
+    sampled = sampled_scores(model, tokenizer, test, k=settings.k, max_new_tokens=settings.max_new_tokens,
+                             temperature=settings.temperature, batch_size=settings.batch_size, bucket=settings.prompt_bucket,
+                             seed=settings.seed)
+    n, right = greedy["n"], sum(greedy["correct"])
+    score = {
+        "model": model_name, "task": task_name, "split_hash": getattr(task, "split_hash", None), "n": n,
+        "accuracy": round(100 * greedy["accuracy"], 2), "accuracy_interval": wilson_interval(right, n),
+        "format_rate": round(100 * greedy["format_rate"], 2),
+        **{m: round(100 * sampled[m], 2) for m in ("pass@1", f"maj@{settings.k}", f"pass@{settings.k}")},
+        "settings": dataclasses.asdict(settings), "seconds": round(time.perf_counter() - t0, 1),
+        "kit_version": kit_version(), "machine": describe_machine(), "training": training or {},
+        "items": [{**s, "samples_right": c} for s, c in zip(greedy["samples"], sampled["correct_counts"], strict=True)],
+    }
+    out = Path(output_dir)
+    (out / "score.json").write_text(json.dumps(score, indent=2, default=str))
+    (out / "RESULTS.md").write_text(results_card(score))
+    return score
+
+
+def results_card(score: dict[str, Any]) -> str:
+    """The results card (`RESULTS.md`): the model, the task and split, the scores with their interval, how it was
+    trained where known, the harness's settings, and a few scored examples."""
+    s, k = score["settings"], score["settings"]["k"]
+    low, high = score["accuracy_interval"]
+    lines = [f"# Results: {score['model']}", "",
+             f"Task: `{score['task']}`, {score['n']} held-out problems (split hash `{str(score['split_hash'])[:12]}`), "
+             f"scored by grpo_kit {score['kit_version']}'s frozen harness in {score['seconds']:.0f} s.", "",
+             "| score | value |", "|---|---|",
+             f"| greedy accuracy | **{score['accuracy']:.1f} %** (95 % interval {low:.1f}–{high:.1f}) |",
+             f"| format rate | {score['format_rate']:.1f} % |",
+             f"| sampled pass@1 (mean of {k}) | {score['pass@1']:.1f} % |",
+             f"| maj@{k} | {score[f'maj@{k}']:.1f} % |", f"| pass@{k} | {score[f'pass@{k}']:.1f} % |", "",
+             f"Decoding: greedy, then {k} samples at temperature {s['temperature']} (seed {s['seed']}), "
+             f"{s['max_new_tokens']} new tokens at most.", ""]
+    if score.get("training"):
+        lines += ["## How it was trained", ""]
+        lines += [f"- {key}: {value}" for key, value in score["training"].items()]
+        lines.append("")
+    lines += ["## Examples", ""]
+    for item in score["items"][:3]:
+        mark = "right" if item["correct"] else "wrong"
+        lines += [f"**{item['prompt'][:200]}** (answer {item['answer']}; {mark})", "", "```",
+                  item["completion"][:500], "```", ""]
+    return "\n".join(lines)
+
+
+def read_score(path: str | Path) -> dict[str, Any]:
+    """A score file, or a one-line error naming it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "score.json"
+    try:
+        score = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable score file ({e})") from None
+    missing = [key for key in ("model", "split_hash", "accuracy", "settings", "items") if key not in score]
+    if missing:
+        raise ValueError(f"{path}: not a grpo-kit score file (no {', '.join(missing)})")
+    score["path"] = str(path)
+    return score
+
+
+def leaderboard(paths: Sequence[str | Path]) -> str:
+    """A Markdown table ranking score files by greedy accuracy (then maj@k). Refuses files scored on different
+    held-out splits or with different harness settings, naming the two."""
+    scores = [read_score(p) for p in paths]
+    if not scores:
+        raise ValueError("leaderboard: give at least one score file")
+    first = scores[0]
+    for other in scores[1:]:
+        if other["split_hash"] != first["split_hash"]:
+            raise ValueError(f"{other['path']} was scored on another held-out split than {first['path']} (hash "
+                             f"{str(other['split_hash'])[:12]} vs {str(first['split_hash'])[:12]}): score both with the "
+                             "same --task, --num-test and --seed")
+        if other["settings"] != first["settings"]:
+            raise ValueError(f"{other['path']} was scored with other harness settings than {first['path']} "
+                             f"({other['settings']} vs {first['settings']}): their numbers are not comparable")
+    k = first["settings"]["k"]
+    ranked = sorted(scores, key=lambda s: (-s["accuracy"], -s[f"maj@{k}"], s["model"]))
+    lines = [f"| rank | model | greedy accuracy (95 % interval) | vs #1, paired (95 % interval) | maj@{k} | sampled pass@1 | "
+             f"pass@{k} | format | n |", "|---|---|---|---|---|---|---|---|---|"]
+    leader = [item["correct"] for item in ranked[0]["items"]]
+    for rank, s in enumerate(ranked, start=1):
+        low, high = s["accuracy_interval"]
+        versus = "–"
+        if rank > 1:
+            d = paired_difference([leader], [[item["correct"] for item in s["items"]]])
+            versus = f"{d['mean']:+.1f} ({d['low']:+.1f} to {d['high']:+.1f})"
+        lines.append(f"| {rank} | {s['model']} | {s['accuracy']:.1f} % ({low:.1f}–{high:.1f}) | {versus} | "
+                     f"{s[f'maj@{k}']:.1f} % | {s['pass@1']:.1f} % | {s[f'pass@{k}']:.1f} % | {s['format_rate']:.1f} % | "
+                     f"{s['n']} |")
+    return "\n".join(lines) + "\n"

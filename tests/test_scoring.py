@@ -1,0 +1,84 @@
+"""The frozen harness and the leaderboard: score files, the results card, ranking, and refusals across splits."""
+
+import copy
+import json
+
+import pytest
+
+from grpo_kit.cli import main
+from grpo_kit.scoring import SCORE_SETTINGS, leaderboard, read_score, wilson_interval
+
+
+def test_the_wilson_interval_stays_inside_0_to_100_and_narrows_with_n():
+    assert wilson_interval(0, 10) == (0.0, 27.75)
+    assert wilson_interval(10, 10) == (72.25, 100.0)
+    low, high = wilson_interval(50, 200)
+    assert low < 25 < high and high - low < 13
+    low2, high2 = wilson_interval(500, 2000)
+    assert high2 - low2 < (high - low) / 2 + 1
+
+
+def _score(model, right, *, split="abc123", settings=None):
+    n = len(right)
+    return {"model": model, "task": "t.jsonl", "split_hash": split, "n": n, "accuracy": 100 * sum(right) / n,
+            "accuracy_interval": list(wilson_interval(sum(right), n)), "format_rate": 100.0, "pass@1": 50.0,
+            "maj@4": 40.0, "pass@4": 60.0, "settings": settings or dict(SCORE_SETTINGS.__dict__),
+            "items": [{"correct": r} for r in right]}
+
+
+def _write(tmp_path, name, score):
+    path = tmp_path / name / "score.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(score))
+    return path
+
+
+def test_the_leaderboard_ranks_by_accuracy_with_paired_intervals_and_refuses_mixed_splits(tmp_path):
+    a = _write(tmp_path, "a", _score("sft-only", [True] * 30 + [False] * 70))
+    b = _write(tmp_path, "b", _score("grpo", [True] * 45 + [False] * 55))
+    table = leaderboard([a, b.parent])  # a directory holding score.json reads the same
+    rows = [line for line in table.splitlines() if line.startswith("| 1") or line.startswith("| 2")]
+    assert rows[0].startswith("| 1 | grpo | 45.0 %") and rows[1].startswith("| 2 | sft-only | 30.0 %")
+    assert "| -15.0 (" in rows[1] and rows[0].split("|")[4].strip() == "–"
+    other = _write(tmp_path, "c", _score("elsewhere", [True] * 100, split="ffff00"))
+    with pytest.raises(ValueError, match=r"was scored on another held-out split .*\(hash ffff00 vs abc123\)"):
+        leaderboard([a, other])
+    settings = dict(SCORE_SETTINGS.__dict__, max_new_tokens=64)
+    shorter = _write(tmp_path, "d", _score("short", [True] * 100, settings=settings))
+    with pytest.raises(ValueError, match="other harness settings"):
+        leaderboard([a, shorter])
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "score.json").write_text('{"model": "x"}')
+    with pytest.raises(ValueError, match="not a grpo-kit score file"):
+        read_score(tmp_path / "e")
+
+
+def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads_them(tmp_path, capsys, monkeypatch):
+    import grpo_kit.scoring as scoring
+
+    monkeypatch.setattr(scoring, "SCORE_SETTINGS", scoring.ScoreSettings(max_new_tokens=16, k=2))
+    monkeypatch.setattr(scoring.score_model, "__kwdefaults__", {**scoring.score_model.__kwdefaults__,
+                                                                  "settings": scoring.SCORE_SETTINGS})
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(20)))
+    common = ["--task", str(data), "--prompt-column", "question", "--num-test", "6", "--quiet"]
+    assert main(["score", *common, "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s1"), "--name", "base"]) == 0
+    printed = json.loads(capsys.readouterr().out.split("\nWrote")[0])
+    score = json.loads((tmp_path / "s1" / "score.json").read_text())
+    assert printed["accuracy"] == score["accuracy"] and score["n"] == 6 and len(score["items"]) == 6
+    assert score["model"] == "base" and len(score["split_hash"]) == 64 and score["settings"]["k"] == 2
+    assert {"pass@1", "maj@2", "pass@2", "format_rate", "accuracy_interval", "seconds", "kit_version"} <= set(score)
+    card = (tmp_path / "s1" / "RESULTS.md").read_text()
+    assert card.startswith("# Results: base") and "greedy accuracy" in card and score["split_hash"][:12] in card
+    assert main(["score", *common, "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s2"), "--name", "again"]) == 0
+    capsys.readouterr()
+    assert main(["leaderboard", str(tmp_path / "s1"), str(tmp_path / "s2"), "--output", str(tmp_path / "board.md")]) == 0
+    assert "| base |" in (tmp_path / "board.md").read_text() and "| again |" in capsys.readouterr().out
+    assert main(["score", *common[:-3], "--num-test", "5", "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s3")]) == 0
+    capsys.readouterr()
+    assert main(["leaderboard", str(tmp_path / "s1"), str(tmp_path / "s3")]) == 2
+    assert "another held-out split" in capsys.readouterr().err
+    before = copy.deepcopy(score)
+    (tmp_path / "mine.txt").write_text("x")
+    assert main(["score", "--task", str(tmp_path / "mine.txt"), "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s1")]) == 2
+    assert json.loads((tmp_path / "s1" / "score.json").read_text()) == before  # a refused run leaves the score alone
