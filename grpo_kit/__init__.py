@@ -48,7 +48,9 @@ PUBLIC: dict[str, str | None] = {
     "encode_demonstrations": "sft", "collate": "sft",
     # watching, steering, saving
     "Dashboard": "dashboard", "control_changes": "dashboard", "read_jsonl": "metrics",
-    "export_model": "export", "push_folder": "export", "load_checkpoint": "checkpoint",
+    "export_model": "export", "push_folder": "export", "push": "export", "load_checkpoint": "checkpoint",
+    # your task: the frozen harness, the leaderboard
+    "score_model": "scoring", "leaderboard": "scoring", "ScoreSettings": "scoring", "SCORE_SETTINGS": "scoring",
     # the study (regimes × seeds, paired intervals) and online difficulty targeting
     "run_study": "study", "paired_difference": "evaluation", "DifficultyTargeting": "difficulty",
     # sizing a run

@@ -344,6 +344,21 @@ def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
                    "the files the run wrote are removed), or write beside files grpo-kit did not write")
 
 
+def _export_parser(sub: Any) -> None:
+    p = sub.add_parser("export", help="merge LoRA into the weights and save a transformers directory (optionally push it)")
+    _common(p)
+    p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to export")
+    p.add_argument("--out", required=True, help="directory to write (safetensors, tokenizer, chat template, README.md)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)")
+    p.add_argument("--push-to", default=None, help="upload the exported files to a Hugging Face repo id, or to Kaggle Models "
+                   "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless "
+                   "--public)")
+    p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score) to end the "
+                   "model card with")
+    p.set_defaults(func=cmd_export)
+
+
 def _score_parsers(sub: Any) -> None:
     p = sub.add_parser("score", help="the frozen evaluation harness: score a model on your task's held-out split; writes "
                        "score.json and RESULTS.md")
@@ -412,18 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to evaluate")
     p.set_defaults(func=cmd_eval)
-    p = sub.add_parser("export", help="merge LoRA into the weights and save a transformers directory (optionally push it)")
-    _common(p)
-    p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to export")
-    p.add_argument("--out", required=True, help="directory to write (safetensors, tokenizer, chat template, README.md)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)")
-    p.add_argument("--push-to", default=None, help="upload the exported files to a Hugging Face repo id, or to Kaggle Models "
-                   "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless "
-                   "--public)")
-    p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
-    p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score) to end the "
-                   "model card with")
-    p.set_defaults(func=cmd_export)
+    _export_parser(sub)
     p = sub.add_parser("add-manifest", help="write the checksum manifest into a checkpoint saved by an older grpo_kit, "
                        "so it loads (only for a checkpoint you trust)")
     p.add_argument("checkpoint", help="the checkpoint directory (holds state.json)")

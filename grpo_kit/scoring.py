@@ -88,7 +88,8 @@ def score_model(model: torch.nn.Module, tokenizer: Any, task: Any, output_dir: s
                              seed=settings.seed)
     n, right = greedy["n"], sum(greedy["correct"])
     score = {
-        "model": model_name, "task": task_name, "split_hash": getattr(task, "split_hash", None), "n": n,
+        "model": model_name, "task": task_name, "split_hash": getattr(task, "split_hash", None),
+        "instruction": getattr(task, "system_prompt", None), "n": n,
         "accuracy": round(100 * greedy["accuracy"], 2), "accuracy_interval": wilson_interval(right, n),
         "format_rate": round(100 * greedy["format_rate"], 2),
         **{m: round(100 * sampled[m], 2) for m in ("pass@1", f"maj@{settings.k}", f"pass@{settings.k}")},
@@ -157,9 +158,11 @@ def leaderboard(paths: Sequence[str | Path]) -> str:
             raise ValueError(f"{other['path']} was scored on another held-out split than {first['path']} (hash "
                              f"{str(other['split_hash'])[:12]} vs {str(first['split_hash'])[:12]}): score both with the "
                              "same --task, --num-test and --seed")
-        if other["settings"] != first["settings"]:
-            raise ValueError(f"{other['path']} was scored with other harness settings than {first['path']} "
-                             f"({other['settings']} vs {first['settings']}): their numbers are not comparable")
+        if other["settings"] != first["settings"] or other.get("instruction") != first.get("instruction"):
+            mine, theirs = ({**s["settings"], "instruction": s.get("instruction")} for s in (other, first))
+            changed = ", ".join(f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine if mine[k] != theirs.get(k))
+            raise ValueError(f"{other['path']} was scored with other harness settings than {first['path']} ({changed}): "
+                             "their numbers are not comparable")
     k = first["settings"]["k"]
     ranked = sorted(scores, key=lambda s: (-s["accuracy"], -s[f"maj@{k}"], s["model"]))
     lines = [f"| rank | model | greedy accuracy (95 % interval) | vs #1, paired (95 % interval) | maj@{k} | sampled pass@1 | "

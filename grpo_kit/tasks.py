@@ -452,10 +452,19 @@ class DataTask:
                             "train on; lower num_test or add rows")
         order = list(range(len(examples)))
         random.Random(seed).shuffle(order)
+        held = {prompt_key(examples[i]["prompt"]): i for i in order[:num_test]}
+        for i in sorted(order[num_test:]):  # a question asked twice would leak the held-out copy into training
+            if prompt_key(examples[i]["prompt"]) in held:
+                raise DataError(f"{name} rows {held[prompt_key(examples[i]['prompt'])]} and {i} ask the same question, and "
+                                "one of them is held out: remove the duplicate so the held-out split stays unseen")
         self._test = [examples[i] for i in sorted(order[:num_test])]
         self._train = [examples[i] for i in sorted(order[num_test:])]
-        self.split_hash = hashlib.sha256(json.dumps([[r["prompt"], r["answer"]] for r in self._test]).encode()).hexdigest()
-        """SHA-256 of the held-out rows (prompt and answer, in order): two scores compare only on the same split."""
+        self.split_hash = hashlib.sha256(json.dumps([[r["prompt"][-1]["content"], r["answer"]] for r in self._test]).encode()
+                                         ).hexdigest()
+        """SHA-256 of the held-out rows (question and answer, in order; the instruction apart): two scores compare only
+        on the same split."""
+        self.system_prompt = system_prompt
+        """The instruction every question gets (recorded with each score: scores with other instructions differ)."""
 
     def _example(self, i: int, row: dict[str, Any], *, prompt: str, answer: str, solution: str | None, system: str | None,
                  answer_type: str, system_prompt: str | None) -> dict[str, Any]:

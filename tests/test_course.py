@@ -3,6 +3,9 @@ in `runs_dir()`, and a missing one rebuilt — never an untrained model evaluate
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
 import torch
 
 from grpo_kit import notebook as nbk
@@ -83,3 +86,40 @@ def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtua
     assert (preset, cfg.model.name, cfg.control) == ("cpu-tiny", "tiny-gemma", True)
     out = capsys.readouterr().out
     assert "8 XLA CPU devices sharing the host's memory" in out and "the tiny Gemma on arithmetic instead" in out
+
+
+def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path, monkeypatch, capsys):
+    import kagglehub
+
+    from grpo_kit import notebook as nbk
+    from grpo_kit.rundir import claim
+
+    run = tmp_path / "session1" / "your_task"
+    claim(run, "arc").add("progress.json")
+    (run / "progress.json").write_text('{"phases": {"sft": {"steps": 7}}}')
+    (run / "sft").mkdir()
+    (run / "sft" / "weights.safetensors").write_bytes(b"w")
+    store = tmp_path / "kaggle-datasets"
+    uploads = []
+
+    def dataset_upload(handle, local_dataset_dir, version_notes="", ignore_patterns=None):
+        uploads.append((handle, version_notes, ignore_patterns))
+        shutil.copytree(local_dataset_dir, store / handle, dirs_exist_ok=True)
+
+    monkeypatch.setattr(kagglehub, "dataset_upload", dataset_upload)
+    monkeypatch.setattr(kagglehub, "dataset_download", lambda handle: str(store / handle))
+    monkeypatch.setenv("KAGGLE_USERNAME", "me")
+    monkeypatch.setenv("KAGGLE_KEY", "kaggle_test_key")
+    assert nbk.save_run(run, "me/my-run") == "https://www.kaggle.com/datasets/me/my-run"
+    assert uploads[0][0] == "me/my-run" and ".grpo_kit/lock" in uploads[0][2]
+    later = tmp_path / "session2" / "your_task"
+    nbk.restore_run("me/my-run", later)
+    assert (later / "sft" / "weights.safetensors").read_bytes() == b"w" and "steps" in (later / "progress.json").read_text()
+    (later / "progress.json").write_text("{}")  # this session's own progress: never overwritten by a restore
+    nbk.restore_run("me/my-run", later)
+    assert (later / "progress.json").read_text() == "{}" and "kept as it is" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="is not a grpo-kit run directory"):
+        nbk.save_run(tmp_path, "me/other")
+    assert nbk.session_budget() == 9 * 60 - 45 and nbk.session_budget(120, reserve_minutes=30) == 90
+    with pytest.raises(ValueError, match="nothing left to train"):
+        nbk.session_budget(40)

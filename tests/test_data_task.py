@@ -59,8 +59,8 @@ def test_csv_and_parquet_read_the_same_and_a_row_may_set_its_type(tmp_path):
     frame.to_csv(tmp_path / "t.csv", index=False)
     frame.to_parquet(tmp_path / "t.parquet")
     a = load_task(tmp_path / "t.csv", prompt="question", num_test=3, system_prompt="Answer briefly.")
-    b = load_task(tmp_path / "t.parquet", prompt="question", num_test=3, system_prompt="Answer briefly.")
-    assert a.split_hash == b.split_hash
+    b = load_task(tmp_path / "t.parquet", prompt="question", num_test=3)
+    assert a.split_hash == b.split_hash  # the same rows, whatever instruction they get
     rows_a = list(a.test_set()) + [next(a.prompt_stream()) for _ in range(7)]
     assert {r["answer_type"] for r in rows_a} == {"regex", "number"}
     assert rows_a[0]["prompt"][0] == {"role": "system", "content": "Answer briefly."}
@@ -130,3 +130,9 @@ def test_a_task_config_of_kind_file_reads_the_file_with_its_column_names(tmp_pat
         make_task(TaskConfig(kind="file", source="nowhere.jsonl"))
     with pytest.raises(ConfigError, match="TaskConfig.answer_type='fuzzy': must be one of auto, number"):
         TaskConfig(kind="file", answer_type="fuzzy")
+
+
+def test_a_question_asked_twice_across_the_split_is_refused(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)] + [{"prompt": "  Q3 ", "answer": "3"}]
+    with pytest.raises(DataError, match=r"rows \d+ and \d+ ask the same question, and one of them is held out"):
+        load_task(_jsonl(tmp_path / "dup.jsonl", rows), num_test=10, seed=0)

@@ -21,9 +21,9 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 def test_the_course_arc_is_there():
     names = [p.stem for p in NOTEBOOKS]
-    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(9)], names
+    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(10)], names
     for word, i in [("setup", 0), ("sft", 2), ("reward", 3), ("advantages", 4), ("grpo", 5), ("export", 6), ("tpu", 7),
-                    ("gsm8k", 8)]:
+                    ("gsm8k", 8), ("your_task", 9)]:
         assert word in names[i], (word, names[i])
 
 
@@ -130,7 +130,7 @@ def test_evaluation_generates_as_many_tokens_as_training(path):
         assert "max_new_tokens=cfg.grpo.max_new_tokens" in args, f"{path.name}: evaluate({args})"
 
 
-TRAINS_ON_THE_DEVICE = {"00", "01", "02", "05", "06", "07", "08"}
+TRAINS_ON_THE_DEVICE = {"00", "01", "02", "05", "06", "07", "08", "09"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -145,7 +145,7 @@ def test_each_notebook_opens_on_its_runtime_with_its_own_badges(path):
     intro = nb.cells[0].source
     assert f"(https://colab.research.google.com/github/{at_tag})" in intro
     assert f"(https://kaggle.com/kernels/welcome?src=https://github.com/{at_tag})" in intro
-    uses_device = any(word in c.source for c in nb.cells if c.cell_type == "code" for word in ("get_device", "xla-check", "choose_config", "capstone_config"))
+    uses_device = any(word in c.source for c in nb.cells if c.cell_type == "code" for word in ("get_device", "xla-check", "choose_config", "capstone_config", "your_task_config"))
     assert uses_device == (path.name[:2] in TRAINS_ON_THE_DEVICE)
     if uses_device:
         assert nb.metadata["accelerator"] == "TPU" and nb.metadata["colab"]["gpuType"] == "V5E1"

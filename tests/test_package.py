@@ -181,3 +181,16 @@ def test_readme_is_a_users_page_and_docs_state_facts_not_history():
         assert not re.search(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", text), page.name
         for link in re.findall(r"\]\(((?!https?:)[^)#]+)\)", text):
             assert (page.parent / link).exists(), f"{page.name} links to missing {link}"
+
+
+def test_the_troubleshooting_page_quotes_messages_the_kit_prints():
+    """Each quoted message (a `> ` line) of docs/troubleshooting.md, cut at its `…` placeholders, is in the package's
+    source: the page cannot drift from what users see."""
+    source = "".join(p.read_text() for p in package_sources())
+    source = re.sub(r"\"\s*\n\s*f?\"|'\s*\n\s*f?'", "", source)  # adjacent string literals, as Python joins them
+    quotes = [line[2:] for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines() if line.startswith("> ")]
+    assert len(quotes) >= 12
+    for quote in quotes:
+        for fragment in quote.split("…"):
+            if len(fragment.strip()) >= 12:
+                assert fragment in source, f"troubleshooting.md quotes {fragment!r}, which the kit does not print"

@@ -45,8 +45,11 @@ def test_the_leaderboard_ranks_by_accuracy_with_paired_intervals_and_refuses_mix
         leaderboard([a, other])
     settings = dict(SCORE_SETTINGS.__dict__, max_new_tokens=64)
     shorter = _write(tmp_path, "d", _score("short", [True] * 100, settings=settings))
-    with pytest.raises(ValueError, match="other harness settings"):
+    with pytest.raises(ValueError, match="other harness settings .*max_new_tokens 64 vs 256"):
         leaderboard([a, shorter])
+    told = _write(tmp_path, "f", {**_score("told", [True] * 100), "instruction": "Answer in French."})
+    with pytest.raises(ValueError, match="instruction 'Answer in French.' vs None"):
+        leaderboard([a, told])
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "score.json").write_text('{"model": "x"}')
     with pytest.raises(ValueError, match="not a grpo-kit score file"):
