@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import DemoConfig, RFTConfig
 from .device import get_device
 from .evaluation import evaluate, sampled_scores
@@ -32,9 +32,10 @@ from .models import is_lora, load_model, merge_and_restart_lora
 from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards
 from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
 from .rft import RFTTrainer
-from .rundir import MARK, claim
+from .rundir import MARK, claim, record_entry
 from .sft import SFTTrainer
 from .tasks import make_task
+from .validation import DataError
 
 STAGES = ("base", "sft", "grpo", "control", "rft")
 """The models the arc evaluates: before training, after SFT, after GRPO, after the SFT control, after the RFT
@@ -64,14 +65,20 @@ class Arc:
         self.out = Path(cfg.output_dir)
         self.clock = time.perf_counter()
         self.record_path = self.out / "progress.json"
+        self.task = make_task(cfg.task)
+        self.test = self.task.test_set()
+        try:
+            self.task.demonstrations()
+            self.has_solutions = True
+        except DataError:  # your data without worked solutions: GRPO starts from the base model
+            self.has_solutions = False
+        """Whether the task has worked solutions: without them SFT and the SFT control are skipped."""
         self.records = self._open(resume)
         torch.set_num_threads(os.cpu_count() or 1)
         self.device = get_device(device)
         t0 = time.perf_counter()
         self.model, self.tokenizer = load_model(cfg.model, self.device)
         self.records.setdefault("load", {"seconds": time.perf_counter() - t0})
-        self.task = make_task(cfg.task)
-        self.test = self.task.test_set()
         self.holds = "base"  # which stage's weights the model holds now
         self._fresh_adapter: dict[str, torch.Tensor] | None = None
         self.trainer: GRPOTrainer | None = None
@@ -142,7 +149,8 @@ class Arc:
 
     def _controls(self) -> tuple[str, ...]:
         """The control phases this config runs."""
-        return tuple(c for c, on in zip(CONTROLS, (self.cfg.control, self.cfg.rft_control), strict=True) if on)
+        wanted = (self.cfg.control and self.has_solutions, self.cfg.rft_control)
+        return tuple(c for c, on in zip(CONTROLS, wanted, strict=True) if on)
 
     # -- time budget -------------------------------------------------------------------------------------------
     def _spent(self) -> float:
@@ -172,6 +180,9 @@ class Arc:
             raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
         if record := self.done(f"{stage}_eval"):
             return record
+        skipped, base = (self.done("sft") or {}).get("skipped"), self.done("base_eval")
+        if stage == "sft" and skipped and base and not self.cfg.eval_pass_k:  # the same weights, already measured
+            return self.finish("sft_eval", {**base, "seconds": 0.0, "greedy_seconds": 0.0, "same_as": "base"})
         self.hold(stage)
         t0 = time.perf_counter()
         g = self.cfg.grpo
@@ -191,6 +202,12 @@ class Arc:
         if record := self.done("sft"):
             return record
         self.hold("base")
+        if not self.has_solutions:  # nothing to imitate: the base model's weights stand in for the SFT model's
+            run = claim(self.out / "sft", "sft")
+            record_entry(run, self.out / "sft" / "final")
+            save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"})
+            self.holds = "sft"
+            return self.finish("sft", {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
         t0 = time.perf_counter()
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "sft_seconds" not in plan:

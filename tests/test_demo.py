@@ -156,3 +156,21 @@ def test_demo_settings_are_validated():
                        ({"eval_pass_k": -1}, "eval_pass_k")):
         with pytest.raises(ConfigError, match=match):
             DemoConfig(**bad)
+
+
+def test_a_task_without_worked_solutions_skips_sft_and_its_control_and_trains_grpo_from_the_base(tmp_path):
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _tiny(tmp_path / "arc", control=True)
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, kind="file", source=str(data),
+                                                            prompt_column="question", num_test=8))
+    arc = Arc(cfg, "cpu", progress=False)
+    assert not arc.has_solutions and arc._controls() == ()
+    before = {n: p.detach().clone() for n, p in arc.model.named_parameters()}
+    summary = arc.run()
+    assert arc.done("sft")["skipped"] and summary["sft_steps"] == 0 and summary["grpo_steps"] == 6
+    assert arc.done("sft_eval")["same_as"] == "base" and "control_accuracy" not in summary
+    again = Arc(cfg, "cpu", progress=False)  # a new process: the "SFT model" it starts GRPO from is the base model
+    again.hold("sft")
+    assert all(torch.equal(p, before[n]) for n, p in again.model.named_parameters())
