@@ -92,6 +92,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     cfg = _config(args, "runs/score")
     task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
                      num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
+    if args.model and (Path(args.model) / "progress.json").exists():  # an arc: one of its stages, as it holds them
+        from .demo import Arc
+
+        arc = Arc.from_dir(args.model, args.device)
+        arc.hold(args.stage)
+        steps = {f"{p} steps": r["steps"] for p in ("sft", "grpo", "control", "rft") if (r := arc.done(p))}
+        score = score_model(arc.model, arc.tokenizer, task, cfg.output_dir, task_name=str(args.task),
+                            model_name=args.name or f"{arc.cfg.model.name} after {args.stage} ({args.model})",
+                            training={"arc": args.model, "stage": args.stage, **steps}, overwrite=args.overwrite)
+        return _scored(score, cfg.output_dir)
     checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
     model_cfg = cfg.model if checkpoint else dataclasses.replace(cfg.model, lora=False)  # a named or exported model is whole
     if checkpoint:  # a checkpoint holds weights (or an adapter) for the preset's model
@@ -107,8 +117,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     name = args.name or (f"{model_cfg.name} + {checkpoint}" if checkpoint else model_cfg.name)
     score = score_model(model, tokenizer, task, cfg.output_dir, model_name=name, task_name=str(args.task),
                         training=training, overwrite=args.overwrite)
+    return _scored(score, cfg.output_dir)
+
+
+def _scored(score: dict[str, Any], output_dir: str) -> int:
     _print({k: v for k, v in score.items() if k not in ("items", "machine")})
-    print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (score.json, RESULTS.md)", file=sys.stderr)
+    print(f"\nWrote {Path(output_dir).resolve()}/ (score.json, RESULTS.md)", file=sys.stderr)
     return 0
 
 
@@ -364,6 +378,8 @@ def _score_parsers(sub: Any) -> None:
                        "score.json and RESULTS.md")
     _common(p, preset="cpu-tiny")
     p.add_argument("--task", required=True, help="your data: a .jsonl/.json/.csv/.parquet file or a Hugging Face dataset id")
+    p.epilog = ("--model: a model name (tiny-gemma, gemma-3-270m, a hub id), an exported directory, a checkpoint (state.json: "
+                "the preset's model with its weights), or an arc's output directory (progress.json: --stage)")
     p.add_argument("--prompt-column", default="prompt", help="the column holding the questions (default prompt)")
     p.add_argument("--answer-column", default="answer", help="the column holding the right answers (default answer)")
     p.add_argument("--answer-type", default="auto", help="number, choice, string, regex, or auto (inferred per row; default)")
@@ -372,6 +388,8 @@ def _score_parsers(sub: Any) -> None:
     p.add_argument("--system-prompt", default=None, help="the instruction each question gets (as for training)")
     p.add_argument("--split", default="train", help="a hub dataset's split (default train)")
     p.add_argument("--name", default=None, help="the entry's name on the leaderboard (default: the model)")
+    p.add_argument("--stage", default="grpo", choices=("base", "sft", "grpo", "control", "rft"),
+                   help="with --model an arc's output directory (grpo-kit demo): the stage to score (default grpo)")
     p.add_argument("--overwrite", action="store_true", help="score again into a directory holding a score")
     p.set_defaults(func=cmd_score)
     p = sub.add_parser("leaderboard", help="rank score files (grpo-kit score) on the same split as a Markdown table")

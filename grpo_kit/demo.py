@@ -84,6 +84,20 @@ class Arc:
         self.trainer: GRPOTrainer | None = None
         self._save()
 
+    @classmethod
+    def from_dir(cls, output_dir: str | Path, device: str | torch.device | None = None, *, progress: bool = False) -> Arc:
+        """The arc recorded in `output_dir` (its progress.json's settings), to evaluate, score or export a stage of it
+        (`hold`); nothing trains unless a phase is called."""
+        from .config import apply_overrides
+
+        path = Path(output_dir) / "progress.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{output_dir} holds no arc (no progress.json): give the output directory of "
+                                    "grpo-kit demo or notebook 08/09")
+        settings = json.loads(path.read_text())["settings"]
+        cfg = apply_overrides(DemoConfig(), settings, str(path))
+        return cls(dataclasses.replace(cfg, output_dir=str(output_dir)), device, progress=progress)
+
     # -- progress.json ---------------------------------------------------------------------------------------
     def _open(self, resume: bool) -> dict[str, Any]:
         settings = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str))

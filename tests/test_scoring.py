@@ -85,3 +85,34 @@ def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads
     (tmp_path / "mine.txt").write_text("x")
     assert main(["score", "--task", str(tmp_path / "mine.txt"), "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s1")]) == 2
     assert json.loads((tmp_path / "s1" / "score.json").read_text()) == before  # a refused run leaves the score alone
+
+
+def test_an_arc_directory_is_scored_at_the_stage_asked(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    import grpo_kit.scoring as scoring
+    from grpo_kit.config import load_demo_config
+    from grpo_kit.demo import Arc
+
+    monkeypatch.setattr(scoring.score_model, "__kwdefaults__", {**scoring.score_model.__kwdefaults__,
+                                                                  "settings": scoring.ScoreSettings(max_new_tokens=16, k=2)})
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i),
+                                        "solution": f"{i} + {i} = {2 * i}"}) + "\n" for i in range(30)))
+    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "arc"), task=dataclasses.replace(
+        cfg.task, kind="file", source=str(data), prompt_column="question", solution_column="solution", num_test=6),
+        sft=dataclasses.replace(cfg.sft, steps=3, batch_size=4), grpo=dataclasses.replace(cfg.grpo, steps=1))
+    arc = Arc(cfg, "cpu", progress=False)
+    arc.run()
+    sft_accuracy = arc.done("sft_eval")["accuracy"]
+    del arc
+    common = ["score", "--task", str(data), "--prompt-column", "question", "--num-test", "6", "--quiet", "--model",
+              str(tmp_path / "arc")]
+    assert main([*common, "--stage", "sft", "--output-dir", str(tmp_path / "s-sft")]) == 0
+    capsys.readouterr()
+    score = json.loads((tmp_path / "s-sft" / "score.json").read_text())
+    assert score["training"]["stage"] == "sft" and score["training"]["sft steps"] == 3 and "after sft" in score["model"]
+    assert score["n"] == 6 and 0 <= score["accuracy"] <= 100 and sft_accuracy is not None
+    assert main([*common, "--output-dir", str(tmp_path / "s-grpo")]) == 0  # the GRPO stage by default
+    assert json.loads((tmp_path / "s-grpo" / "score.json").read_text())["training"]["grpo steps"] == 1
