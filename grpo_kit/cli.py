@@ -92,15 +92,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     cfg = _config(args, "runs/score")
     task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
                      num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
-    if args.model and (Path(args.model) / "progress.json").exists():  # an arc: one of its stages, as it holds them
-        from .demo import Arc
-
-        arc = Arc.from_dir(args.model, args.device)
-        arc.hold(args.stage)
+    if where := arc_stage(args.model, args.stage):  # an arc: one of its stages, as it holds them
+        arc = _arc_model(where, args.device)
         steps = {f"{p} steps": r["steps"] for p in ("sft", "grpo", "control", "rft") if (r := arc.done(p))}
         score = score_model(arc.model, arc.tokenizer, task, cfg.output_dir, task_name=str(args.task),
-                            model_name=args.name or f"{arc.cfg.model.name} after {args.stage} ({args.model})",
-                            training={"arc": args.model, "stage": args.stage, **steps}, overwrite=args.overwrite)
+                            model_name=args.name or f"{arc.cfg.model.name} after {where[1]} ({where[0]})",
+                            training={"arc": str(where[0]), "stage": where[1], **steps}, overwrite=args.overwrite)
         return _scored(score, cfg.output_dir)
     checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
     model_cfg = cfg.model if checkpoint else dataclasses.replace(cfg.model, lora=False)  # a named or exported model is whole
@@ -235,10 +232,40 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluation import evaluate
 
+    if where := arc_stage(args.init_from):  # an arc's stage: its model, on the arc's own held-out set
+        arc = _arc_model(where, args.device)
+        _print(evaluate(arc.model, arc.tokenizer, arc.test, max_new_tokens=arc.cfg.grpo.max_new_tokens))
+        return 0
     cfg, _, model, tokenizer, task = _setup(args, "runs/eval")
     result = evaluate(model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     _print(result)
     return 0
+
+
+def arc_stage(path: str | Path | None, stage: str | None = None) -> tuple[Path, str] | None:
+    """(the arc's directory, the stage) when `path` is an arc's output directory (`stage`, default grpo) or a stage's
+    `final` checkpoint inside one (ARC/grpo/final): such weights are whole only as the arc holds them (a LoRA stage is
+    an adapter over the merged SFT model), so they are loaded through `Arc.hold`. None otherwise."""
+    if not path:
+        return None
+    path = Path(path)
+    if (path / "progress.json").exists():
+        return path, stage or "grpo"
+    arc = path.parent.parent
+    if path.parent.name in ("sft", "grpo", "control", "rft") and (arc / "progress.json").exists():
+        if path.name != "final":
+            raise ValueError(f"{path} is an unfinished phase of the arc in {arc}: run the arc again to finish it, then "
+                             f"give the arc's directory ({arc}) and --stage {path.parent.name}")
+        return arc, path.parent.name
+    return None
+
+
+def _arc_model(where: tuple[Path, str], device: str | None) -> Any:
+    from .demo import Arc
+
+    arc = Arc.from_dir(where[0], device)
+    arc.hold(where[1])
+    return arc
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -247,11 +274,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_model
 
     if not args.init_from:
-        raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/)")
-    cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
+        raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/, or an "
+                         "arc's output directory)")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
     notes = Path(args.results).read_text() if args.results else ""
-    out = export_model(model, tokenizer, args.out, base_name=cfg.model.name, notes=notes, dtype=dtype, push_to=args.push_to,
+    if where := arc_stage(args.init_from):
+        arc = _arc_model(where, args.device)
+        model, tokenizer, base = arc.model, arc.tokenizer, arc.cfg.model.name
+    else:
+        cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
+        base = cfg.model.name
+    out = export_model(model, tokenizer, args.out, base_name=base, notes=notes, dtype=dtype, push_to=args.push_to,
                        allow_public=args.public)
     _print({"exported": str(out), "pushed_to": args.push_to})
     return 0
@@ -388,7 +421,7 @@ def _score_parsers(sub: Any) -> None:
     p.add_argument("--system-prompt", default=None, help="the instruction each question gets (as for training)")
     p.add_argument("--split", default="train", help="a hub dataset's split (default train)")
     p.add_argument("--name", default=None, help="the entry's name on the leaderboard (default: the model)")
-    p.add_argument("--stage", default="grpo", choices=("base", "sft", "grpo", "control", "rft"),
+    p.add_argument("--stage", default=None, choices=("base", "sft", "grpo", "control", "rft"),
                    help="with --model an arc's output directory (grpo-kit demo): the stage to score (default grpo)")
     p.add_argument("--overwrite", action="store_true", help="score again into a directory holding a score")
     p.set_defaults(func=cmd_score)

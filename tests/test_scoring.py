@@ -116,3 +116,39 @@ def test_an_arc_directory_is_scored_at_the_stage_asked(tmp_path, capsys, monkeyp
     assert score["n"] == 6 and 0 <= score["accuracy"] <= 100 and sft_accuracy is not None
     assert main([*common, "--output-dir", str(tmp_path / "s-grpo")]) == 0  # the GRPO stage by default
     assert json.loads((tmp_path / "s-grpo" / "score.json").read_text())["training"]["grpo steps"] == 1
+
+
+def test_an_arcs_final_checkpoint_is_scored_and_exported_whole_and_an_unfinished_one_is_refused(tmp_path, capsys):
+    """A LoRA arc's grpo/final holds an adapter over the merged SFT model: loaded on the base model alone it would be
+    another model. Given as --model or --checkpoint it goes through the arc, and its export reloads to the arc's
+    own GRPO model."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.config import load_demo_config
+    from grpo_kit.demo import Arc
+
+    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "arc"), task=dataclasses.replace(cfg.task, num_test=6),
+                              model=dataclasses.replace(cfg.model, lora=True, lora_r=4),
+                              sft=dataclasses.replace(cfg.sft, steps=3, batch_size=4, learning_rate=5e-3),
+                              grpo=dataclasses.replace(cfg.grpo, steps=1, learning_rate=5e-3))
+    arc = Arc(cfg, "cpu", progress=False)
+    arc.evaluate("base")
+    arc.sft()
+    arc.grpo()
+    ids = torch.tensor([[2, 10, 11, 12, 13]])
+    with torch.no_grad():
+        expected = arc.model(input_ids=ids).logits
+    del arc
+    final = tmp_path / "arc" / "grpo" / "final"
+    assert main(["export", "--checkpoint", str(final), "--out", str(tmp_path / "export"), "--quiet"]) == 0
+    capsys.readouterr()
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", attn_implementation="eager")
+    with torch.no_grad():
+        assert (exported(input_ids=ids).logits - expected).abs().max() < 1e-4
+    (tmp_path / "arc" / "grpo" / "checkpoint").mkdir()
+    assert main(["export", "--checkpoint", str(tmp_path / "arc" / "grpo" / "checkpoint"), "--out", str(tmp_path / "e2")]) == 2
+    assert "is an unfinished phase of the arc" in capsys.readouterr().err
