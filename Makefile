@@ -41,10 +41,11 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 	$(CLASSIC)/bin/python scripts/link_venv.py $(VENV)
 	touch $@
 
-# Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code).
+# Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code), with their exercises solved
+# (GRPO_KIT_SOLUTIONS=1: each exercise cell runs its solution from grpo_kit/exercises.py; the files keep the blanks).
 test: $(STAMP) $(CLASSIC_STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts
-	GRPO_KIT_QUICK=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
+	GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600
 
 # Every notebook on replicas of Colab TPU, Kaggle TPU v5e-8 and Colab GPU, each on a fresh machine as users get it
 # (scripts/platforms.py; cell 1 installs the committed HEAD of this checkout). One JSON line per replica.

@@ -264,7 +264,8 @@ class Arc:
             return record
         trainer = self.grpo_trainer()
         run = run or (lambda steps: trainer.train(steps=steps, progress=self.progress))
-        t0 = time.perf_counter()
+        # after a disconnect the steps already taken count too: the controls get the seconds GRPO trained in all
+        t0 = time.perf_counter() - sum(r["step_seconds"] for r in trainer.logger.rows)
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "grpo_steps" not in plan:
             share = 1 + len(self._controls())

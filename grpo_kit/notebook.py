@@ -10,7 +10,9 @@
 - `example_task_file()`, `your_task_config()`: notebook 09's example data and its settings on this runtime.
 - `session_budget()`, `save_run()`, `restore_run()`: fit a run into a Kaggle session, and carry it to the next one
   as a Kaggle dataset version.
-- `check()`: the exercise checker: prints ✅ or raises with a hint.
+- `check_exercise()`, `hint()`, `reveal()`: the exercises (`exercises.py`): a check that says what is wrong, a hint,
+  the solution; with GRPO_KIT_SOLUTIONS=1 the exercise cells run their solutions (CI). `quiz()`: a question as widgets
+  (`quizzes.py`). `check()`: a plain condition with a hint.
 - `expect()`, `expect_dropped_out()`: read a guided experiment's metrics and say whether the expected effect
   showed (✅) or not (❌, with the usual reason); they return the verdict and never raise, since a short run can
   be noisy.
@@ -26,6 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from .config import PRESET_TIMES, DemoConfig, auto_preset, load_demo_config
+
+# re-exported for the notebooks: nbk.check_exercise("03.1", globals()), nbk.hint, nbk.reveal, nbk.quiz("04.1")
+from .exercises import check_exercise, hint, reveal, use_solutions  # noqa: F401
+from .quizzes import show as quiz  # noqa: F401
+
+use_solutions()  # only with GRPO_KIT_SOLUTIONS=1 (CI, the platform replicas): exercise cells run their solutions
 
 
 def quick() -> bool:
@@ -333,10 +341,10 @@ def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Pa
     return model, tokenizer, path
 
 
-def check(condition: bool, hint: str) -> None:
-    """Exercise checker: ✅ when `condition` holds, else an AssertionError carrying the hint."""
+def check(condition: bool, message: str) -> None:
+    """A plain check: ✅ when `condition` holds, else an AssertionError carrying `message`."""
     if not condition:
-        raise AssertionError(f"Not yet: {hint}")
+        raise AssertionError(f"Not yet: {message}")
     print("✅ correct")
 
 

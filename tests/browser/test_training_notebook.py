@@ -134,7 +134,8 @@ def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
     root.mkdir()
     shutil.copy(REPO / "notebooks" / NOTEBOOK, root / NOTEBOOK)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
-           "GRPO_KIT_QUICK": "0"}  # the full run: long enough to steer by hand; the test presses stop early
+           "GRPO_KIT_QUICK": "0",  # the full run: long enough to steer by hand; the test presses stop early
+           "GRPO_KIT_SOLUTIONS": "1"}  # Run All goes on past the exercise cells
     frontend.prepare(root, env)
     port = _free_port()
     log_path = root / "server.log"
