@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench bench-twice lint clean platforms faults release study
+.PHONY: demo test setup browser bench bench-twice lint clean platforms faults release study course-times
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -85,3 +85,8 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache .platforms
+
+# Every notebook timed with the tiny Gemma on this machine, full and quick mode (about N minutes, nothing else
+# running), into grpo_kit/assets/course_minutes.json and the notebooks' time headers (scripts/course_times.py).
+course-times: $(STAMP)
+	$(BIN)/python scripts/course_times.py

@@ -31,12 +31,14 @@ def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _config(args: argparse.Namespace, default_out: str) -> DemoConfig:
+def _config(args: argparse.Namespace, default_out: str, *, model_is_name: bool = True) -> DemoConfig:
+    """The preset (and YAML) with the command's model and output directory; `model_is_name` False: --model is not a
+    model's name (a checkpoint of the preset's model), so the preset's name stays."""
     from .device import check_device_kind
 
     check_device_kind(getattr(args, "device", None))
     cfg = load_demo_config(args.preset, args.config)
-    if args.model:
+    if args.model and model_is_name:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=args.model))
     out = args.output_dir or (cfg.output_dir if default_out == "runs/demo" else default_out)
     return dataclasses.replace(cfg, output_dir=out)
@@ -89,7 +91,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     from .scoring import score_model
     from .tasks import load_task
 
-    cfg = _config(args, "runs/score")
+    checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
+    cfg = _config(args, "runs/score", model_is_name=checkpoint is None)
     task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
                      num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
     if where := arc_stage(args.model, args.stage):  # an arc: one of its stages, as it holds them
@@ -99,10 +102,8 @@ def cmd_score(args: argparse.Namespace) -> int:
                             model_name=args.name or f"{arc.cfg.model.name} after {where[1]} ({where[0]})",
                             training={"arc": str(where[0]), "stage": where[1], **steps}, overwrite=args.overwrite)
         return _scored(score, cfg.output_dir)
-    checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
-    model_cfg = cfg.model if checkpoint else dataclasses.replace(cfg.model, lora=False)  # a named or exported model is whole
-    if checkpoint:  # a checkpoint holds weights (or an adapter) for the preset's model
-        model_cfg = dataclasses.replace(model_cfg, name=load_demo_config(args.preset, args.config).model.name)
+    # a checkpoint holds weights (or an adapter) for the preset's model; a named or exported model is whole
+    model_cfg = cfg.model if checkpoint else dataclasses.replace(cfg.model, lora=False)
     torch.set_num_threads(os.cpu_count() or 1)
     model, tokenizer = load_model(model_cfg, get_device(args.device))
     training: dict[str, Any] = {}

@@ -382,6 +382,12 @@ class DemoConfig:
     """After GRPO (and the SFT control), also run rejection-sampling fine-tuning from the SFT model for as long as
     GRPO trained (`rft.RFTTrainer`: SFT steps on the model's own right answers to GRPO's prompts, sampled as GRPO
     samples them) and evaluate it: is a GRPO gain GRPO's, or only learning from the verifier? Off by default."""
+    control_steps: int | None = None
+    """Steps of the SFT control; None = as many as fit the seconds GRPO trained at the SFT phase's median step time.
+    A fixed count makes "the same time" independent of whatever else the machine is doing (the study sets it from a
+    clean run)."""
+    rft_steps: int | None = None
+    """Steps of the RFT control; None = as many as fit the seconds GRPO trained, timed after its first steps."""
     eval_batch_size: int = 64
     """Held-out problems decoded together in an evaluation (their k samples with eval_pass_k). A CPU decodes a larger
     batch faster per problem (the weights are read once per token for every row); an accelerator's memory bounds it."""
@@ -455,23 +461,28 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 PRESET_TIMES: dict[str, dict[str, Any]] = {
     "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
                  "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
-    "cpu-gemma-270m": {"grpo_step_seconds": 29, "run_minutes": 55,
+    "cpu-gemma-270m": {"grpo_step_seconds": 29, "sft_step_seconds": 4.2, "eval_seconds": 45, "run_minutes": 55,
                        "basis": "measured: `grpo-kit bench` capstone row on 2 CPU cores (Intel Xeon) under the AVX2 stand-in, "
-                                "fp32, 3 steps from the base model; 15 s natively there (AMX, bf16 products)"},
-    "tpu-v5e-1-gemma-3-1b": {"grpo_step_seconds": 20, "run_minutes": 90,
+                                "fp32, 3 steps from the base model; 15 s natively there (AMX, bf16 products), where an SFT "
+                                "step of 8 takes 4.2 s and a greedy evaluation of 200 problems 45 s"},
+    "tpu-v5e-1-gemma-3-1b": {"grpo_step_seconds": 20, "sft_step_seconds": 1.5, "eval_seconds": 60, "run_minutes": 90,
                              "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "
-                                      "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s"},
-    "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "run_minutes": 90,
+                                      "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s; "
+                                      "an SFT step of 8 × 768 tokens and 200 problems' greedy decoding likewise"},
+    "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "sft_step_seconds": 0.6, "eval_seconds": 40, "run_minutes": 90,
                              "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)"},
-    "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "run_minutes": 90, "basis": "estimate: as v5e-8, older chips"},
-    "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "run_minutes": 90, "basis": "estimate: as v5e-8, 8 GiB per core"},
-    "gpu-gemma-3-1b": {"grpo_step_seconds": 45, "run_minutes": 90,
+    "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "sft_step_seconds": 0.8, "eval_seconds": 50, "run_minutes": 90,
+                            "basis": "estimate: as v5e-8, older chips"},
+    "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "sft_step_seconds": 1.2, "eval_seconds": 70, "run_minutes": 90,
+                            "basis": "estimate: as v5e-8, 8 GiB per core"},
+    "gpu-gemma-3-1b": {"grpo_step_seconds": 45, "sft_step_seconds": 3, "eval_seconds": 180, "run_minutes": 90,
                        "basis": "estimate for a T4 (fp32, 8 TFLOP/s): 256 eager decode steps at ≈ 50 ms + the update "
                                 "with gradient checkpointing; an L4 or A100 (bf16) is several times faster"},
 }
-"""Expected wall time per GRPO step and per run of each real-Gemma preset (a run is its time budget), and where the
-number comes from: measured on the named machine, or an estimate from the hardware's published speed where we have no
-such machine. `notebook.capstone_config` prints the line for the preset it picks."""
+"""Expected wall time per GRPO step, per SFT step, per greedy evaluation of 200 held-out problems and per run of each
+real-Gemma preset (a run is its time budget), and where the numbers come from: measured on the named machine, or an
+estimate from the hardware's published speed where we have no such machine. `notebook.capstone_config` prints the
+line for the preset it picks; `course.CourseMode.minutes` estimates the course's notebooks from them."""
 
 C = TypeVar("C")
 

@@ -56,6 +56,10 @@ PANELS = (
 XLA_PANEL = ("XLA", ("xla_compiles_step", "step_seconds"), "graphs compiled this step · step seconds")
 MEMORY_PANEL = ("memory", ("memory_bytes_in_use", "memory_peak_bytes", "memory_bytes_limit", "memory_host_peak_bytes"),
                 "GiB: device in use / peak / limit; host peak RSS")
+EPSILON_HIDDEN = ("<small>ε (clip) is not shown: with one pass over each batch (num_iterations = 1) the policy has "
+                  "not moved since sampling, the ratio is 1 and the clip never acts. It shows with num_iterations ≥ 2."
+                  "</small>")
+"""What the dashboard says in place of the ε slider when ε cannot act."""
 CONTROL_KEYS = ("lr", "beta", "temperature", "top_p", "epsilon")
 
 
@@ -158,8 +162,12 @@ class Dashboard:
             "beta": w.FloatSlider(value=c["beta"], min=0.0, max=1.0, step=0.01, description="β (KL weight)", style=style, layout=layout),
             "temperature": w.FloatSlider(value=c["temperature"], min=0.1, max=1.5, step=0.05, description="temperature", style=style, layout=layout),
             "top_p": w.FloatSlider(value=c["top_p"], min=0.1, max=1.0, step=0.05, description="top-p", style=style, layout=layout),
-            "epsilon": w.FloatSlider(value=c["epsilon"], min=0.05, max=0.5, step=0.01, description="ε (clip)", style=style, layout=layout),
+            "epsilon": w.FloatSlider(value=c["epsilon"], min=0.02, max=0.5, step=0.01, description="ε (clip)", style=style, layout=layout),
         }
+        notes = []
+        if self.trainer.config.num_iterations == 1:  # the ratio is exactly 1 on the one pass: a slider that cannot act
+            del self.sliders["epsilon"]
+            notes.append(w.HTML(EPSILON_HIDDEN))
         weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}), **c["reward_weights"]}
         self.weight_sliders = {
             name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05, description=name.removesuffix("_reward"),
@@ -178,7 +186,7 @@ class Dashboard:
         self.status = w.HTML("not started")
         self.image = w.Image(format="png", layout=w.Layout(flex="1 1 auto", min_width="0", max_width="100%"))
         self.browser = w.HTML()
-        controls = w.VBox([w.HTML("<b>controls</b> (act at the next step)"), *self.sliders.values(),
+        controls = w.VBox([w.HTML("<b>controls</b> (act at the next step)"), *self.sliders.values(), *notes,
                            w.HTML("<b>reward weights</b>"), *self.weight_sliders.values(),
                            w.HBox(list(self.buttons.values())), self.status],
                           layout=w.Layout(flex="0 0 auto", min_width="350px"))  # the plot shrinks, not the controls
@@ -205,6 +213,9 @@ class Dashboard:
 
     def _slider(self, name: str) -> Any:
         slider = self.sliders.get(name) or self.weight_sliders.get(name)
+        if slider is None and name == "epsilon":
+            raise ValueError("ε is not among the controls: with num_iterations 1 the ratio is 1 and the clip never "
+                             "acts; train with num_iterations ≥ 2 for ε to matter")
         if slider is None:
             raise ValueError(f"no control named {name!r}; controls: {sorted(self.sliders)}, "
                              f"reward weights: {sorted(self.weight_sliders)}")

@@ -272,10 +272,8 @@ class Arc:
             plan["grpo_seconds"] = self._training_seconds() / share
             run(min(PROBE_STEPS, self.cfg.grpo.steps))
             plan["grpo_step_seconds"] = trainer.logger.rows[-1]["step_seconds"]
-            plan["grpo_probe_seconds"] = time.perf_counter() - t0
-            left = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
-            plan["grpo_steps"] = trainer.step + max(0, math.floor(left / plan["grpo_step_seconds"]))
-            self._save()
+            self._size_after_probe("grpo", seconds=plan["grpo_seconds"], step_seconds=plan["grpo_step_seconds"],
+                                   started=t0, step=trainer.step)
         if not trainer.controls.snapshot()["stop_requested"]:  # a stop pressed during the first steps ends the phase
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
         trainer.save(self.out / "grpo" / "final")
@@ -288,13 +286,11 @@ class Arc:
         schedule) for as many steps as fit the seconds GRPO trained, at the SFT phase's step time."""
         if record := self.done("control"):
             return record
-        grpo = self.done("grpo")
-        if grpo is None:
-            raise RuntimeError("the control runs for as long as GRPO did: run grpo() first")
+        grpo = self._grpo_for("SFT")
         self._start_from_sft()
         t0 = time.perf_counter()
         plan = self.records["plan"]
-        plan.setdefault("control_steps", max(1, round(grpo["seconds"] / plan["sft_step_seconds"])))  # median SFT step
+        plan.setdefault("control_steps", self.cfg.control_steps or max(1, round(grpo["seconds"] / plan["sft_step_seconds"])))
         self._save()
         trainer = self._sft_trainer("control", steps=plan["control_steps"])
         trainer.train(progress=self.progress)
@@ -308,12 +304,12 @@ class Arc:
         steps, with the cosine schedule over that many."""
         if record := self.done("rft"):
             return record
-        grpo = self.done("grpo")
-        if grpo is None:
-            raise RuntimeError("the RFT control runs for as long as GRPO did: run grpo() first")
+        grpo = self._grpo_for("RFT")
         self._start_from_sft()
         t0 = time.perf_counter()
         plan, s, g = self.records["plan"], self.cfg.sft, self.cfg.grpo
+        if self.cfg.rft_steps:
+            plan.setdefault("rft_steps", self.cfg.rft_steps)
         config = RFTConfig(
             steps=plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"])), learning_rate=s.learning_rate,
             weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, max_grad_norm=s.max_grad_norm, max_length=s.max_length,
@@ -327,11 +323,8 @@ class Arc:
         if "rft_steps" not in plan:
             trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
-            plan["rft_probe_seconds"] = time.perf_counter() - t0
-            left = grpo["seconds"] - plan["rft_probe_seconds"]
-            plan["rft_steps"] = trainer.step + max(0, math.floor(left / plan["rft_probe_step_seconds"]))
-            self._save()
-            trainer.set_steps(plan["rft_steps"])
+            trainer.set_steps(self._size_after_probe("rft", seconds=grpo["seconds"], step_seconds=plan["rft_probe_step_seconds"],
+                                                     started=t0, step=trainer.step))
         trainer.train(progress=self.progress)
         trainer.save(self.out / "rft" / "final")
         self.holds = "rft"
@@ -339,6 +332,22 @@ class Arc:
         return self.finish("rft", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
                                     "accepted": sum(r.get("accepted", 0) for r in rows),
                                     "sampled_accuracy": [r.get("sampled_accuracy") for r in rows]})
+
+    def _grpo_for(self, control: str) -> dict[str, Any]:
+        """GRPO's record, which sizes `control` (it trains for as long as GRPO did)."""
+        grpo = self.done("grpo")
+        if grpo is None:
+            raise RuntimeError(f"the {control} control runs for as long as GRPO did: run grpo() first")
+        return grpo
+
+    def _size_after_probe(self, phase: str, *, seconds: float, step_seconds: float, started: float, step: int) -> int:
+        """After a phase's first steps (its probe): as many steps in all as fit `seconds` from `started` at
+        `step_seconds` each; recorded in the plan (`<phase>_probe_seconds`, `<phase>_steps`) and saved."""
+        plan = self.records["plan"]
+        plan[f"{phase}_probe_seconds"] = time.perf_counter() - started
+        plan[f"{phase}_steps"] = step + max(0, math.floor((seconds - plan[f"{phase}_probe_seconds"]) / step_seconds))
+        self._save()
+        return plan[f"{phase}_steps"]
 
     def _sft_trainer(self, phase: str, *, steps: int | None) -> SFTTrainer:
         config = dataclasses.replace(self.cfg.sft, output_dir=str(self.out / phase), steps=steps or self.cfg.sft.steps)

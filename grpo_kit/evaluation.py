@@ -39,16 +39,14 @@ def generate_completions(
     return texts
 
 
-def _correct(dataset: Any, prompts: list, completions: list[str], answers: list, *, repeat: int,
-             row: int | None = None) -> list[float]:
+def _correct(dataset: Any, prompts: list, completions: list[str], answers: list, *, repeat: int) -> list[float]:
     """`correctness_reward` of each completion (each answer `repeat` times in a row), under the rows' `answer_type`
-    where the dataset has that column (a user's task). `row`: the answers are that one row's."""
+    where the dataset has that column (a user's task)."""
     columns = dataset.column_names if hasattr(dataset, "column_names") else list(dataset)
     answers = [a for a in answers for _ in range(repeat)]
     types = None
     if "answer_type" in columns:
-        types = list(dataset["answer_type"]) if row is None else [dataset["answer_type"][row]]
-        types = [t for t in types for _ in range(repeat)]
+        types = [t for t in dataset["answer_type"] for _ in range(repeat)]
     return correctness_reward(prompts, completions, answer=answers, answer_type=types)
 
 
@@ -97,16 +95,13 @@ def sampled_scores(
                                        bucket=bucket, greedy=False, temperature=temperature,
                                        generator=torch.Generator().manual_seed(seed))
     correct = _correct(dataset, repeated, completions, answers, repeat=k)
-    counts, majority_right = [], []
-    for i, truth in enumerate(answers):
+    counts, majority = [], []
+    for i in range(len(answers)):
         group = range(i * k, (i + 1) * k)
         counts.append(sum(1 for j in group if correct[j]))
         votes = Counter(a for j in group if (a := extract_answer(completion_text(completions[j]))) is not None)
-        if votes:
-            top = votes.most_common(1)[0][0]
-            majority_right.append(bool(_correct(dataset, [None], [f"<answer>{top}</answer>"], [truth], repeat=1, row=i)[0]))
-        else:
-            majority_right.append(False)
+        majority.append(f"<answer>{votes.most_common(1)[0][0]}</answer>" if votes else "")  # no answer: never right
+    majority_right = [bool(c) for c in _correct(dataset, [None] * len(answers), majority, answers, repeat=1)]
     n = max(len(prompts), 1)
     return {"pass@1": sum(counts) / (n * k), f"maj@{k}": sum(majority_right) / n,
             f"pass@{k}": sum(c > 0 for c in counts) / n, "correct_counts": counts, "majority_correct": majority_right}

@@ -195,10 +195,7 @@ class GRPOTrainer:
     # ---- 2. reward ----------------------------------------------------------------------------------
     def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> tuple[Any, list[str], list, torch.Tensor]:
         g = self.config.group_size
-        comp = roll.completion_ids.cpu()
-        lengths = roll.completion_mask.cpu().sum(1)
-        ids_list = [comp[i, : lengths[i]].tolist() for i in range(comp.shape[0])]
-        texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
+        texts, ids_list, lengths = roll.decoded(self.tokenizer)
         prompts = [r["prompt"] for r in rows for _ in range(g)]
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
         columns["completion_ids"] = ids_list

@@ -10,6 +10,8 @@
 - `example_task_file()`, `your_task_config()`: notebook 09's example data and its settings on this runtime.
 - `session_budget()`, `save_run()`, `restore_run()`: fit a run into a Kaggle session, and carry it to the next one
   as a Kaggle dataset version.
+- `course_mode()` (`course.py`): the model the course trains on this runtime, each notebook's steps and minutes;
+  `keep_runs()`: make the checkpoints outlive the runtime (Drive on Colab) and say which earlier ones are there.
 - `check_exercise()`, `hint()`, `reveal()`: the exercises (`exercises.py`): a check that says what is wrong, a hint,
   the solution; with GRPO_KIT_SOLUTIONS=1 the exercise cells run their solutions (CI). `quiz()`: a question as widgets
   (`quizzes.py`). `check()`: a plain condition with a hint.
@@ -30,6 +32,7 @@ from typing import Any
 from .config import PRESET_TIMES, DemoConfig, auto_preset, load_demo_config
 
 # re-exported for the notebooks: nbk.check_exercise("03.1", globals()), nbk.hint, nbk.reveal, nbk.quiz("04.1")
+from .course import course_mode  # noqa: F401
 from .exercises import check_exercise, hint, reveal, use_solutions  # noqa: F401
 from .quizzes import show as quiz  # noqa: F401
 
@@ -277,6 +280,26 @@ def runs_dir() -> Path:
 COURSE_STAGES = {"sft": "02_sft_warmup", "grpo": "05_grpo_training"}
 
 
+def keep_runs(*, needs: tuple[str, ...] = ()) -> Path:
+    """Make `runs_dir()` outlive this runtime and say where it is: on Colab, Google Drive is mounted (it asks for
+    permission once; not in quick mode, where CI and the platform replicas run); on Kaggle it is /kaggle/working, kept
+    with the notebook's saved version (`save_run` carries a run to the next session). For each course stage in
+    `needs` ("sft", "grpo") it says whether the earlier notebook's checkpoint is there, or will be rebuilt here."""
+    if environment()["colab"] and not quick() and not Path("/content/drive/MyDrive").is_dir():
+        from google.colab import drive  # type: ignore[import-not-found]
+
+        drive.mount("/content/drive")
+    runs = runs_dir()
+    print(f"runs go to {runs.resolve()}")
+    for stage in needs:
+        if stage not in COURSE_STAGES:
+            raise ValueError(f"unknown course stage {stage!r}; choose from {sorted(COURSE_STAGES)}")
+        path = runs / "course" / stage / "checkpoint"
+        print(f"  notebook {COURSE_STAGES[stage]}'s {stage.upper()} checkpoint: "
+              + ("found, it will be loaded" if path.exists() else "not there, so this notebook rebuilds it first (announced)"))
+    return runs
+
+
 def course_grpo_config(cfg: DemoConfig, output_dir: str | Path) -> Any:
     """Notebook 05's GRPO settings: the preset's, the default rewards' weights where the preset names none, and
     under quick mode (CI, platform replicas) 16 prompts × 4 per step in one micro-batch."""
@@ -348,22 +371,27 @@ def check(condition: bool, message: str) -> None:
     print("✅ correct")
 
 
-def _mean(rows: list[dict[str, Any]], key: str) -> float:
+def _mean(rows: list[dict[str, Any]], key: str | tuple[str, ...]) -> float:
+    if isinstance(key, tuple):  # a sum of keys, e.g. both clip fractions
+        return sum(_mean(rows, k) for k in key)
     values = [r[key] for r in rows if r.get(key) is not None]
     if not values:
         raise KeyError(f"no step logged {key!r}; logged keys include {sorted(rows[-1])[:12]} …" if rows else "no rows")
     return sum(values) / len(values)
 
 
-def expect(before: list[dict[str, Any]], after: list[dict[str, Any]], metric: str, direction: str, why: str = "") -> bool:
-    """Did `metric` (a metrics key, e.g. "kl" or "zero_std_fraction") move in `direction` ("rises" or
-    "falls") from the steps `before` a change to the steps `after` it? Prints the means and the verdict."""
+def expect(before: list[dict[str, Any]], after: list[dict[str, Any]], metric: str | tuple[str, ...], direction: str,
+           why: str = "") -> bool:
+    """Did `metric` (a metrics key, e.g. "kl" or "zero_std_fraction", or a tuple of keys: their sum) move in
+    `direction` ("rises" or "falls") from the steps `before` a change to the steps `after` it? Prints the means and
+    the verdict."""
     if direction not in ("rises", "falls"):
         raise ValueError(f"direction must be 'rises' or 'falls', got {direction!r}")
     first, second = _mean(before, metric), _mean(after, metric)
     held = second > first if direction == "rises" else second < first
     steps = f"steps {before[0]['step']}–{before[-1]['step']} → {after[0]['step']}–{after[-1]['step']}"
-    print(f"{'✅' if held else '❌'} {metric} {direction}? mean {first:.4g} → {second:.4g} ({steps})")
+    name = " + ".join(metric) if isinstance(metric, tuple) else metric
+    print(f"{'✅' if held else '❌'} {name} {direction}? mean {first:.4g} → {second:.4g} ({steps})")
     if not held and why:
         print(f"   {why}")
     return held
@@ -386,4 +414,43 @@ def expect_dropped_out(before: list[dict[str, Any]], after: list[dict[str, Any]]
     held = share_after == 0.0 < share_before and all(abs(r["reward_mean"] - others(r)) < 1e-4 for r in after)
     print(f"{'✅' if held else '❌'} {reward} left the total: its share of the total reward {share_before:.1%} → "
           f"{share_after:.1%}, while its own mean went {own[0]:.3f} → {own[1]:.3f} (it is still measured and plotted)")
+    return held
+
+
+def length_bias(trainer: Any, rows: list[dict[str, Any]], loss_types: tuple[str, ...] = ("grpo", "dapo", "dr_grpo")) -> bool:
+    """How much each loss type pushes on one token of a wrong answer, by the answer's length, measured on the policy's
+    own completions: one rollout of `rows` (G completions each, the trainer's settings and controls), rewards and
+    advantages as in training, then each loss type's gradient with respect to every token's log-prob, per token and
+    per unit of |advantage|. Prints, per loss type, that weight for the shortest and the longest completion with a
+    negative advantage; ✅ when `grpo` gives a token of the longest less weight than one of the shortest (its length
+    bias: a long wrong answer is punished less per token) and `dr_grpo` gives both the same. Never raises."""
+    import torch
+
+    from .losses import policy_loss
+
+    controls = trainer.controls.snapshot()
+    with torch.no_grad():
+        roll = trainer.rollout(rows, controls)
+    result, _, _, lengths = trainer.score(rows, roll, controls)
+    adv = trainer.advantages(result.total).to(roll.completion_mask.device)
+    mask = roll.completion_mask.float()
+    wrong = [i for i in range(len(adv)) if adv[i] < 0]
+    if len(wrong) < 2 or lengths[wrong].min() == lengths[wrong].max():
+        print("❌ this batch has no two wrong answers of different lengths: run the cell again")
+        return False
+    short = min(wrong, key=lambda i: int(lengths[i]))
+    long = max(wrong, key=lambda i: int(lengths[i]))
+    ratios = {}
+    for loss_type in loss_types:
+        logp = torch.zeros_like(mask, requires_grad=True)
+        loss, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type, max_completion_length=mask.shape[1],
+                              total_sequences=mask.shape[0], total_tokens=mask.sum())
+        (grad,) = torch.autograd.grad(loss, logp)
+        per_token = grad.abs().sum(1) / mask.sum(1).clamp(min=1) / adv.abs().clamp(min=1e-8)
+        ratios[loss_type] = float(per_token[long] / per_token[short])
+        print(f"{loss_type:>8}: weight per token of the {int(lengths[short])}-token wrong answer {float(per_token[short]):.2e}, "
+              f"of the {int(lengths[long])}-token one {float(per_token[long]):.2e} (× {ratios[loss_type]:.2f})")
+    held = ratios.get("grpo", 0.0) < 0.99 and abs(ratios.get("dr_grpo", 1.0) - 1.0) < 1e-3
+    print(f"{'✅' if held else '❌'} grpo weighs a token of the long wrong answer × {ratios.get('grpo', float('nan')):.2f} "
+          f"as much as one of the short; dr_grpo × {ratios.get('dr_grpo', float('nan')):.2f}")
     return held

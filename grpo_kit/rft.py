@@ -64,9 +64,7 @@ class RFTTrainer(SFTTrainer):
         roll = sample(self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids,
                       pad_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, generator=self.generator,
                       group_size=cfg.group_size)
-        lengths = roll.completion_mask.cpu().sum(1).tolist()
-        comp = roll.completion_ids.cpu()
-        texts = self.tokenizer.batch_decode([comp[i, :n].tolist() for i, n in enumerate(lengths)], skip_special_tokens=True)
+        texts, _, _ = roll.decoded(self.tokenizer)
         answers = [row["answer"] for row in rows for _ in range(cfg.group_size)]
         right = correctness_reward([None] * len(texts), texts, answer=answers)
         kept = accepted_completions(rows, texts, finished=(~roll.truncated.cpu()).tolist(), right=right,

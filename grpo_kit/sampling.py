@@ -89,6 +89,14 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
+    def decoded(self, tokenizer: Any) -> tuple[list[str], list[list[int]], torch.Tensor]:
+        """Each completion's text (special tokens dropped), its token ids up to and including the stop token, and
+        the (B,) lengths, on the host: what rewards and the RFT control read."""
+        lengths = self.completion_mask.cpu().sum(1)
+        comp = self.completion_ids.cpu()
+        ids = [comp[i, : lengths[i]].tolist() for i in range(comp.shape[0])]
+        return tokenizer.batch_decode(ids, skip_special_tokens=True), ids, lengths
+
 
 def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
     """The rows of several rollouts as one, in order: prompts left-padded to the widest (pad id, mask 0), completions

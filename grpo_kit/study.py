@@ -48,15 +48,18 @@ REGIME_TEXT = {
     "beyond": "worked solutions of 2-step problems only; GRPO prompts and test set 3-step",
 }
 STUDY_SETTINGS: dict[str, Any] = {
-    "control": True, "rft_control": True, "eval_pass_k": 4, "eval_batch_size": 200, "time_budget_minutes": 60,
-    "sft_fraction": 0.25,
-    "grpo": {"gate_shaped_rewards": True, "difficulty_targeting": True, "skip_zero_advantage_groups": True},
+    "control": True, "rft_control": True, "eval_pass_k": 4, "eval_batch_size": 200, "time_budget_minutes": None,
+    "sft": {"steps": 160}, "control_steps": 217, "rft_steps": 107,
+    "grpo": {"steps": 84, "gate_shaped_rewards": True, "difficulty_targeting": True, "skip_zero_advantage_groups": True},
 }
-"""Every cell's arc: both controls, k = 4 samples per held-out problem, one hour in all (≈ 11 minutes each for SFT,
-GRPO and each control on 2 CPU cores; the evaluations take the rest). GRPO's recipe over the preset's, from the
-literature, fixed before the first cell ran: shaped rewards count only where the outcome varies (verl-recipe PR #125),
-prompts drawn by their template's pass rate p in proportion to p(1 − p) (arXiv 2504.03380), and groups whose
-advantages are all zero left out of the update (the same result, less work: more steps fit the time)."""
+"""Every cell's arc: both controls, k = 4 samples per held-out problem, and each phase's steps fixed, so that every
+cell does the same work and a busy machine slows a cell without changing what it compares. The counts come from the
+first cell (plentiful, seed 0), run on a 60-minute budget on the idle 2-core Xeon: SFT a quarter of the training time,
+160 steps at 4.2 s; GRPO 84 steps in 918 s; the SFT control 217 steps, 918 s at SFT's median step; RFT 107 steps,
+918 s at its first steps' pace. GRPO's recipe over the preset's, from the literature, fixed before the first cell
+ran: shaped rewards count only where the outcome varies (verl-recipe PR #125), prompts drawn by their template's pass
+rate p in proportion to p(1 − p) (arXiv 2504.03380), and groups whose advantages are all zero left out of the update
+(the same result, less work)."""
 COMPARISONS = {"grpo_minus_sft_control": ("control", "grpo"), "grpo_minus_rft": ("rft", "grpo"),
                "grpo_minus_sft": ("sft", "grpo"), "rft_minus_sft_control": ("control", "rft")}
 """The paired differences reported per regime: name → (first stage, second stage), second minus first."""
@@ -79,7 +82,11 @@ def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
 
 def run_cell(cfg: DemoConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:
     """One cell's arc (continuing it where it stopped); in `beyond` the SFT model's pass@8 on GRPO's prompts is
-    measured before GRPO starts (phase `sft_probe`)."""
+    measured before GRPO starts (phase `sft_probe`). A finished cell is left as it is (the first cell ran on the time
+    budget that set the fixed steps)."""
+    progress_file = Path(cfg.output_dir) / "progress.json"
+    if progress_file.exists() and _cell_row({"seed": None, **json.loads(progress_file.read_text())})["finished"]:
+        return json.loads(progress_file.read_text())
     arc = Arc(cfg, progress=progress)
     if regime == "beyond" and not arc.done("sft_probe"):
         arc.evaluate("base")
@@ -115,6 +122,21 @@ def _cell_records(out: Path, regime: str, seeds: Sequence[int]) -> list[dict[str
     return records
 
 
+def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
+    """One cell's line in the summary: whether every stage was evaluated, each phase's steps, the `beyond` regime's
+    probe, and every stage's metrics in points."""
+    phases = cell["phases"]
+    row: dict[str, Any] = {"seed": cell["seed"], "finished": all(f"{s}_eval" in phases for s in STAGES)}
+    row.update({f"{s}_steps": phases[s]["steps"] for s in STAGES if s in phases})
+    if "sft_probe" in phases:
+        row["sft_probe"] = phases["sft_probe"]
+    for stage in ("base", *STAGES):
+        for metric, value in phases.get(f"{stage}_eval", {}).items():
+            if _is_metric(metric):
+                row[f"{stage}_{metric}"] = _points(value)
+    return row
+
+
 def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence[int], machine: dict[str, Any] | None = None,
               ) -> dict[str, Any]:
     """`summary.json` from the cells on disk: per regime and stage each metric's mean over the finished seeds (and
@@ -126,15 +148,10 @@ def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence
         cells = _cell_records(out, regime, seeds)
         result: dict[str, Any] = {"text": REGIME_TEXT[regime], "seeds": [], "stages": {}, "cells": []}
         for cell in cells:
-            phases = cell["phases"]
-            finished = all(f"{s}_eval" in phases for s in STAGES)
-            if finished:
+            row = _cell_row(cell)
+            if row["finished"]:
                 result["seeds"].append(cell["seed"])
-            result["cells"].append({"seed": cell["seed"], "finished": finished,
-                                    **{f"{s}_steps": phases[s]["steps"] for s in ("sft", "grpo", "control", "rft") if s in phases},
-                                    **({"sft_probe": phases["sft_probe"]} if "sft_probe" in phases else {}),
-                                    **{f"{s}_{m}": _points(v) for s in ("base", *STAGES) if f"{s}_eval" in phases
-                                       for m, v in phases[f"{s}_eval"].items() if _is_metric(m)}})
+            result["cells"].append(row)
         done = [c for c in cells if c["seed"] in result["seeds"]]
         for stage in ("base", *STAGES):
             stage_metrics: dict[str, Any] = {}
@@ -157,12 +174,14 @@ def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma
               regimes: Sequence[str] = tuple(REGIMES), seeds: Sequence[int] = (0, 1, 2), minutes: float | None = None,
               overrides: dict[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
     """Every (regime, seed) cell in turn (seed by seed), skipping those already finished, then `summary.json` and `study.png` in
-    `output_dir`. `minutes` replaces each cell's time budget (STUDY_SETTINGS: 60)."""
+    `output_dir`. `minutes`: size each cell's phases by a time budget of that many minutes instead of the fixed steps
+    (a quick look on another machine; its cells are not comparable with the fixed-step ones)."""
     out = Path(output_dir)
     run_dir = claim(out, "study")
     for name in ("summary.json", "study.png", *regimes):
         run_dir.add(name)
-    changes = {**(overrides or {}), **({"time_budget_minutes": minutes} if minutes else {})}
+    by_time = {"time_budget_minutes": minutes, "control_steps": None, "rft_steps": None} if minutes else {}
+    changes = {**(overrides or {}), **by_time}
     for seed in seeds:  # seed by seed: after the first three cells every regime has a result
         for regime in regimes:
             cfg = cell_config(preset, regime, seed, out / regime / f"seed{seed}", overrides=changes)

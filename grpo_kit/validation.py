@@ -54,7 +54,8 @@ RULES: dict[str, dict[str, Rule]] = {
                    "answer_type": one_of(options.ANSWER_TYPES),
                    "num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
     "DemoConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
-                   "eval_pass_k": at_least(0), "eval_batch_size": at_least(1)},
+                   "eval_pass_k": at_least(0), "eval_batch_size": at_least(1), "control_steps": at_least(1),
+                   "rft_steps": at_least(1)},
     "SFTConfig": {
         "steps": at_least(0), "batch_size": at_least(1), "learning_rate": above(0), "weight_decay": at_least(0),
         "warmup_steps": at_least(0), "max_grad_norm": above(0), "max_length": at_least(8), "pad_to_multiple_of": at_least(1),

@@ -123,3 +123,53 @@ def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path,
     assert nbk.session_budget() == 9 * 60 - 45 and nbk.session_budget(120, reserve_minutes=30) == 90
     with pytest.raises(ValueError, match="nothing left to train"):
         nbk.session_budget(40)
+
+
+def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monkeypatch, capsys):
+    """The tiny Gemma on a CPU, Gemma 3 1B-IT on a TPU: the steps each notebook takes (full, short, quick) and the
+    expected minutes — measured for the tiny Gemma, estimated from PRESET_TIMES for 1B, said which."""
+    from grpo_kit.config import PRESET_TIMES
+    from grpo_kit.course import course_mode
+
+    monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
+    tiny = course_mode(nbk.load_demo_config("cpu-tiny"), hardware="cpu")
+    assert tiny.preset == "cpu-tiny" and "tiny Gemma" in tiny.model
+    assert [tiny.steps(k) for k in ("sft", "grpo", "experiment", "test")] == [tiny.sft_steps, tiny.grpo_steps, 8, 200]
+    gemma = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1")
+    assert (gemma.preset, gemma.model, gemma.hardware) == ("tpu-v5e-1-gemma-3-1b", "Gemma 3 1B-IT", "TPU v5e-1")
+    times = PRESET_TIMES["tpu-v5e-1-gemma-3-1b"]
+    minutes, basis = gemma.minutes("05")
+    expected = (gemma.grpo_steps + 6 * 8 + 1) * times["grpo_step_seconds"] + 2 * times["eval_seconds"]
+    assert minutes == -(-expected // 60) and basis.startswith("estimate")
+    gemma.announce("05")
+    said = capsys.readouterr().out
+    assert f"{gemma.grpo_steps} GRPO steps" in said and f"≈ {minutes:g} min (estimate" in said and "short version" in said
+    short = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1", short=True)
+    assert [short.steps(k) for k in ("grpo", "experiment", "test")] == [12, 3, 48] and short.minutes("05")[0] < minutes / 2
+    monkeypatch.setenv("GRPO_KIT_QUICK", "1")
+    assert [gemma.steps(k) for k in ("sft", "grpo", "experiment", "test")] == [40, 4, 3, 48]
+    with pytest.raises(ValueError, match="unknown kind of step 'rl'"):
+        gemma.steps("rl")
+
+
+def test_keep_runs_mounts_drive_on_colab_and_says_which_earlier_checkpoints_are_there(monkeypatch, tmp_path, capsys):
+    import sys
+    import types
+
+    mounted = []
+    colab = types.ModuleType("google.colab")
+    colab.drive = types.SimpleNamespace(mount=mounted.append)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
+    (tmp_path / "course" / "sft" / "checkpoint").mkdir(parents=True)
+    assert nbk.keep_runs(needs=("sft", "grpo")) == tmp_path
+    said = capsys.readouterr().out
+    assert mounted == ["/content/drive"] and str(tmp_path) in said
+    assert "02_sft_warmup's SFT checkpoint: found" in said and "05_grpo_training's GRPO checkpoint: not there" in said
+    monkeypatch.setenv("GRPO_KIT_QUICK", "1")  # CI and the replicas never ask for Drive
+    nbk.keep_runs()
+    assert mounted == ["/content/drive"]
+    with pytest.raises(ValueError, match="unknown course stage 'rl'"):
+        nbk.keep_runs(needs=("rl",))

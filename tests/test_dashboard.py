@@ -251,3 +251,65 @@ def test_experiment_moves_the_slider_between_two_runs(dashboard):
     assert all(r["temperature"] == pytest.approx(0.3) and r["reward_weights"]["strict_format_reward"] == 0.0 for r in after)
     with pytest.raises(ValueError, match="no control named 'bogus'"):
         dashboard.experiment({"bogus": 1.0}, steps=0)
+
+
+def _notebook_trainer(tiny, task, monkeypatch, **changes):
+    """Notebook 05's trainer under CI's quick mode: the course's settings and controls, the step-arithmetic reward at
+    weight 0; 4 prompts × 4 a step and no warm-up (the recorded learning rate is then the control's) to keep it fast."""
+    import dataclasses
+
+    from grpo_kit import notebook as nbk
+    from grpo_kit.rewards import arithmetic_steps_reward
+
+    monkeypatch.setenv("GRPO_KIT_QUICK", "1")
+    model, tok = tiny
+    cfg = nbk.course_grpo_config(nbk.load_demo_config("cpu-tiny"), output_dir="unused")
+    cfg = dataclasses.replace(cfg, output_dir=None, log_completions=0, prompts_per_step=4, group_size=4,
+                              micro_batch_size=16, warmup_steps=1,
+                              reward_weights={**cfg.reward_weights, "arithmetic_steps_reward": 0.0}, **changes)
+    return GRPOTrainer(model, tok, [*DEFAULT_REWARDS, arithmetic_steps_reward], task.prompt_stream(), cfg)
+
+
+def test_every_slider_shown_under_the_notebooks_settings_reaches_the_next_row(tiny, task, monkeypatch):
+    """Notebook 05 trains one pass per batch: ε cannot act there, so no ε slider is shown (a note says why, and
+    moving it is refused with the reason); every slider that is shown changes the next step's row."""
+    dash = Dashboard(_notebook_trainer(tiny, task, monkeypatch), redraw_seconds=0.0)
+    assert "epsilon" not in dash.sliders and "ε (clip) is not shown" in dashboard_module.EPSILON_HIDDEN
+    with pytest.raises(ValueError, match="num_iterations 1"):
+        dash.move(epsilon=0.1)
+    row_keys = {"learning_rate": "lr", "beta": "beta", "temperature": "temperature", "top_p": "top_p"}
+    assert set(dash.sliders) == set(row_keys)
+    dash.run(steps=1)
+    for name, slider in [*dash.sliders.items(), *dash.weight_sliders.items()]:
+        new = slider.min + 0.37 * (slider.max - slider.min) if name != "learning_rate" else 3.0e-4
+        dash.move(**{name: new})
+        dash.run(steps=dash.trainer.step + 1)
+        row = dash.rows[-1]
+        got = row[row_keys[name]] if name in row_keys else row["reward_weights"][name]
+        assert got == pytest.approx(slider.value, rel=1e-6), (name, got, slider.value)
+
+
+def test_with_two_passes_the_epsilon_slider_is_shown_and_narrowing_it_clips_more(sft_model, task, monkeypatch):
+    """From a model whose groups have right and wrong answers (as notebook 05's has after SFT and GRPO)."""
+    from grpo_kit import notebook as nbk
+
+    dash = Dashboard(_notebook_trainer(sft_model, task, monkeypatch, num_iterations=2), redraw_seconds=0.0)
+    assert "epsilon" in dash.sliders
+    dash.move(epsilon=0.5)
+    before, after = dash.experiment({"epsilon": 0.02}, steps=3)
+    assert all(r["epsilon"] == pytest.approx(0.5) for r in before) and all(r["epsilon"] == pytest.approx(0.02) for r in after)
+    assert nbk.expect(before, after, ("clip_high", "clip_low"), "rises")
+
+
+def test_length_bias_measures_each_loss_types_push_per_token_on_wrong_answers(sft_model, task, capsys):
+    from grpo_kit import notebook as nbk
+
+    model, tok = sft_model
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=None, reward_weights=DEFAULT_WEIGHTS, temperature=1.2))
+    probe = task.prompt_stream(seed=99)
+    assert nbk.length_bias(trainer, [next(probe) for _ in range(8)])
+    said = capsys.readouterr().out
+    ratios = {line.split(":")[0].strip(): float(line.rsplit("× ", 1)[1].rstrip(")")) for line in said.splitlines()
+              if line.lstrip().startswith(("grpo:", "dapo:", "dr_grpo:"))}
+    assert ratios["grpo"] < 1 and ratios["dapo"] == pytest.approx(1) and ratios["dr_grpo"] == pytest.approx(1), said

@@ -140,9 +140,12 @@ def test_an_interrupted_grpo_phase_continues_from_its_checkpoint(tmp_path):
 
     resumed = Arc(cfg, "cpu", progress=False, rewards=[length_reward])  # a new process after the disconnect
     assert resumed.grpo_trainer().step == 2
-    assert resumed.grpo()["steps"] == 4
+    record = resumed.grpo()
+    assert record["steps"] == 4
     rows = [json.loads(line) for line in (tmp_path / "arc" / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # the seconds the controls are sized from count the steps taken before the disconnect too
+    assert record["seconds"] >= sum(r["step_seconds"] for r in rows)
     assert rows[-1]["grad_norm"] > 0
     expected = dict(whole.model.named_parameters())
     for name, p in resumed.model.named_parameters():
