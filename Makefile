@@ -86,7 +86,7 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache .platforms
 
-# Every notebook timed with the tiny Gemma on this machine, full and quick mode (about N minutes, nothing else
+# Every notebook but 08 and 09 timed in full mode with the tiny Gemma on this machine (about 8 minutes, nothing else
 # running), into grpo_kit/assets/course_minutes.json and the notebooks' time headers (scripts/course_times.py).
 course-times: $(STAMP)
 	$(BIN)/python scripts/course_times.py

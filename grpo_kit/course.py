@@ -100,7 +100,7 @@ class CourseMode:
         minutes, basis = self.minutes(notebook)
         counts = {"02": f"{self.steps('sft')} SFT steps", "05": f"{self.steps('grpo')} GRPO steps, then 3 experiments "
                   f"of 2 × {self.steps('experiment')}"}.get(notebook)
-        when = f"≈ {minutes:g} min ({basis})" if minutes is not None else "time not measured here"
+        when = f"{_minutes_text(minutes)} ({basis})" if minutes is not None else "time not measured here"
         return f"{line}: notebook {notebook}{f' runs {counts}' if counts else ''}, {when}."
 
     def announce(self, notebook: str) -> None:
@@ -113,7 +113,7 @@ class CourseMode:
         short_minutes, _ = short.minutes(notebook)
         if minutes and short_minutes and minutes >= 15:
             print(f"  The short version (SHORT = True in this cell) runs the same cells with fewer steps: "
-                  f"≈ {short_minutes:g} min.")
+                  f"{_minutes_text(short_minutes)}.")
 
 
 MODEL_NAMES = {"tiny-gemma": "the tiny Gemma (Gemma's architecture, ~1M parameters, random weights)",
@@ -136,19 +136,27 @@ HEADER_MARK = "⏱"
 """The time header's first character: the line in every notebook's first cell that `header` writes."""
 
 
+BUDGETED_NOTEBOOKS = ("08", "09")
+"""The notebooks that train a real Gemma even on a CPU (Gemma 3 270M), for their preset's time budget."""
+
+
+def _minutes_text(minutes: float) -> str:
+    return "< 1 min" if minutes < 1 else f"≈ {round(minutes)} min"
+
+
 def header(notebook: str) -> str:
     """The time header of `notebook` (its first cell carries it; `scripts/course_times.py` writes it there)."""
+    if notebook in BUDGETED_NOTEBOOKS:
+        return (f"{HEADER_MARK} **runs for its time budget**: 55 min with Gemma 3 270M on a CPU, 90 min with Gemma 3 "
+                "1B-IT on a TPU or a GPU (each phase is sized to fit it; set a shorter budget in the notebook).")
     table = measured_minutes()
-    if notebook == "08":
-        return (f"{HEADER_MARK} **the capstone runs for its time budget**: 55 min with Gemma 3 270M on a CPU, 90 min with "
-                "Gemma 3 1B-IT on a TPU or a GPU (each phase is sized to fit it).")
     full = table.get("full", {}).get(notebook)
     if full is None:
         raise KeyError(f"no measured minutes for notebook {notebook} in {MINUTES_FILE.name}: run `make course-times`")
-    line = f"{HEADER_MARK} **≈ {full:g} min** with the tiny Gemma on {table.get('machine_short', 'a 2-core CPU')} (measured)"
+    line = f"{HEADER_MARK} **{_minutes_text(full)}** with the tiny Gemma on {table.get('machine_short', 'a 2-core CPU')} (measured)"
     if notebook in TRAINING_NOTEBOOKS:
         gemma = CourseMode(preset="tpu-v5e-1-gemma-3-1b", model="Gemma 3 1B-IT", hardware="TPU v5e-1", sft_steps=200,
                            grpo_steps=60)
         minutes, _ = gemma.minutes(notebook)
-        line += f"; with Gemma 3 1B-IT on a TPU v5e-1 ≈ {minutes:g} min (estimate)"
+        line += f"; with Gemma 3 1B-IT on a TPU v5e-1 {_minutes_text(minutes)} (estimate)"
     return line + ". `nbk.course_mode(cfg)` prints this runtime's."

@@ -1,5 +1,5 @@
-"""Time every notebook of the course with the tiny Gemma on this machine in full mode (exercises solved; 08, the
-capstone, runs for its preset's time budget and is left out), write `grpo_kit/assets/course_minutes.json`, keep the
+"""Time every notebook of the course with the tiny Gemma on this machine in full mode (exercises solved; 08 and 09
+train a real Gemma for their preset's time budget and are left out), write `grpo_kit/assets/course_minutes.json`, keep the
 executed notebooks in runs/course-times/ (the guided experiments' verdicts are in their outputs), and put each
 notebook's time header (`course.header`) into its first cell. `make course-times`; nothing else running (two torch
 processes on 2 cores slow each other many times over).
@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_kit.course import HEADER_MARK, MINUTES_FILE, header  # noqa: E402
+from grpo_kit.course import BUDGETED_NOTEBOOKS, HEADER_MARK, MINUTES_FILE, header  # noqa: E402
 from grpo_kit.device import describe_machine  # noqa: E402
 
 OUT = ROOT / "runs" / "course-times"
@@ -67,8 +67,8 @@ def main() -> None:
         table.update(machine=machine, machine_short=f"a {machine['cpu_count']}-core {cpu}")
         with tempfile.TemporaryDirectory() as runs:
             for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-                if (args.notebooks and path.name[:2] not in args.notebooks) or path.name.startswith("08"):
-                    continue  # 08 is the capstone: it runs for its preset's time budget
+                if (args.notebooks and path.name[:2] not in args.notebooks) or path.name[:2] in BUDGETED_NOTEBOOKS:
+                    continue  # they run for their preset's time budget
                 minutes = run(path, runs=Path(runs))
                 table.setdefault("full", {})[path.name[:2]] = minutes
                 print(json.dumps({"notebook": path.name, "minutes": minutes}), flush=True)

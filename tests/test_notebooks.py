@@ -167,3 +167,17 @@ def test_the_setup_notebook_shows_no_hub_token(monkeypatch):
     shown = nbformat.writes(nb)
     assert "preset " in shown  # the cells ran and printed the chosen settings
     assert secret not in shown
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_notebook_opens_with_its_time_from_the_measurements(path):
+    """The time header (`course.header`): measured minutes with the tiny Gemma (assets/course_minutes.json, written
+    by `make course-times` with the machine), an estimate for Gemma 3 1B-IT where the notebook trains it, or the time
+    budget of the notebooks that train a real Gemma."""
+    from grpo_kit.course import HEADER_MARK, header, measured_minutes
+
+    first = nbformat.read(path, as_version=4).cells[0].source
+    lines = [line for line in first.splitlines() if line.startswith(HEADER_MARK)]
+    assert lines == [header(path.name[:2])], f"{path.name}: run `python scripts/course_times.py --headers-only`"
+    assert "min" in lines[0] and ("measured" in lines[0] or "time budget" in lines[0])
+    assert measured_minutes()["machine"]["cpu_count"] >= 1

@@ -17,6 +17,7 @@ machine that cannot have it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -124,18 +125,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(params=list(FRONTENDS))
-def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
-    """A Jupyter server of the front end on a free localhost port, serving a fresh folder holding the notebook."""
-    frontend = FRONTENDS[request.param]
-    if not frontend.python.exists():
-        pytest.fail(f"{frontend.python} not found: `make test` builds .venv-classic (Colab's Jupyter versions) first")
-    root = tmp_path / frontend.name
-    root.mkdir()
-    shutil.copy(REPO / "notebooks" / NOTEBOOK, root / NOTEBOOK)
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
-           "GRPO_KIT_QUICK": "0",  # the full run: long enough to steer by hand; the test presses stop early
-           "GRPO_KIT_SOLUTIONS": "1"}  # Run All goes on past the exercise cells
+@contextlib.contextmanager
+def _serve(frontend: type, root: Path, env: dict[str, str]) -> Iterator[str]:
+    """A Jupyter server of `frontend` on a free localhost port serving `root`; yields its URL."""
     frontend.prepare(root, env)
     port = _free_port()
     log_path = root / "server.log"
@@ -152,7 +144,7 @@ def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
                 raise RuntimeError(f"{frontend.name} exited: {log_path.read_text()[-3000:]}") from None
             time.sleep(0.5)
     try:
-        yield frontend, f"http://127.0.0.1:{port}", root
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         try:
@@ -160,6 +152,30 @@ def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+def _root(frontend: type, tmp_path: Path, notebook: str) -> tuple[Path, dict[str, str]]:
+    if not frontend.python.exists():
+        pytest.fail(f"{frontend.python} not found: `make test` builds .venv-classic (Colab's Jupyter versions) first")
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium not found: install Debian's `chromium` (make test does it with apt-get where it can), "
+                    "or set GRPO_KIT_SKIP_BROWSER=1 to leave this test out on purpose")
+    root = tmp_path / frontend.name
+    root.mkdir()
+    shutil.copy(REPO / "notebooks" / notebook, root / notebook)
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(root / ".runtime")}
+    return root, env
+
+
+@pytest.fixture(params=list(FRONTENDS))
+def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
+    """A Jupyter server of the front end on a free localhost port, serving a fresh folder holding the notebook."""
+    frontend = FRONTENDS[request.param]
+    root, env = _root(frontend, tmp_path, NOTEBOOK)
+    env.update(GRPO_KIT_QUICK="0",  # the full run: long enough to steer by hand; the test presses stop early
+               GRPO_KIT_SOLUTIONS="1")  # Run All goes on past the exercise cells
+    with _serve(frontend, root, env) as url:
+        yield frontend, url, root
 
 
 def _reward_panel(image_png: bytes):
@@ -203,9 +219,6 @@ class Run:
 
 
 def test_training_notebook_under_run_all(server):
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium not found: install Debian's `chromium` (make test does it with apt-get where it can), "
-                    "or set GRPO_KIT_SKIP_BROWSER=1 to leave this test out on purpose")
     from playwright.sync_api import sync_playwright
 
     frontend, url, root = server
@@ -311,3 +324,62 @@ def test_training_notebook_under_run_all(server):
     # One run: the steps are numbered 1, 2, … without a gap or a restart up to the stop.
     steps = [r["step"] for r in run.rows()]
     assert steps[: report["stopped_at_step"]] == list(range(1, report["stopped_at_step"] + 1)), steps
+
+
+LEARNER_NOTEBOOK = "04_advantages_and_losses.ipynb"
+
+
+def test_a_learner_answers_an_exercise_and_a_quiz_by_typing_in_classic_notebook(tmp_path):
+    """Colab's front end (classic Notebook 6.5.7, ipywidgets 7.7.1) and the notebook as a learner gets it (blanks,
+    no solutions injected): run the cells up to exercise 04.1, type a wrong answer into its cell and run it and the
+    check (which says what is wrong), type the right one (✅), then run quiz 04.2, click a choice and check."""
+    from playwright.sync_api import sync_playwright
+
+    frontend = ClassicNotebook
+    root, env = _root(frontend, tmp_path, LEARNER_NOTEBOOK)
+    env.pop("GRPO_KIT_SOLUTIONS", None)
+    artifacts = Path(os.environ.get("GRPO_KIT_ARTIFACTS", REPO / "runs" / "browser")) / "learner"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    cells = json.loads((root / LEARNER_NOTEBOOK).read_text())["cells"]
+    exercise = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("# Exercise 04.1:"))
+    quiz = next(i for i, c in enumerate(cells) if "".join(c["source"]) == 'nbk.quiz("04.2")')
+    with _serve(frontend, root, env) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1200})
+        try:
+            page.goto(url + frontend.url.format(notebook=LEARNER_NOTEBOOK, token=TOKEN), timeout=120_000)
+            page.wait_for_function(frontend.ready, timeout=120_000, polling=500)
+            page.evaluate(f"() => Jupyter.notebook.execute_cell_range(0, {exercise})")
+            page.wait_for_function(frontend.idle, timeout=600_000, polling=500)
+
+            def answer(text: str) -> str:
+                """Type `text` over the exercise cell as a learner would, run it and the check; the check's output."""
+                editor = page.locator(".cell.code_cell").nth(exercise).locator(".CodeMirror")
+                editor.click()
+                page.keyboard.press("Control+A")
+                page.keyboard.press("Delete")
+                page.keyboard.type(text)
+                page.keyboard.press("Shift+Enter")  # runs the exercise cell and selects the check cell
+                page.keyboard.press("Shift+Enter")
+                page.wait_for_function(frontend.idle, timeout=120_000, polling=500)
+                return page.locator(".cell.code_cell").nth(exercise + 1).locator(".output_area").inner_text()
+
+            wrong = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / 0.433")
+            right = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / ((0.75**2 + 3 * 0.25**2) / 3) ** 0.5")
+            page.evaluate(f"() => Jupyter.notebook.execute_cells([{quiz}])")
+            page.wait_for_function(frontend.idle, timeout=120_000, polling=500)
+            box = page.locator(".grpo-kit-quiz").first
+            box.locator("label", has_text="Nothing: its std is 0").click()
+            box.locator("button", has_text="check").click()
+            feedback = box.locator(".widget-html-content", has_text="Right").first
+            feedback.wait_for(timeout=30_000)
+            verdict = feedback.inner_text()
+            page.screenshot(path=str(artifacts / "learner.png"), full_page=True)
+        except BaseException:
+            page.screenshot(path=str(artifacts / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert "Not yet (04.1)" in wrong and "population std" in wrong, wrong
+    assert "✅ 04.1 correct" in right, right
+    assert verdict.startswith("✅ Right.") and "pass rate near 0.5" in verdict, verdict
