@@ -50,8 +50,12 @@ def write_headers() -> None:
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         lines = [line for line in nb.cells[0].source.splitlines() if not line.startswith(HEADER_MARK)]
-        at = next(i for i, line in enumerate(lines) if line.startswith("*Runtime:")) + 1
-        nb.cells[0].source = "\n".join([*lines[:at], "", header(path.name[:2]), *lines[at:]]).replace("\n\n\n", "\n\n")
+        start = next(i for i, line in enumerate(lines) if line.startswith("*Runtime:"))
+        end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))  # that paragraph's end
+        text = "\n".join([*lines[:end], "", header(path.name[:2]), *lines[end:]])
+        while "\n\n\n" in text:
+            text = text.replace("\n\n\n", "\n\n")
+        nb.cells[0].source = text
         nbformat.write(nb, path)
 
 
