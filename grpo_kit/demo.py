@@ -109,10 +109,11 @@ class Arc:
             self.run_dir.add(name)
         if self.record_path.exists():
             records = json.loads(self.record_path.read_text())
-            if records.get("settings") != settings:
-                changed = _first_difference(records.get("settings", {}), settings)
+            # a setting the recorded run lacks counts as unset: a field added since, at its default None, is no change
+            if changed := _first_difference(records.get("settings", {}), settings):
                 raise ValueError(f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
                                  "or start over with resume=False (CLI: --overwrite)")
+            records["settings"] = settings
             return records
         return {"settings": settings, "phases": {}, "plan": {}}
 
@@ -428,12 +429,15 @@ def _paired(first: list[bool], second: list[bool]) -> dict[str, int]:
             "both": sum(a and b for a, b in zip(first, second, strict=True))}
 
 
-def _first_difference(old: Any, new: Any, where: str = "") -> str:
+def _first_difference(old: Any, new: Any, where: str = "") -> str | None:
+    """The first setting that differs ("grpo.steps was 60, is 80 now"), a key missing on one side read as None;
+    None when there is none."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                return _first_difference(old.get(key), new.get(key), f"{where}.{key}" if where else key)
-    return f"{where} was {old!r}, is {new!r} now"
+            if changed := _first_difference(old.get(key), new.get(key), f"{where}.{key}" if where else key):
+                return changed
+        return None
+    return None if old == new else f"{where} was {old!r}, is {new!r} now"
 
 
 def run_demo(cfg: DemoConfig | None = None, device: str | None = None, progress: bool = True, *,

@@ -177,3 +177,19 @@ def test_a_task_without_worked_solutions_skips_sft_and_its_control_and_trains_gr
     again = Arc(cfg, "cpu", progress=False)  # a new process: the "SFT model" it starts GRPO from is the base model
     again.hold("sft")
     assert all(torch.equal(p, before[n]) for n, p in again.model.named_parameters())
+
+
+def test_an_arc_recorded_before_a_setting_existed_resumes_and_a_changed_setting_is_named(tmp_path):
+    """A run recorded by an older kit lacks the settings added since (at their default None, they change nothing):
+    it resumes. A setting that differs is named, with both values."""
+    cfg = _tiny(tmp_path / "arc")
+    arc = Arc(cfg, "cpu", progress=False)
+    arc.evaluate("base")
+    path = tmp_path / "arc" / "progress.json"
+    records = json.loads(path.read_text())
+    del records["settings"]["control_steps"], records["settings"]["rft_steps"]  # as an older kit wrote them
+    path.write_text(json.dumps(records))
+    assert Arc(cfg, "cpu", progress=False).done("base_eval")
+    changed = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=cfg.grpo.steps + 1))
+    with pytest.raises(ValueError, match=rf"grpo.steps was {cfg.grpo.steps}, is {cfg.grpo.steps + 1} now"):
+        Arc(changed, "cpu", progress=False)
