@@ -354,7 +354,7 @@ def test_a_learner_answers_an_exercise_and_a_quiz_by_typing_in_classic_notebook(
 
             def answer(text: str) -> str:
                 """Type `text` over the exercise cell as a learner would, run it and the check; the check's output."""
-                editor = page.locator(".cell.code_cell").nth(exercise).locator(".CodeMirror")
+                editor = page.locator("#notebook-container > .cell").nth(exercise).locator(".CodeMirror")
                 editor.click()
                 page.keyboard.press("Control+A")
                 page.keyboard.press("Delete")
@@ -362,7 +362,7 @@ def test_a_learner_answers_an_exercise_and_a_quiz_by_typing_in_classic_notebook(
                 page.keyboard.press("Shift+Enter")  # runs the exercise cell and selects the check cell
                 page.keyboard.press("Shift+Enter")
                 page.wait_for_function(frontend.idle, timeout=120_000, polling=500)
-                return page.locator(".cell.code_cell").nth(exercise + 1).locator(".output_area").inner_text()
+                return page.locator("#notebook-container > .cell").nth(exercise + 1).locator(".output_area").inner_text()
 
             wrong = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / 0.433")
             right = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / ((0.75**2 + 3 * 0.25**2) / 3) ** 0.5")
