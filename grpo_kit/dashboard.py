@@ -167,7 +167,7 @@ class Dashboard:
         notes = []
         if self.trainer.config.num_iterations == 1:  # the ratio is exactly 1 on the one pass: a slider that cannot act
             del self.sliders["epsilon"]
-            notes.append(w.HTML(EPSILON_HIDDEN))
+            notes.append(w.HTML(EPSILON_HIDDEN, layout=layout))  # the sliders' width: a long line would squeeze the plot
         weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}), **c["reward_weights"]}
         self.weight_sliders = {
             name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05, description=name.removesuffix("_reward"),
