@@ -254,8 +254,8 @@ def test_experiment_moves_the_slider_between_two_runs(dashboard):
 
 
 def _notebook_trainer(tiny, task, monkeypatch, **changes):
-    """Notebook 05's trainer under CI's quick mode: the course's settings and controls, the step-arithmetic reward at
-    weight 0; 4 prompts × 4 a step and no warm-up (the recorded learning rate is then the control's) to keep it fast."""
+    """Notebook 05's trainer under CI's quick mode: the course's settings and controls, a fourth reward at weight 0
+    (the notebook's thorough_reward; here the step-arithmetic one); 4 prompts × 4 a step and no warm-up (the recorded learning rate is then the control's) to keep it fast."""
     import dataclasses
 
     from grpo_kit import notebook as nbk
