@@ -79,9 +79,10 @@ class CourseMode:
     def minutes(self, notebook: str) -> tuple[float | None, str]:
         """Expected minutes for `notebook` ("05") here, and their basis ("measured …" or "estimate …"); None where
         there is neither."""
-        table = measured_minutes().get("full", {})
+        measured = measured_minutes()
+        table = measured.get("full", {})
         if (self.tiny or notebook not in TRAINING_NOTEBOOKS) and not self.short and not _quick() and notebook in table:
-            return table[notebook], f"measured with the tiny Gemma on {measured_minutes().get('machine_short', 'a CPU')}"
+            return table[notebook], f"measured with the tiny Gemma on {measured.get('machine_short', 'a CPU')}"
         times = PRESET_TIMES.get(self.preset)
         if not times or notebook not in TRAINING_NOTEBOOKS:
             return None, "not measured"

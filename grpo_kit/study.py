@@ -85,8 +85,9 @@ def run_cell(cfg: DemoConfig, regime: str, *, progress: bool = True) -> dict[str
     measured before GRPO starts (phase `sft_probe`). A finished cell is left as it is (the first cell ran on the time
     budget that set the fixed steps)."""
     progress_file = Path(cfg.output_dir) / "progress.json"
-    if progress_file.exists() and _cell_row({"seed": None, **json.loads(progress_file.read_text())})["finished"]:
-        return json.loads(progress_file.read_text())
+    recorded = json.loads(progress_file.read_text()) if progress_file.exists() else None
+    if recorded and _cell_row({"seed": None, **recorded})["finished"]:
+        return recorded
     arc = Arc(cfg, progress=progress)
     if regime == "beyond" and not arc.done("sft_probe"):
         arc.evaluate("base")
