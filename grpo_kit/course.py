@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ class CourseMode:
     sft_steps: int
     grpo_steps: int
     short: bool = False
+    quick: bool = field(default_factory=_quick)
+    """CI's mode (GRPO_KIT_QUICK=1 when made); the headers are written for full mode whatever the environment."""
 
     @property
     def tiny(self) -> bool:
@@ -70,7 +72,7 @@ class CourseMode:
         if kind not in STEPS:
             raise ValueError(f"unknown kind of step {kind!r}: one of {', '.join(STEPS)}")
         full, short, quick = STEPS[kind]
-        if _quick():
+        if self.quick:
             return quick
         if self.short:
             return short
@@ -81,7 +83,7 @@ class CourseMode:
         there is neither."""
         measured = measured_minutes()
         table = measured.get("full", {})
-        if (self.tiny or notebook not in TRAINING_NOTEBOOKS) and not self.short and not _quick() and notebook in table:
+        if (self.tiny or notebook not in TRAINING_NOTEBOOKS) and not self.short and not self.quick and notebook in table:
             return table[notebook], f"measured with the tiny Gemma on {measured.get('machine_short', 'a CPU')}"
         times = PRESET_TIMES.get(self.preset)
         if not times or notebook not in TRAINING_NOTEBOOKS:
@@ -107,7 +109,7 @@ class CourseMode:
     def announce(self, notebook: str) -> None:
         """Print `describe(notebook)`, and where the full version is long the short one's steps and time."""
         print(self.describe(notebook))
-        if self.short or _quick() or notebook not in TRAINING_NOTEBOOKS:
+        if self.short or self.quick or notebook not in TRAINING_NOTEBOOKS:
             return
         minutes, _ = self.minutes(notebook)
         short = CourseMode(**{**self.__dict__, "short": True})
@@ -157,7 +159,7 @@ def header(notebook: str) -> str:
     line = f"{HEADER_MARK} **{_minutes_text(full)}** with the tiny Gemma on {table.get('machine_short', 'a 2-core CPU')} (measured)"
     if notebook in TRAINING_NOTEBOOKS:
         gemma = CourseMode(preset="tpu-v5e-1-gemma-3-1b", model="Gemma 3 1B-IT", hardware="TPU v5e-1", sft_steps=200,
-                           grpo_steps=60)
+                           grpo_steps=60, quick=False)
         minutes, _ = gemma.minutes(notebook)
         line += f"; with Gemma 3 1B-IT on a TPU v5e-1 {_minutes_text(minutes)} (estimate)"
     return line + ". `nbk.course_mode(cfg)` prints this runtime's."
