@@ -50,7 +50,8 @@ PUBLIC: dict[str, str | None] = {
     "Dashboard": "dashboard", "control_changes": "dashboard", "read_jsonl": "metrics",
     "export_model": "export", "push_folder": "export", "push": "export", "load_checkpoint": "checkpoint",
     # your task: the frozen harness, the leaderboard
-    "score_model": "scoring", "leaderboard": "scoring", "ScoreSettings": "scoring", "SCORE_SETTINGS": "scoring",
+    "score_model": "scoring", "leaderboard": "scoring", "LeaderboardView": "scoring", "ScoreSettings": "scoring",
+    "SCORE_SETTINGS": "scoring",
     # the study (regimes × seeds, paired intervals) and online difficulty targeting
     "run_study": "study", "paired_difference": "evaluation", "DifficultyTargeting": "difficulty",
     # sizing a run

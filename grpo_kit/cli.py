@@ -127,7 +127,7 @@ def _scored(score: dict[str, Any], output_dir: str) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from .scoring import leaderboard
 
-    table = leaderboard(args.scores)
+    table = leaderboard(args.scores, by=args.by)
     if args.output:
         Path(args.output).write_text(table)
     print(table, end="")
@@ -426,9 +426,13 @@ def _score_parsers(sub: Any) -> None:
                    help="with --model an arc's output directory (grpo-kit demo): the stage to score (default grpo)")
     p.add_argument("--overwrite", action="store_true", help="score again into a directory holding a score")
     p.set_defaults(func=cmd_score)
+    from .scoring import RANK_BY
+
     p = sub.add_parser("leaderboard", help="rank score files (grpo-kit score) on the same split as a Markdown table")
     p.add_argument("scores", nargs="+", help="score.json files (or the directories holding them)")
     p.add_argument("--output", default=None, help="also write the table to this Markdown file")
+    p.add_argument("--by", default="accuracy", choices=list(RANK_BY),
+                   help="what to rank by (default: greedy accuracy, the score; ties go to greedy accuracy)")
     p.set_defaults(func=cmd_leaderboard)
 
 

@@ -61,12 +61,21 @@ from .sampling import (
     prompt_tokens,
     sample,
 )
+from .tasks import check_no_overlap
 from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
 
 # The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
 # dashboard, a background thread, a re-run cell's new trainer on the same model — would interleave optimizer steps.
 _MODELS_IN_TRAINING: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
 _MODELS_LOCK = threading.Lock()
+
+
+def _not_held_out(stream: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """A prompt stream's rows, each refused if it is a held-out question of a data task (`tasks.check_no_overlap`)."""
+    for i, row in enumerate(stream):
+        if isinstance(row, dict) and "prompt" in row:
+            check_no_overlap([row["prompt"]], where="the GRPO prompt stream", start=i)
+        yield row
 
 
 def _cycle(dataset: Any, seed: int) -> Iterator[dict[str, Any]]:
@@ -111,7 +120,8 @@ class GRPOTrainer:
         if sized:  # a stream (an iterator) is checked batch by batch instead
             check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
                                  prompt_tokens=lambda p: prompt_tokens(tokenizer, p), max_prompt_tokens=cfg.max_prompt_tokens)
-        self.prompts = _cycle(prompts, cfg.seed) if sized else iter(prompts)
+            check_no_overlap((row["prompt"] for row in prompts), where="the GRPO prompts")
+        self.prompts = _cycle(prompts, cfg.seed) if sized else _not_held_out(prompts)
         self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
         """With difficulty_targeting: the pass rates per level that decide which drawn prompts a step keeps."""
         self.controls = controls or Controls.from_config(cfg)

@@ -7,7 +7,8 @@
 `SCORE_SETTINGS.temperature` (sampled pass@1, maj@k, pass@k), always with `SCORE_SETTINGS`, and writes `score.json`
 (the scores with a 95 % interval, every item, the split's hash, the model, the settings, seconds, the kit's version)
 and a results card `RESULTS.md`. `leaderboard` ranks score files and refuses to rank files from different splits or
-settings: their numbers would not be comparable.
+settings: their numbers would not be comparable. `LeaderboardView` is the same table as a notebook widget over a
+folder of entries.
 """
 
 from __future__ import annotations
@@ -146,35 +147,146 @@ def read_score(path: str | Path) -> dict[str, Any]:
     return score
 
 
-def leaderboard(paths: Sequence[str | Path]) -> str:
-    """A Markdown table ranking score files by greedy accuracy (then maj@k). Refuses files scored on different
-    held-out splits or with different harness settings, naming the two."""
-    scores = [read_score(p) for p in paths]
-    if not scores:
-        raise ValueError("leaderboard: give at least one score file")
-    first = scores[0]
-    for other in scores[1:]:
-        if other["split_hash"] != first["split_hash"]:
-            raise ValueError(f"{other['path']} was scored on another held-out split than {first['path']} (hash "
-                             f"{str(other['split_hash'])[:12]} vs {str(first['split_hash'])[:12]}): score both with the "
-                             "same --task, --num-test and --seed")
-        if other["settings"] != first["settings"] or other.get("instruction") != first.get("instruction"):
-            mine, theirs = ({**s["settings"], "instruction": s.get("instruction")} for s in (other, first))
-            changed = ", ".join(f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine if mine[k] != theirs.get(k))
-            raise ValueError(f"{other['path']} was scored with other harness settings than {first['path']} ({changed}): "
-                             "their numbers are not comparable")
-    k = first["settings"]["k"]
-    ranked = sorted(scores, key=lambda s: (-s["accuracy"], -s[f"maj@{k}"], s["model"]))
-    lines = [f"| rank | model | greedy accuracy (95 % interval) | vs #1, paired (95 % interval) | maj@{k} | sampled pass@1 | "
-             f"pass@{k} | format | n |", "|---|---|---|---|---|---|---|---|---|"]
-    leader = [item["correct"] for item in ranked[0]["items"]]
-    for rank, s in enumerate(ranked, start=1):
+RANK_BY = {"accuracy": "greedy accuracy", "maj@k": "maj@k", "pass@1": "sampled pass@1", "pass@k": "pass@k",
+           "format_rate": "format"}
+"""What a leaderboard can rank by (then by greedy accuracy, then by name): greedy accuracy, the primary score, unless
+asked otherwise."""
+
+
+def _refusal(score: dict[str, Any], first: dict[str, Any]) -> str | None:
+    """Why `score` cannot be ranked beside `first` (another split, other harness settings), or None."""
+    if score["split_hash"] != first["split_hash"]:
+        return (f"{score['path']} was scored on another held-out split than {first['path']} (hash "
+                f"{str(score['split_hash'])[:12]} vs {str(first['split_hash'])[:12]}): score both with the same --task, "
+                "--num-test and --seed")
+    if score["settings"] != first["settings"] or score.get("instruction") != first.get("instruction"):
+        mine, theirs = ({**s["settings"], "instruction": s.get("instruction")} for s in (score, first))
+        changed = ", ".join(f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine if mine[k] != theirs.get(k))
+        return f"{score['path']} was scored with other harness settings than {first['path']} ({changed}): their numbers are not comparable"
+    return None
+
+
+def _metric(score: dict[str, Any], by: str) -> float:
+    return score[by.replace("@k", f"@{score['settings']['k']}")]
+
+
+def ranked_rows(scores: Sequence[dict[str, Any]], *, by: str = "accuracy") -> tuple[list[str], list[list[str]]]:
+    """The leaderboard of comparable `scores` (`read_score`'s), ranked by `by` (a RANK_BY key): its header and one
+    row of cells per entry, #1 first, each with its paired difference from #1 in greedy accuracy."""
+    if by not in RANK_BY:
+        raise ValueError(f"rank by {by!r}: one of {', '.join(RANK_BY)}")
+    k = scores[0]["settings"]["k"]
+    order = sorted(scores, key=lambda s: (-_metric(s, by), -s["accuracy"], s["model"]))
+    header = ["rank", "model", "greedy accuracy (95 % interval)", "vs #1, paired (95 % interval)", f"maj@{k}",
+              "sampled pass@1", f"pass@{k}", "format", "n"]
+    leader = [item["correct"] for item in order[0]["items"]]
+    rows = []
+    for rank, s in enumerate(order, start=1):
         low, high = s["accuracy_interval"]
         versus = "–"
         if rank > 1:
             d = paired_difference([leader], [[item["correct"] for item in s["items"]]])
             versus = f"{d['mean']:+.1f} ({d['low']:+.1f} to {d['high']:+.1f})"
-        lines.append(f"| {rank} | {s['model']} | {s['accuracy']:.1f} % ({low:.1f}–{high:.1f}) | {versus} | "
-                     f"{s[f'maj@{k}']:.1f} % | {s['pass@1']:.1f} % | {s[f'pass@{k}']:.1f} % | {s['format_rate']:.1f} % | "
-                     f"{s['n']} |")
-    return "\n".join(lines) + "\n"
+        rows.append([str(rank), s["model"], f"{s['accuracy']:.1f} % ({low:.1f}–{high:.1f})", versus,
+                     f"{s[f'maj@{k}']:.1f} %", f"{s['pass@1']:.1f} %", f"{s[f'pass@{k}']:.1f} %",
+                     f"{s['format_rate']:.1f} %", str(s["n"])])
+    return header, rows
+
+
+def leaderboard(paths: Sequence[str | Path], *, by: str = "accuracy") -> str:
+    """A Markdown table ranking score files by `by` (RANK_BY; greedy accuracy unless asked). Refuses files scored on
+    different held-out splits or with different harness settings, naming the two."""
+    scores = [read_score(p) for p in paths]
+    if not scores:
+        raise ValueError("leaderboard: give at least one score file")
+    for other in scores[1:]:
+        if reason := _refusal(other, scores[0]):
+            raise ValueError(reason)
+    header, rows = ranked_rows(scores, by=by)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)]) + "\n"
+
+
+class LeaderboardView:
+    """The leaderboard as a notebook widget: every `score.json` under `folder` (and any files given), ranked.
+
+    A menu picks what to rank by, **refresh** reads the folder again (entries scored since appear), and picking an
+    entry shows its results card. A file scored on another split or with other settings than the first is listed
+    under the table with the reason, not ranked. `display(view.widget)`, or end a cell with the view."""
+
+    def __init__(self, folder: str | Path | None = None, files: Sequence[str | Path] = (), *, by: str = "accuracy") -> None:
+        import ipywidgets as widgets
+
+        if by not in RANK_BY:
+            raise ValueError(f"rank by {by!r}: one of {', '.join(RANK_BY)}")
+        self.folder, self.files = (Path(folder) if folder is not None else None), [Path(f) for f in files]
+        self.scores: list[dict[str, Any]] = []
+        self.refused: list[str] = []
+        self.rank_by = widgets.Dropdown(options=[(label, key) for key, label in RANK_BY.items()], value=by,
+                                        description="rank by")
+        self.refresh_button = widgets.Button(description="refresh")
+        self.entry = widgets.Dropdown(options=[], description="entry")
+        self.table, self.card = widgets.HTML(), widgets.HTML()
+        self.rank_by.observe(lambda _: self.show(), names="value")
+        self.entry.observe(lambda _: self.show_card(), names="value")
+        self.refresh_button.on_click(lambda _: self.refresh())
+        self.widget = widgets.VBox([widgets.HBox([self.rank_by, self.refresh_button]), self.table, self.entry, self.card])
+        self.refresh()
+
+    def paths(self) -> list[Path]:
+        """The score files shown: those given, then every `score.json` under the folder, each once."""
+        found = sorted(self.folder.rglob("score.json")) if self.folder is not None and self.folder.is_dir() else []
+        return list(dict.fromkeys([*self.files, *found]))
+
+    def refresh(self) -> None:
+        """Read the score files again and show them ranked."""
+        self.scores, self.refused = [], []
+        for path in self.paths():
+            try:
+                score = read_score(path)
+            except ValueError as e:
+                self.refused.append(str(e))
+                continue
+            reason = _refusal(score, self.scores[0]) if self.scores else None
+            if reason:
+                self.refused.append(reason)
+            else:
+                self.scores.append(score)
+        chosen = self.entry.value
+        self.entry.options = [(s["model"], s["path"]) for s in self.scores]
+        paths = [s["path"] for s in self.scores]
+        self.entry.value = chosen if chosen in paths else (paths[0] if paths else None)
+        self.show()
+
+    def show(self) -> None:
+        """Render the table for the chosen ranking, and the refused files under it."""
+        import html
+
+        if not self.scores:
+            where = f"under {self.folder}" if self.folder is not None else "given"
+            self.table.value = f"<p>No score file {where} yet: score an entry with <code>gk.score_model</code>.</p>"
+        else:
+            header, rows = ranked_rows(self.scores, by=self.rank_by.value)
+            cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+            self.table.value = f"<table><tr>{cells}</tr>{body}</table>"
+        if self.refused:
+            self.table.value += "<p>Not ranked:</p><ul>" + "".join(f"<li>{html.escape(r)}</li>" for r in self.refused) + "</ul>"
+        self.show_card()
+
+    def show_card(self) -> None:
+        """The chosen entry's results card (its RESULTS.md beside the score file)."""
+        import html
+
+        score = next((s for s in self.scores if s["path"] == self.entry.value), None)
+        if score is None:
+            self.card.value = ""
+            return
+        card = Path(score["path"]).with_name("RESULTS.md")
+        text = card.read_text() if card.exists() else f"No results card beside {score['path']}."
+        self.card.value = f"<pre style='white-space: pre-wrap'>{html.escape(text)}</pre>"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)

@@ -24,6 +24,7 @@ from .metrics import MetricsLogger, to_host
 from .models import base_model
 from .rundir import claim, record_entry
 from .sampling import bucket_length, position_ids_from_mask, render_prompt
+from .tasks import check_no_overlap
 from .validation import ConfigError, DataError, check_skipped_in_a_row, check_writable, prompt_problem
 
 
@@ -103,6 +104,8 @@ class SFTTrainer:
         self.model, self.tokenizer, self.config = model, tokenizer, config or SFTConfig()
         cfg = self.config
         self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length) if dataset is not None else []
+        if dataset is not None:
+            check_no_overlap((row["prompt"] for row in dataset), where="the SFT dataset")
         if dataset is not None and len(self.examples) < cfg.batch_size:
             raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
         self.device = next(model.parameters()).device

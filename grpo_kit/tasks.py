@@ -18,7 +18,7 @@ import json
 import operator
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -421,14 +421,27 @@ def prompt_key(prompt: Any) -> str:
     return hashlib.sha256(" ".join(text.casefold().split()).encode()).hexdigest()
 
 
-def check_no_overlap(training_prompts: list[Any], held_out: Dataset | list[dict[str, Any]], *, where: str = "training set") -> None:
-    """Refuse a training set that holds a held-out question (compared by `prompt_key`), naming the first one."""
-    held = {prompt_key(r["prompt"]): r["prompt"] for r in held_out}
-    for i, prompt in enumerate(training_prompts):
+HELD_OUT: dict[str, dict[str, str]] = {}
+"""Data source → {`prompt_key`: the split holding it out} for the latest `DataTask` made from each source in this
+process (loading a file again with another seed or num_test replaces its split): the trainers refuse a dataset
+handed to them directly that holds one of these questions (`check_no_overlap`)."""
+
+
+def check_no_overlap(training_prompts: Iterable[Any], held_out: Dataset | list[dict[str, Any]] | None = None, *,
+                     where: str = "training set", start: int = 0) -> None:
+    """Refuse a training set that holds a held-out question (compared by `prompt_key`), naming the first one; the
+    held-out rows are `held_out`'s, or (None) those of every `DataTask` made in this process (`HELD_OUT`)."""
+    if held_out is None:
+        held = {key: split for keys in HELD_OUT.values() for key, split in keys.items()}
+    else:
+        held = {prompt_key(r["prompt"]): "the held-out rows given" for r in held_out}
+    if not held:
+        return
+    for i, prompt in enumerate(training_prompts, start=start):
         if prompt_key(prompt) in held:
             text = prompt[-1]["content"] if isinstance(prompt, list) else prompt
-            raise DataError(f"{where} row {i} is a held-out question ({str(text)[:60]!r}): training on the held-out "
-                            "split would inflate its score; remove it from the training data")
+            raise DataError(f"{where} row {i} is a held-out question of {held[prompt_key(prompt)]} ({str(text)[:60]!r}): "
+                            "training on the held-out split would inflate its score; remove it from the training data")
 
 
 class DataTask:
@@ -458,6 +471,7 @@ class DataTask:
                 raise DataError(f"{name} rows {held[prompt_key(examples[i]['prompt'])]} and {i} ask the same question, and "
                                 "one of them is held out: remove the duplicate so the held-out split stays unseen")
         self._test = [examples[i] for i in sorted(order[:num_test])]
+        HELD_OUT[name] = {prompt_key(r["prompt"]): f"{name} (seed {seed}, num_test {num_test})" for r in self._test}
         self._train = [examples[i] for i in sorted(order[num_test:])]
         self.split_hash = hashlib.sha256(json.dumps([[r["prompt"][-1]["content"], r["answer"]] for r in self._test]).encode()
                                          ).hexdigest()

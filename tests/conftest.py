@@ -25,6 +25,17 @@ if xla_available():
     torch_xla.device()
 
 
+@pytest.fixture(autouse=True)
+def fresh_held_out_splits():
+    """Each test starts with no data task's held-out rows registered (in a user's process they accumulate: a
+    question one loaded file holds out is refused in any training set)."""
+    from grpo_kit import tasks
+
+    tasks.HELD_OUT.clear()
+    yield
+    tasks.HELD_OUT.clear()
+
+
 @pytest.fixture(scope="session")
 def cpu() -> torch.device:
     return torch.device("cpu")

@@ -136,3 +136,34 @@ def test_a_question_asked_twice_across_the_split_is_refused(tmp_path):
     rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)] + [{"prompt": "  Q3 ", "answer": "3"}]
     with pytest.raises(DataError, match=r"rows \d+ and \d+ ask the same question, and one of them is held out"):
         load_task(_jsonl(tmp_path / "dup.jsonl", rows), num_test=10, seed=0)
+
+
+def test_the_trainers_refuse_a_held_out_row_handed_to_them_directly(tmp_path, tiny):
+    """Rows a data task holds out never train: SFT's dataset, GRPO's sized prompts and GRPO's stream each stop with
+    one line naming the row and the split; the training rows pass; loading the file again with another split
+    replaces the first one's held-out rows."""
+    from grpo_kit.config import GRPOConfig, SFTConfig
+    from grpo_kit.grpo import GRPOTrainer
+    from grpo_kit.sft import SFTTrainer
+
+    model, tokenizer = tiny
+    path = _jsonl(tmp_path / "mine.jsonl", _rows())
+    other_split = [r["prompt"] for r in load_task(path, prompt="q", answer="a", num_test=10, seed=8).test_set()]
+    task = load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7)
+    leaked = next(r for r in task.test_set() if r["prompt"] not in other_split)  # held out by seed 7, not by seed 8
+    demos = list(task.demonstrations())
+    sft = SFTConfig(steps=1, batch_size=2)
+    SFTTrainer(model, tokenizer, demos, sft)  # the training rows pass
+    with pytest.raises(DataError, match=r"the SFT dataset row 2 is a held-out question of .*mine.jsonl \(seed 7, num_test 10\)"):
+        SFTTrainer(model, tokenizer, [*demos[:2], {**leaked, "completion": "<answer>x</answer>"}], sft)
+    train = [next(task.prompt_stream()) for _ in range(1)]
+    grpo = GRPOConfig(steps=1)
+    GRPOTrainer(model, tokenizer, [correctness_reward], train, grpo)
+    with pytest.raises(DataError, match="the GRPO prompts row 1 is a held-out question"):
+        GRPOTrainer(model, tokenizer, [correctness_reward], [*train, leaked], grpo)
+    stream = GRPOTrainer(model, tokenizer, [correctness_reward], iter([*train, leaked]), grpo).prompts
+    next(stream)
+    with pytest.raises(DataError, match="the GRPO prompt stream row 1 is a held-out question"):
+        next(stream)
+    load_task(path, prompt="q", answer="a", num_test=10, seed=8)  # the file's split is seed 8's again
+    GRPOTrainer(model, tokenizer, [correctness_reward], [*train, leaked], grpo)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.scoring import SCORE_SETTINGS, leaderboard, read_score, wilson_interval
+from grpo_kit.scoring import SCORE_SETTINGS, leaderboard, ranked_rows, read_score, wilson_interval
 
 
 def test_the_wilson_interval_stays_inside_0_to_100_and_narrows_with_n():
@@ -54,6 +54,44 @@ def test_the_leaderboard_ranks_by_accuracy_with_paired_intervals_and_refuses_mix
     (tmp_path / "e" / "score.json").write_text('{"model": "x"}')
     with pytest.raises(ValueError, match="not a grpo-kit score file"):
         read_score(tmp_path / "e")
+
+
+def test_the_leaderboard_ranks_by_another_column_when_asked():
+    scores = [{**_score("greedy-best", [True] * 60 + [False] * 40), "maj@4": 50.0, "path": "a"},
+              {**_score("vote-best", [True] * 50 + [False] * 50), "maj@4": 70.0, "path": "b"}]
+    _, by_accuracy = ranked_rows(scores)
+    _, by_vote = ranked_rows(scores, by="maj@k")
+    assert [r[1] for r in by_accuracy] == ["greedy-best", "vote-best"] and [r[1] for r in by_vote] == ["vote-best", "greedy-best"]
+    assert by_vote[1][3].startswith("+10.0")  # the paired difference is always in greedy accuracy, from #1
+    with pytest.raises(ValueError, match="rank by 'speed': one of accuracy, maj@k"):
+        ranked_rows(scores, by="speed")
+
+
+def test_the_leaderboard_widget_ranks_a_folder_refreshes_and_lists_what_it_cannot_rank(tmp_path):
+    """`LeaderboardView`: the entries under a folder ranked as in the Markdown table; an entry scored later appears
+    on refresh; a file from another split is listed with the reason instead of ranked; picking an entry shows its
+    card; ranking by maj@k reorders the rows."""
+    from grpo_kit.scoring import LeaderboardView
+
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    view = LeaderboardView(entries)
+    assert "No score file under" in view.table.value and view.entry.options == ()
+    _write(entries, "sft", {**_score("sft-only", [True] * 30 + [False] * 70), "maj@4": 55.0})
+    assert "sft-only" not in view.table.value
+    view.refresh_button.click()
+    assert "<td>sft-only</td>" in view.table.value and "No results card beside" in view.card.value
+    grpo = _write(entries, "grpo", _score("grpo", [True] * 45 + [False] * 55))
+    grpo.with_name("RESULTS.md").write_text("# Results: grpo (the file)")
+    _write(entries, "other", _score("elsewhere", [True] * 100, split="ffff00"))
+    view.refresh()
+    table = view.table.value
+    assert table.index("<td>grpo</td>") < table.index("<td>sft-only</td>") and "<td>elsewhere</td>" not in table
+    assert "Not ranked:" in table and "another held-out split" in table
+    view.rank_by.value = "maj@k"
+    assert view.table.value.index("<td>sft-only</td>") < view.table.value.index("<td>grpo</td>")
+    view.entry.value = str(grpo)
+    assert "(the file)" in view.card.value
 
 
 def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads_them(tmp_path, capsys, monkeypatch):
