@@ -32,8 +32,8 @@ PUBLIC: dict[str, str | None] = {
     "resolve_model": "hub", "ModelAccessError": "hub", "stop_token_ids": "chat", "GEMMA_CHAT_TEMPLATE": "chat",
     "get_device": "device", "xla_problem": "device", "SetupError": "device",
     # data and rewards
-    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "GSM8KTask": "tasks", "make_task": "tasks", "load_gsm8k": "tasks", "parse_number": "answers",
-    "load_task": "tasks", "DataTask": "tasks", "answer_matches": "answers", "infer_answer_type": "answers",
+    "ArithmeticTask": "tasks", "WordProblemTask": "tasks", "GSM8KTask": "tasks", "make_task": "tasks", "load_gsm8k": "tasks", "parse_number": "answer_format",
+    "load_task": "tasks", "DataTask": "tasks", "answer_matches": "answer_format", "infer_answer_type": "answer_format",
     "DEFAULT_REWARDS": "rewards", "DEFAULT_WEIGHTS": "rewards",
     "strict_format_reward": "rewards", "soft_format_reward": "rewards", "correctness_reward": "rewards",
     "answer_digits_reward": "rewards", "arithmetic_steps_reward": "rewards", "make_length_penalty": "rewards",

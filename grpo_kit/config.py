@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from .answer_format import WORD_PROBLEM_INSTRUCTION
 from .validation import ConfigError, validate
 
 
@@ -76,7 +77,7 @@ class TaskConfig:
     system_column: str | None = None
     """file/hub: a column holding a per-row instruction (None: `system_prompt` for every row)."""
     answer_type: str = "auto"
-    """file/hub: how answers are compared (`answers.ANSWER_TYPES`: number, choice, string, regex; auto = inferred per
+    """file/hub: how answers are compared (`answer_format.ANSWER_TYPES`: number, choice, string, regex; auto = inferred per
     row from the answer). A file's own `answer_type` column wins, row by row."""
     split: str = "train"
     """hub: the dataset split to read (the kit holds out its own `num_test` rows from it)."""
@@ -400,9 +401,6 @@ class DemoConfig:
         validate(self)
 
 
-WORD_PROBLEM_INSTRUCTION = ("Solve the problem step by step inside <reasoning></reasoning>, then give only the final "
-                            "number inside <answer></answer>.")
-"""The system prompt of the presets that train on word problems (generated or GSM8K)."""
 GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
 """GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
 

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .answer_format import ANSWER_CLOSE, ANSWER_OPEN, extract_answer
 from .chat import stop_token_ids
-from .rewards import correctness_reward, extract_answer, strict_format_reward
+from .rewards import correctness_reward, strict_format_reward
 from .sampling import encode_prompts, sample
 from .tasks import completion_text
 
@@ -100,7 +101,7 @@ def sampled_scores(
         group = range(i * k, (i + 1) * k)
         counts.append(sum(1 for j in group if correct[j]))
         votes = Counter(a for j in group if (a := extract_answer(completion_text(completions[j]))) is not None)
-        majority.append(f"<answer>{votes.most_common(1)[0][0]}</answer>" if votes else "")  # no answer: never right
+        majority.append(f"{ANSWER_OPEN}{votes.most_common(1)[0][0]}{ANSWER_CLOSE}" if votes else "")  # no answer: never right
     majority_right = [bool(c) for c in _correct(dataset, [None] * len(answers), majority, answers, repeat=1)]
     n = max(len(prompts), 1)
     return {"pass@1": sum(counts) / (n * k), f"maj@{k}": sum(majority_right) / n,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from .answer_format import TAGS
 from .chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .config import ModelConfig
 from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, shard_parameters
@@ -27,7 +28,7 @@ from .planner import MODEL_SHAPES
 # Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
 TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 # The answer-format tags are single tokens in the tiny vocabulary: shorter sequences, faster CPU demos.
-TINY_TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+TINY_TAGS = list(TAGS)
 TINY_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
 
 TINY_CONFIG: dict[str, Any] = json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text())

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .answer_format import YOUR_TASK_INSTRUCTION
 from .config import PRESET_TIMES, DemoConfig, auto_preset, load_demo_config
 
 # re-exported for the notebooks: nbk.check_exercise("03.1", globals()), nbk.hint, nbk.reveal, nbk.quiz("04.1")
@@ -236,9 +237,6 @@ def restore_run(handle: str, run: str | Path) -> Path:
     return run
 
 
-YOUR_TASK_INSTRUCTION = ("Think step by step inside <reasoning></reasoning>, then give only the final answer inside "
-                         "<answer></answer>.")
-"""The instruction each question of notebook 09's task gets (the answer format every reward and the harness read)."""
 
 
 def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-it", "gemma-3-270m")) -> tuple[Any, Any, str]:

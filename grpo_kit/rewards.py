@@ -17,21 +17,25 @@ from typing import Any
 
 import torch
 
-from .answers import answer_matches, infer_answer_type
+from .answer_format import (
+    REASONING_BLOCK,
+    STRICT_FORMAT,
+    TAGS,
+    answer_matches,
+    extract_answer,
+    infer_answer_type,
+)
 from .tasks import completion_text
 
 RewardFunc = Callable[..., list]
 
-_STRICT = re.compile(r"^\s*<reasoning>[\s\S]+?</reasoning>\s*<answer>[\s\S]+?</answer>\s*$")
-_ANSWER = re.compile(r"<answer>([\s\S]*?)</answer>")
-_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
 
 def strict_format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
     """1.0 when the whole completion is `<reasoning>…</reasoning><answer>…</answer>` (whitespace allowed
     around the blocks, each tag exactly once), else 0.0."""
     texts = [completion_text(c) for c in completions]
-    return [1.0 if _STRICT.match(t) and all(t.count(tag) == 1 for tag in _TAGS) else 0.0 for t in texts]
+    return [1.0 if STRICT_FORMAT.match(t) and all(t.count(tag) == 1 for tag in TAGS) else 0.0 for t in texts]
 
 
 def soft_format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
@@ -39,13 +43,9 @@ def soft_format_reward(prompts: list, completions: list, **_: Any) -> list[float
 
     Gives a gradient toward the format before the strict reward ever fires.
     """
-    return [sum(0.25 for tag in _TAGS if completion_text(c).count(tag) == 1) for c in completions]
+    return [sum(0.25 for tag in TAGS if completion_text(c).count(tag) == 1) for c in completions]
 
 
-def extract_answer(text: str) -> str | None:
-    """The content of the last `<answer>…</answer>` block, stripped; None when there is none."""
-    found = _ANSWER.findall(text)
-    return found[-1].strip() if found else None
 
 
 
@@ -54,11 +54,11 @@ def make_correctness_reward(
     abs_tol: float = 1e-6, rel_tol: float = 0.0, numeric_credit: float = 1.0, name: str = "correctness_reward"
 ) -> RewardFunc:
     """Build a correctness reward for the extracted answer, by the row's answer type (the dataset column
-    `answer_type` where it has one, else inferred from the answer: `answers.infer_answer_type`):
+    `answer_type` where it has one, else inferred from the answer: `answer_format.infer_answer_type`):
 
-    - number: 1.0 for an exact string match, `numeric_credit` when both hold one number (`answers.parse_number`:
+    - number: 1.0 for an exact string match, `numeric_credit` when both hold one number (`answer_format.parse_number`:
       "$1,350.00", "18 dollars.") and |x − y| ≤ max(abs_tol, rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0;
-    - choice, string, regex: 1.0 when `answers.answer_matches` says so ("(b)" for B, "the Nile." for Nile), else 0.0.
+    - choice, string, regex: 1.0 when `answer_format.answer_matches` says so ("(b)" for B, "the Nile." for Nile), else 0.0.
 
     Needs the dataset column `answer`.
     """
@@ -114,7 +114,6 @@ def answer_digits_reward(prompts: list, completions: list, answer: list[str] | N
     return scores
 
 _STEP = re.compile(r"(\d+(?:\s*[-+*]\s*\d+)+)\s*=\s*(-?\d+)")
-_REASONING = re.compile(r"<reasoning>([\s\S]*?)</reasoning>")
 
 
 def _arithmetic(expr: str) -> int:
@@ -141,7 +140,7 @@ def arithmetic_steps_reward(prompts: list, completions: list, **_: Any) -> list[
     """
     scores = []
     for c in completions:
-        block = _REASONING.search(completion_text(c))
+        block = REASONING_BLOCK.search(completion_text(c))
         steps = _STEP.findall(block.group(1)) if block else []
         right = sum(1 for expr, value in steps if _arithmetic(expr) == int(value))
         scores.append(right / len(steps) if steps else 0.0)

@@ -5,7 +5,7 @@ Every example has the columns the trainers and rewards use:
     prompt       list of chat messages, e.g. [{"role": "user", "content": "What is 23 + 45?"}]
     answer       the verifiable final answer as a string, e.g. "68"
     completion   (demonstrations only) the target text "<reasoning>…</reasoning><answer>68</answer>"
-    answer_type  (tasks from your data) how the answer is compared: number, choice, string, regex (`answers.py`)
+    answer_type  (tasks from your data) how the answer is compared: number, choice, string, regex (`answer_format.py`)
 
 A task gives `demonstrations()` (SFT), `prompt_stream()` (GRPO, endless) and `test_set()` (held out, never trained on).
 """
@@ -26,11 +26,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from .answers import ANSWER_TYPES, canonical_number, infer_answer_type
+from .answer_format import ANSWER_OPEN, ANSWER_TYPES, canonical_number, format_completion, infer_answer_type
 from .validation import DataError, prompt_problem
-
-REASONING_OPEN, REASONING_CLOSE = "<reasoning>", "</reasoning>"
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
 QUESTION_TEMPLATES = (
     "What is {a} + {b}?",
@@ -38,11 +35,6 @@ QUESTION_TEMPLATES = (
     "Compute {a} plus {b}.",
     "{a} + {b} = ?",
 )
-
-
-def format_completion(reasoning: str, answer: str) -> str:
-    """The output format every reward checks: `<reasoning>…</reasoning><answer>…</answer>`."""
-    return f"{REASONING_OPEN}{reasoning}{REASONING_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
 
 def addition_reasoning(a: int, b: int) -> str:

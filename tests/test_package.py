@@ -194,3 +194,24 @@ def test_the_troubleshooting_page_quotes_messages_the_kit_prints():
         for fragment in quote.split("…"):
             if len(fragment.strip()) >= 12:
                 assert fragment in source, f"troubleshooting.md quotes {fragment!r}, which the kit does not print"
+
+
+def test_the_answer_format_has_one_home():
+    """The tags live in `answer_format` alone: no other module writes them in its code (docstrings may show them, and
+    the exercises' and quizzes' example completions are text for the learner); the tiny tokenizer's added tokens
+    are the same tags."""
+    import ast
+
+    from grpo_kit.answer_format import TAGS
+    from grpo_kit.models import TINY_TAGS
+
+    assert TINY_TAGS == list(TAGS)
+    elsewhere = []
+    for path in sorted((ROOT / "grpo_kit").rglob("*.py")):
+        if path.name in ("answer_format.py", "exercises.py", "quizzes.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+        elsewhere += [f"{path.name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                      and isinstance(node.value, str) and id(node) not in docs and any(tag in node.value for tag in TAGS)]
+    assert not elsewhere, f"the answer format's tags written outside answer_format.py: {elsewhere}"

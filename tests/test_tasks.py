@@ -65,7 +65,7 @@ def test_gsm8k_loader_on_rows_in_the_repo():
     ("3 or 4", None, None), ("2/3", None, None), ("3, 4", None, None), ("none", None, None), ("", None, None),
 ])
 def test_answer_numbers_as_gsm8k_writes_them_and_models_answer_them(text, number, canonical):
-    from grpo_kit.answers import canonical_number, parse_number
+    from grpo_kit.answer_format import canonical_number, parse_number
 
     assert parse_number(text) == number and canonical_number(text) == canonical
 
@@ -167,7 +167,7 @@ def test_a_gsm8k_file_splits_into_held_out_demonstrations_and_prompts_the_same_w
 
 
 def canonical_of(row: dict) -> str:
-    from grpo_kit.answers import canonical_number
+    from grpo_kit.answer_format import canonical_number
 
     return canonical_number(row["answer"].split("####")[-1])
 

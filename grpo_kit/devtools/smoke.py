@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..answer_format import WORD_PROBLEM_INSTRUCTION
 from ..config import GRPOConfig, ModelConfig, SFTConfig
 from ..device import get_device, mark_step
 from ..export import merged_copy, save_merged
@@ -33,8 +34,7 @@ from ..sampling import encode_prompts
 from ..sft import SFTTrainer
 from ..tasks import ArithmeticTask
 
-INSTRUCTION = ("Add the two numbers. Think step by step inside <reasoning></reasoning>, then give only the number "
-               "inside <answer></answer>.")
+INSTRUCTION = "Add the two numbers. " + WORD_PROBLEM_INSTRUCTION
 
 
 @torch.no_grad()

@@ -1,4 +1,11 @@
-"""Answer types: how a model's final answer (the text in `<answer>…</answer>`) is compared with the right one.
+"""The answer format, in one place: the tags a completion writes, the instructions that ask for them, how the final
+answer is read back, and how it is compared with the right one. Tasks, rewards, the tiny tokenizer, the presets'
+instructions and the evaluation all read it from here; change the format here and nowhere else.
+
+    <reasoning>47 + 38: 7+8=15, 4+3+1=8</reasoning><answer>85</answer>     (`format_completion`)
+
+`STRICT_FORMAT` is the whole-completion shape the strict format reward checks, `extract_answer` the text of the last
+`<answer>` block. Answer types say how that text is compared with the right answer:
 
     number    one number, within a tolerance: "$1,350.00" = "1350", "18 dollars." = "18" (`parse_number`)
     choice    one of the letters A–E, also inside prose: "(b)", "B)", "The answer is B." = "B"
@@ -7,9 +14,9 @@
     regex     the right answer is a regular expression the whole answer must match (case-insensitive)
     function  a user function f(predicted, truth) -> bool
 
-`parse_number` reads the one number in an answer as people and models write it. `infer_answer_type` picks number, choice or string from the right answer itself, row by row, so one dataset may mix
-them; a task can also set one type for every row. `answer_matches` is the comparison every reward and the evaluation
-use for tasks from a user's data.
+`parse_number` reads the one number in an answer as people and models write it. `infer_answer_type` picks number,
+choice or string from the right answer itself, row by row, so one dataset may mix them; a task can also set one type
+for every row. `answer_matches` is the comparison every reward and the evaluation use for tasks from a user's data.
 """
 
 from __future__ import annotations
@@ -19,6 +26,35 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from .options import ANSWER_TYPES
+
+REASONING_OPEN, REASONING_CLOSE = "<reasoning>", "</reasoning>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+TAGS = (REASONING_OPEN, REASONING_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+"""The four tags, in order (the tiny Gemma's tokenizer has each as one token; the soft format reward counts them)."""
+
+STRICT_FORMAT = re.compile(rf"^\s*{REASONING_OPEN}[\s\S]+?{REASONING_CLOSE}\s*{ANSWER_OPEN}[\s\S]+?{ANSWER_CLOSE}\s*$")
+"""A whole completion in the format: one reasoning block, then one answer block, whitespace around them allowed."""
+ANSWER_BLOCK = re.compile(rf"{ANSWER_OPEN}([\s\S]*?){ANSWER_CLOSE}")
+REASONING_BLOCK = re.compile(rf"{REASONING_OPEN}([\s\S]*?){REASONING_CLOSE}")
+
+WORD_PROBLEM_INSTRUCTION = (f"Solve the problem step by step inside {REASONING_OPEN}{REASONING_CLOSE}, then give only "
+                            f"the final number inside {ANSWER_OPEN}{ANSWER_CLOSE}.")
+"""The system prompt of the presets that train on word problems (generated or GSM8K)."""
+YOUR_TASK_INSTRUCTION = (f"Think step by step inside {REASONING_OPEN}{REASONING_CLOSE}, then give only the final "
+                         f"answer inside {ANSWER_OPEN}{ANSWER_CLOSE}.")
+"""The instruction notebook 09 gives every question of a user's task (numbers, letters or text)."""
+
+
+def format_completion(reasoning: str, answer: str) -> str:
+    """The output format every reward checks: `<reasoning>…</reasoning><answer>…</answer>`."""
+    return f"{REASONING_OPEN}{reasoning}{REASONING_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last `<answer>…</answer>` block, stripped; None when there is none."""
+    found = ANSWER_BLOCK.findall(text)
+    return found[-1].strip() if found else None
+
 
 CHOICES = "ABCDE"
 
