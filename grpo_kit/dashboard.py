@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import math
 import signal
 import sys
 import threading
@@ -34,6 +35,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from .controls import LIVE_SETTINGS
 from .plots import (
     draw_advantage_heatmap,
     draw_advantage_histogram,
@@ -56,21 +58,13 @@ PANELS = (
 XLA_PANEL = ("XLA", ("xla_compiles_step", "step_seconds"), "graphs compiled this step · step seconds")
 MEMORY_PANEL = ("memory", ("memory_bytes_in_use", "memory_peak_bytes", "memory_bytes_limit", "memory_host_peak_bytes"),
                 "GiB: device in use / peak / limit; host peak RSS")
-EPSILON_HIDDEN = ("<small>ε (clip) is not shown: with one pass over each batch (num_iterations = 1) the policy has "
-                  "not moved since sampling, the ratio is 1 and the clip never acts. It shows with num_iterations ≥ 2."
-                  "</small>")
-"""What the dashboard says in place of the ε slider when ε cannot act."""
-CONTROL_KEYS = ("lr", "beta", "temperature", "top_p", "epsilon")
-
-
 def control_changes(rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
     """Steps where a control value differs from the previous step's, with what changed — the markers."""
     out = []
     for prev, row in zip(rows, rows[1:], strict=False):
-        changed = [f"{k} {prev.get(k):.3g}→{row.get(k):.3g}" for k in CONTROL_KEYS
-                   if prev.get(k) is not None and row.get(k) is not None and prev[k] != row[k] and k != "lr"]
-        if prev.get("controls_version") != row.get("controls_version") and prev.get("lr") != row.get("lr"):
-            changed.append(f"lr {prev['lr']:.2g}→{row['lr']:.2g}")
+        changed = [f"{k} {prev[k]:.3g}→{row[k]:.3g}" for k, setting in LIVE_SETTINGS.items()
+                   if prev.get(k) is not None and row.get(k) is not None and prev[k] != row[k]
+                   and (not setting.scheduled or prev.get("controls_version") != row.get("controls_version"))]
         if prev.get("reward_weights") != row.get("reward_weights"):
             changed.append("reward weights")
         if changed:
@@ -156,18 +150,18 @@ class Dashboard:
         c = self.controls.snapshot()
         style = {"description_width": "110px"}
         layout = w.Layout(width="340px")
-        self.sliders: dict[str, Any] = {
-            "learning_rate": w.FloatLogSlider(value=c["learning_rate"], base=10, min=-6, max=-2, step=0.1,
-                                              description="learning rate", readout_format=".1e", style=style, layout=layout),
-            "beta": w.FloatSlider(value=c["beta"], min=0.0, max=1.0, step=0.01, description="β (KL weight)", style=style, layout=layout),
-            "temperature": w.FloatSlider(value=c["temperature"], min=0.1, max=1.5, step=0.05, description="temperature", style=style, layout=layout),
-            "top_p": w.FloatSlider(value=c["top_p"], min=0.1, max=1.0, step=0.05, description="top-p", style=style, layout=layout),
-            "epsilon": w.FloatSlider(value=c["epsilon"], min=0.02, max=0.5, step=0.01, description="ε (clip)", style=style, layout=layout),
-        }
+        self.sliders: dict[str, Any] = {}
         notes = []
-        if self.trainer.config.num_iterations == 1:  # the ratio is exactly 1 on the one pass: a slider that cannot act
-            del self.sliders["epsilon"]
-            notes.append(w.HTML(EPSILON_HIDDEN, layout=layout))  # the sliders' width: a long line would squeeze the plot
+        for name, setting in LIVE_SETTINGS.items():
+            reason = setting.inert(self.trainer.config)
+            if reason:  # a slider that cannot act is not shown; its note has the sliders' width, so it cannot squeeze the plot
+                notes.append(w.HTML(f"<small>{setting.label} is not shown: {reason}</small>", layout=layout))
+                continue
+            scale = {"base": 10, "min": math.log10(setting.low), "max": math.log10(setting.high)} if setting.log_scale else \
+                {"min": setting.low, "max": setting.high}
+            slider = w.FloatLogSlider if setting.log_scale else w.FloatSlider
+            self.sliders[name] = slider(value=c[name], step=setting.step, description=setting.label,
+                                        readout_format=setting.readout, style=style, layout=layout, **scale)
         weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}), **c["reward_weights"]}
         self.weight_sliders = {
             name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05, description=name.removesuffix("_reward"),
@@ -206,16 +200,16 @@ class Dashboard:
 
     def move(self, **values: float) -> None:
         """Move sliders as a drag would (the control changes through the slider, so both agree): a control
-        (learning_rate, beta, temperature, top_p, epsilon) or a reward function's name for its weight."""
+        (`controls.LIVE_SETTINGS`) or a reward function's name for its weight."""
         sliders = {name: self._slider(name) for name in values}  # all names checked before anything moves
         for name, value in values.items():
             sliders[name].value = value
 
     def _slider(self, name: str) -> Any:
         slider = self.sliders.get(name) or self.weight_sliders.get(name)
-        if slider is None and name == "epsilon":
-            raise ValueError("ε is not among the controls: with num_iterations 1 the ratio is 1 and the clip never "
-                             "acts; train with num_iterations ≥ 2 for ε to matter")
+        reason = LIVE_SETTINGS[name].inert(self.trainer.config) if name in LIVE_SETTINGS else None
+        if slider is None and reason:
+            raise ValueError(f"{LIVE_SETTINGS[name].label} is not among the controls: {reason}")
         if slider is None:
             raise ValueError(f"no control named {name!r}; controls: {sorted(self.sliders)}, "
                              f"reward weights: {sorted(self.weight_sliders)}")

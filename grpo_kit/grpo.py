@@ -32,7 +32,7 @@ from .advantages import compute_advantages, outcome_gated_rewards, zero_std_frac
 from .chat import stop_token_ids
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import GRPOConfig
-from .controls import Controls
+from .controls import LIVE_SETTINGS, Controls
 from .device import (
     compile_monitor,
     compile_supported,
@@ -404,9 +404,9 @@ class GRPOTrainer:
         if cfg.ema_reference > 0 and self.reference is not None:
             self.reference.ema_update(cfg.ema_reference)
         elapsed = time.perf_counter() - start
+        row.update({name: controls[name] for name in LIVE_SETTINGS})  # a column per live setting; then two as applied
         row.update(
-            step=self.step, lr=controls["learning_rate"] * warmup, beta=beta, temperature=controls["temperature"],
-            top_p=controls["top_p"], epsilon=controls["epsilon"], controls_version=controls["version"],
+            step=self.step, learning_rate=controls["learning_rate"] * warmup, beta=beta, controls_version=controls["version"],
             reward_weights=dict(zip(result.names, result.weights, strict=True)),
             step_seconds=elapsed, rollout_seconds=t_rollout - start, reward_seconds=t_reward - t_rollout,
             tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),

@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,11 @@ def histogram(values: torch.Tensor, edges: torch.Tensor = HIST_EDGES) -> list[in
 
 
 class MetricsLogger:
-    """Keeps every row in memory, appends it to `path` (JSONL) and notifies listeners (e.g. a dashboard)."""
+    """Keeps every row in memory and appends it to `path` (JSONL); a dashboard reads `rows`."""
 
     def __init__(self, path: str | Path | None = None, resume: bool = False) -> None:
         self.path = Path(path) if path else None
         self.rows: list[dict[str, Any]] = []
-        self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.Lock()
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,17 +55,12 @@ class MetricsLogger:
             else:
                 self.path.write_text("")
 
-    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
-        self._listeners.append(listener)
-
     def log(self, row: dict[str, Any]) -> None:
         with self._lock:
             self.rows.append(row)
             if self.path:
                 with self.path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-        for listener in list(self._listeners):
-            listener(row)
 
     def truncate(self, step: int) -> None:
         """Drop rows after `step` (used when resuming from an earlier checkpoint)."""
@@ -77,12 +70,6 @@ class MetricsLogger:
                 tmp = self.path.with_name(f".{self.path.name}.tmp")
                 tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
                 os.replace(tmp, self.path)
-
-    def series(self, key: str) -> tuple[list[int], list[float]]:
-        """(steps, values) for rows that have `key`."""
-        with self._lock:
-            pairs = [(r["step"], r[key]) for r in self.rows if key in r and r[key] is not None]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -156,7 +156,7 @@ class SFTTrainer:
         self.step += 1
         row = to_host(stats)
         row.update(self._batch_metrics())
-        row.update(step=self.step, lr=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
+        row.update(step=self.step, learning_rate=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
         self.step_seconds.append(row["step_seconds"])
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if row.get("skipped_updates") else 0
         check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="SFTConfig.max_skipped_steps")

@@ -144,21 +144,15 @@ def check(setting: str, value: Any, rule: Rule | None) -> None:
         raise ConfigError(f"{setting}={value!r}: must be {rule[1]}")
 
 
-CONTROL_RULES: dict[str, tuple[type, Rule | None]] = {
-    name: (float, RULES["GRPOConfig"][field])
-    for name, field in (("learning_rate", "learning_rate"), ("beta", "beta"), ("temperature", "temperature"),
-                        ("top_p", "top_p"), ("epsilon", "epsilon"))
-} | {name: (bool, None) for name in ("paused", "stop_requested", "save_requested")}
-"""The live controls' types and rules: the same as the matching GRPOConfig settings."""
-
-
-def validate_control(name: str, value: Any) -> Any:
-    """A live control's value, coerced and checked like the config setting it overrides."""
+def validate_control(name: str, value: Any, *, flag: bool = False) -> Any:
+    """A live control's value (`controls.LIVE_SETTINGS`), coerced and checked like the `GRPOConfig` setting of the
+    same name; a button's `flag` is a bool; the reward weights a name → weight mapping."""
     if name == "reward_weights":
         return _coerce(value, dict[str, float], "Controls.reward_weights")
-    hint, rule = CONTROL_RULES[name]
-    value = _coerce(value, hint, f"Controls.{name}")
-    check(f"Controls.{name}", value, rule)
+    if flag:
+        return _coerce(value, bool, f"Controls.{name}")
+    value = _coerce(value, float, f"Controls.{name}")
+    check(f"Controls.{name}", value, RULES["GRPOConfig"].get(name))
     return value
 
 
@@ -254,5 +248,5 @@ def check_skipped_in_a_row(count: int, limit: int, *, row: dict, setting: str) -
     if limit and count >= limit:
         raise TrainingDiverged(
             f"{count} steps in a row had a non-finite loss or gradient (last: loss {row.get('loss', row.get('policy_loss'))}, "
-            f"grad norm {row.get('grad_norm')}); the run is diverging: lower the learning rate (now {row.get('lr')}), "
+            f"grad norm {row.get('grad_norm')}); the run is diverging: lower the learning rate (now {row.get('learning_rate')}), "
             f"check the data and rewards, or raise {setting}")

@@ -270,22 +270,27 @@ def _notebook_trainer(tiny, task, monkeypatch, **changes):
     return GRPOTrainer(model, tok, [*DEFAULT_REWARDS, arithmetic_steps_reward], task.prompt_stream(), cfg)
 
 
+def _html_text(widget) -> str:
+    """The text of every HTML widget inside `widget`."""
+    own = widget.value if type(widget).__name__ == "HTML" else ""
+    return own + "".join(_html_text(child) for child in getattr(widget, "children", ()))
+
+
 def test_every_slider_shown_under_the_notebooks_settings_reaches_the_next_row(tiny, task, monkeypatch):
     """Notebook 05 trains one pass per batch: ε cannot act there, so no ε slider is shown (a note says why, and
     moving it is refused with the reason); every slider that is shown changes the next step's row."""
     dash = Dashboard(_notebook_trainer(tiny, task, monkeypatch), redraw_seconds=0.0)
-    assert "epsilon" not in dash.sliders and "ε (clip) is not shown" in dashboard_module.EPSILON_HIDDEN
-    with pytest.raises(ValueError, match="num_iterations 1"):
+    assert "epsilon" not in dash.sliders and "ε (clip) is not shown: with one pass" in _html_text(dash.widget)
+    with pytest.raises(ValueError, match=r"ε \(clip\) is not among the controls: .*num_iterations = 1"):
         dash.move(epsilon=0.1)
-    row_keys = {"learning_rate": "lr", "beta": "beta", "temperature": "temperature", "top_p": "top_p"}
-    assert set(dash.sliders) == set(row_keys)
+    assert set(dash.sliders) == {"learning_rate", "beta", "temperature", "top_p"}
     dash.run(steps=1)
     for name, slider in [*dash.sliders.items(), *dash.weight_sliders.items()]:
         new = slider.min + 0.37 * (slider.max - slider.min) if name != "learning_rate" else 3.0e-4
         dash.move(**{name: new})
         dash.run(steps=dash.trainer.step + 1)
         row = dash.rows[-1]
-        got = row[row_keys[name]] if name in row_keys else row["reward_weights"][name]
+        got = row[name] if name in dash.sliders else row["reward_weights"][name]
         assert got == pytest.approx(slider.value, rel=1e-6), (name, got, slider.value)
 
 
@@ -313,3 +318,25 @@ def test_length_bias_measures_each_loss_types_push_per_token_on_wrong_answers(sf
     ratios = {line.split(":")[0].strip(): float(line.rsplit("× ", 1)[1].rstrip(")")) for line in said.splitlines()
               if line.lstrip().startswith(("grpo:", "dapo:", "dr_grpo:"))}
     assert ratios["grpo"] < 1 and ratios["dapo"] == pytest.approx(1) and ratios["dr_grpo"] == pytest.approx(1), said
+
+
+def test_a_live_setting_declared_once_is_a_control_a_rule_a_slider_and_a_column(tiny, task, monkeypatch):
+    """Adding one `LiveSetting` (here the gradient-norm clip) gives the control its start value from the config,
+    the config's rule for new values, a slider on the dashboard and a column in every metrics row."""
+    from grpo_kit import controls as controls_module
+    from grpo_kit.controls import Controls, LiveSetting
+    from grpo_kit.validation import ConfigError
+
+    extra = LiveSetting("max_grad_norm", "grad clip", 0.1, 5.0, 0.1)
+    monkeypatch.setitem(controls_module.LIVE_SETTINGS, extra.name, extra)  # the one place
+    trainer = _notebook_trainer(tiny, task, monkeypatch, max_grad_norm=1.5)
+    assert Controls.from_config(trainer.config).snapshot()["max_grad_norm"] == 1.5
+    with pytest.raises(ConfigError, match=r"Controls.max_grad_norm=-1.0: must be > 0"):
+        trainer.controls.update(max_grad_norm=-1)
+    dash = Dashboard(trainer, redraw_seconds=0.0)
+    assert dash.sliders["max_grad_norm"].description == "grad clip" and dash.sliders["max_grad_norm"].value == 1.5
+    dash.run(steps=1)
+    dash.move(max_grad_norm=2.5)
+    dash.run(steps=2)
+    assert [r["max_grad_norm"] for r in dash.rows] == [1.5, 2.5]
+    assert control_changes(dash.rows) == [(2, "max_grad_norm 1.5→2.5")]

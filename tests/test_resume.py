@@ -83,7 +83,7 @@ def test_sft_resumed_from_its_checkpoint_continues_exactly(tiny, task, tmp_path)
     assert resumed.step == 3 and [r["step"] for r in resumed.logger.rows] == [1, 2, 3]
     rows_resumed = resumed.train(progress=False)
     assert [r["step"] for r in rows_resumed] == list(range(1, 7))
-    assert [(r["loss"], r["lr"]) for r in rows_resumed[3:]] == [(r["loss"], r["lr"]) for r in rows[3:]]
+    assert [(r["loss"], r["learning_rate"]) for r in rows_resumed[3:]] == [(r["loss"], r["learning_rate"]) for r in rows[3:]]
     for name, tensor in final.items():
         assert torch.equal(tensor, model.state_dict()[name]), name
     with pytest.raises(ValueError, match=r"SFTConfig.batch_size=4: the checkpoint .* was trained with 8"):

@@ -59,7 +59,7 @@ def test_grpo_step_metrics_and_controls(sft_model, task, tmp_path):
     for key in ("reward_mean", "reward_std", "rewards/correctness_reward/mean", "rewards/strict_format_reward/std",
                 "accuracy", "advantage_mean", "advantage_hist", "kl", "policy_loss", "clip_low", "clip_high",
                 "entropy", "completion_length_mean", "completion_length_max", "truncated_fraction",
-                "zero_std_fraction", "grad_norm", "lr", "beta", "step_seconds", "tokens_per_s", "completions"):
+                "zero_std_fraction", "grad_norm", "learning_rate", "beta", "step_seconds", "tokens_per_s", "completions"):
         assert key in row, key
     assert sum(row["advantage_hist"]) == 16
     phases = ("rollout_seconds", "reward_seconds", "logprob_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds")
@@ -68,7 +68,7 @@ def test_grpo_step_metrics_and_controls(sft_model, task, tmp_path):
     assert abs(row["policy_loss"]) < 1e-4 + abs(row["kl"]) * 0.04 + 1e-3  # ρ = 1 at μ = 1: loss ≈ β·KL
     controls.update(beta=0.123, learning_rate=5e-4, reward_weights={"strict_format_reward": 0.7})
     row2 = trainer.train_step()
-    assert row2["beta"] == 0.123 and row2["lr"] == 5e-4 and row2["controls_version"] == controls.version
+    assert row2["beta"] == 0.123 and row2["learning_rate"] == 5e-4 and row2["controls_version"] == controls.version
     assert row2["reward_weights"]["strict_format_reward"] == 0.7
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
