@@ -157,11 +157,13 @@ class Dashboard:
             if reason:  # a slider that cannot act is not shown; its note has the sliders' width, so it cannot squeeze the plot
                 notes.append(w.HTML(f"<small>{setting.label} is not shown: {reason}</small>", layout=layout))
                 continue
-            scale = {"base": 10, "min": math.log10(setting.low), "max": math.log10(setting.high)} if setting.log_scale else \
-                {"min": setting.low, "max": setting.high}
-            slider = w.FloatLogSlider if setting.log_scale else w.FloatSlider
-            self.sliders[name] = slider(value=c[name], step=setting.step, description=setting.label,
-                                        readout_format=setting.readout, style=style, layout=layout, **scale)
+            common = {"value": c[name], "step": setting.step, "description": setting.label,
+                      "readout_format": setting.readout, "style": style, "layout": layout}
+            if setting.log_scale:
+                self.sliders[name] = w.FloatLogSlider(base=10, min=math.log10(setting.low), max=math.log10(setting.high),
+                                                      **common)
+            else:
+                self.sliders[name] = w.FloatSlider(min=setting.low, max=setting.high, **common)
         weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}), **c["reward_weights"]}
         self.weight_sliders = {
             name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05, description=name.removesuffix("_reward"),

@@ -166,6 +166,24 @@ def _refusal(score: dict[str, Any], first: dict[str, Any]) -> str | None:
     return None
 
 
+def _comparable(scores: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The scores that can be ranked beside the first one, and why each other one cannot (`_refusal`)."""
+    kept: list[dict[str, Any]] = []
+    refused: list[str] = []
+    for score in scores:
+        reason = _refusal(score, kept[0]) if kept else None
+        if reason:
+            refused.append(reason)
+        else:
+            kept.append(score)
+    return kept, refused
+
+
+def _check_rank_by(by: str) -> None:
+    if by not in RANK_BY:
+        raise ValueError(f"rank by {by!r}: one of {', '.join(RANK_BY)}")
+
+
 def _metric(score: dict[str, Any], by: str) -> float:
     return score[by.replace("@k", f"@{score['settings']['k']}")]
 
@@ -173,8 +191,7 @@ def _metric(score: dict[str, Any], by: str) -> float:
 def ranked_rows(scores: Sequence[dict[str, Any]], *, by: str = "accuracy") -> tuple[list[str], list[list[str]]]:
     """The leaderboard of comparable `scores` (`read_score`'s), ranked by `by` (a RANK_BY key): its header and one
     row of cells per entry, #1 first, each with its paired difference from #1 in greedy accuracy."""
-    if by not in RANK_BY:
-        raise ValueError(f"rank by {by!r}: one of {', '.join(RANK_BY)}")
+    _check_rank_by(by)
     k = scores[0]["settings"]["k"]
     order = sorted(scores, key=lambda s: (-_metric(s, by), -s["accuracy"], s["model"]))
     header = ["rank", "model", "greedy accuracy (95 % interval)", "vs #1, paired (95 % interval)", f"maj@{k}",
@@ -196,12 +213,11 @@ def ranked_rows(scores: Sequence[dict[str, Any]], *, by: str = "accuracy") -> tu
 def leaderboard(paths: Sequence[str | Path], *, by: str = "accuracy") -> str:
     """A Markdown table ranking score files by `by` (RANK_BY; greedy accuracy unless asked). Refuses files scored on
     different held-out splits or with different harness settings, naming the two."""
-    scores = [read_score(p) for p in paths]
+    scores, refused = _comparable([read_score(p) for p in paths])
+    if refused:
+        raise ValueError(refused[0])
     if not scores:
         raise ValueError("leaderboard: give at least one score file")
-    for other in scores[1:]:
-        if reason := _refusal(other, scores[0]):
-            raise ValueError(reason)
     header, rows = ranked_rows(scores, by=by)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)]) + "\n"
@@ -217,8 +233,7 @@ class LeaderboardView:
     def __init__(self, folder: str | Path | None = None, files: Sequence[str | Path] = (), *, by: str = "accuracy") -> None:
         import ipywidgets as widgets
 
-        if by not in RANK_BY:
-            raise ValueError(f"rank by {by!r}: one of {', '.join(RANK_BY)}")
+        _check_rank_by(by)
         self.folder, self.files = (Path(folder) if folder is not None else None), [Path(f) for f in files]
         self.scores: list[dict[str, Any]] = []
         self.refused: list[str] = []
@@ -240,18 +255,14 @@ class LeaderboardView:
 
     def refresh(self) -> None:
         """Read the score files again and show them ranked."""
-        self.scores, self.refused = [], []
+        readable, unreadable = [], []
         for path in self.paths():
             try:
-                score = read_score(path)
+                readable.append(read_score(path))
             except ValueError as e:
-                self.refused.append(str(e))
-                continue
-            reason = _refusal(score, self.scores[0]) if self.scores else None
-            if reason:
-                self.refused.append(reason)
-            else:
-                self.scores.append(score)
+                unreadable.append(str(e))
+        self.scores, refused = _comparable(readable)
+        self.refused = unreadable + refused
         chosen = self.entry.value
         self.entry.options = [(s["model"], s["path"]) for s in self.scores]
         paths = [s["path"] for s in self.scores]

@@ -423,16 +423,16 @@ def check_no_overlap(training_prompts: Iterable[Any], held_out: Dataset | list[d
                      where: str = "training set", start: int = 0) -> None:
     """Refuse a training set that holds a held-out question (compared by `prompt_key`), naming the first one; the
     held-out rows are `held_out`'s, or (None) those of every `DataTask` made in this process (`HELD_OUT`)."""
-    if held_out is None:
-        held = {key: split for keys in HELD_OUT.values() for key, split in keys.items()}
-    else:
-        held = {prompt_key(r["prompt"]): "the held-out rows given" for r in held_out}
-    if not held:
+    splits = list(HELD_OUT.values()) if held_out is None else [
+        {prompt_key(r["prompt"]): "the held-out rows given" for r in held_out}]
+    if not any(splits):
         return
     for i, prompt in enumerate(training_prompts, start=start):
-        if prompt_key(prompt) in held:
+        key = prompt_key(prompt)
+        split = next((keys[key] for keys in splits if key in keys), None)
+        if split is not None:
             text = prompt[-1]["content"] if isinstance(prompt, list) else prompt
-            raise DataError(f"{where} row {i} is a held-out question of {held[prompt_key(prompt)]} ({str(text)[:60]!r}): "
+            raise DataError(f"{where} row {i} is a held-out question of {split} ({str(text)[:60]!r}): "
                             "training on the held-out split would inflate its score; remove it from the training data")
 
 
