@@ -42,8 +42,25 @@ def supports(hf: torch.nn.Module) -> bool:
 
 
 @dataclasses.dataclass
+class SharedPrefix:
+    """The prompt part of a decode cache kept once per group of G consecutive rows that share their prompt
+    (GRPO's groups): a decode step reads each prompt's keys and values once for its group instead of once per
+    row (`KVCache.share_prefix`)."""
+
+    keys: list[torch.Tensor]
+    """Per layer (B/G, KV heads, P, head_dim)."""
+    values: list[torch.Tensor]
+    mask: torch.Tensor
+    """(B/G, P) bool: the prompt slots that hold real tokens."""
+    bias: torch.Tensor
+    """(B/G, P) additive attention bias from `mask` (0 or the lowest float)."""
+    group: int
+
+
+@dataclasses.dataclass
 class KVCache:
-    """Keys and values per layer, each (B, KV heads, T, head_dim), plus which of the T slots hold real tokens."""
+    """Keys and values per layer, each (B, KV heads, T, head_dim), plus which of the T slots hold real tokens.
+    With a `prefix` the first P slots live there, once per group, and keys and values hold slots P … P + T − 1."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -52,6 +69,8 @@ class KVCache:
     key_bias: torch.Tensor | None = None
     """(B, T) additive attention bias from `key_mask` (0 or the lowest float), made by the first decode step
     that needs it and reused by the rest."""
+    prefix: SharedPrefix | None = None
+    """The prompt slots shared by each group of rows (`share_prefix`); None = every row holds all its slots."""
 
     @classmethod
     def empty(cls, hf: torch.nn.Module, batch: int, length: int, key_mask: torch.Tensor) -> KVCache:
@@ -70,7 +89,10 @@ class KVCache:
         return self.key_bias[:, None, None, :visible]
 
     def select_rows(self, rows: torch.Tensor) -> KVCache:
-        """The cache of the given batch rows only (finished rows leaving an eager rollout)."""
+        """The cache of the given batch rows only (finished rows leaving an eager rollout); a shared prefix is
+        copied out to every row first (the rows left no longer come in whole groups)."""
+        if self.prefix is not None:
+            return self.unshared().select_rows(rows)
         return KVCache([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values],
                        self.key_mask.index_select(0, rows),
                        self.key_bias.index_select(0, rows) if self.key_bias is not None else None)
@@ -79,6 +101,38 @@ class KVCache:
         """Each row `repeats` times in a row (a prompt's cache shared by its group), with a new key mask."""
         return KVCache([k.repeat_interleave(repeats, 0) for k in self.keys],
                        [v.repeat_interleave(repeats, 0) for v in self.values], key_mask.bool())
+
+    def share_prefix(self, group: int, prompt_len: int) -> KVCache:
+        """From a prefill's cache of one row per group (P prompt slots written, then the completion slots): the
+        prompt slots kept once per group (`SharedPrefix`), and the completion slots G times, one per row — what
+        `repeat_interleave` gives, without copying the prompt's keys to every row."""
+        batch, kv_heads, length, head_dim = self.keys[0].shape
+        prompt_mask = self.key_mask[:, :prompt_len]
+        bias = torch.zeros(prompt_mask.shape, dtype=self.keys[0].dtype, device=prompt_mask.device).masked_fill(
+            ~prompt_mask, torch.finfo(self.keys[0].dtype).min)
+        prefix = SharedPrefix([k[:, :, :prompt_len].contiguous() for k in self.keys],
+                              [v[:, :, :prompt_len].contiguous() for v in self.values], prompt_mask, bias, group)
+        shape = (batch * group, kv_heads, length - prompt_len, head_dim)
+        return KVCache([k.new_zeros(shape) for k in self.keys], [v.new_zeros(shape) for v in self.values],
+                       self.key_mask[:, prompt_len:].repeat_interleave(group, 0), prefix=prefix)
+
+    def unshared(self) -> KVCache:
+        """The same cache with every row holding all its slots (the shared prefix copied to each row)."""
+        if self.prefix is None:
+            return self
+        p, g = self.prefix, self.prefix.group
+        return KVCache([torch.cat([pk.repeat_interleave(g, 0), k], 2) for pk, k in zip(p.keys, self.keys, strict=True)],
+                       [torch.cat([pv.repeat_interleave(g, 0), v], 2) for pv, v in zip(p.values, self.values, strict=True)],
+                       torch.cat([p.mask.repeat_interleave(g, 0), self.key_mask], 1))
+
+
+def shares_prefix(hf: torch.nn.Module, length: int) -> bool:
+    """Whether a decode of `length` slots (prompt and completion) may keep the prompt's cache once per group
+    (`KVCache.share_prefix`): no attention logit softcap, and no sliding window shorter than `length` (a window
+    would cut into the prompt differently for every step)."""
+    cfg = hf.config
+    window = getattr(cfg, "sliding_window", None)
+    return getattr(cfg, "attn_logit_softcapping", None) is None and (window is None or window >= length)
 
 
 def attention_bias(key_mask: torch.Tensor, slots: torch.Tensor, window: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -342,6 +396,34 @@ def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: 
     return out.view(batch, heads, length, head_dim).transpose(1, 2).reshape(batch, length, heads * head_dim)
 
 
+def _attend_shared(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *,
+                   prefix: SharedPrefix, index: int) -> torch.Tensor:
+    """`_attend` for one query per row (B, H, 1, D) over its group's prompt slots (`SharedPrefix`, layer `index`)
+    and then its own completion slots (B, KV, t, D), all visible. One softmax over both parts: the scores against
+    the prompt are computed per group — the G rows' queries stacked against the prompt's keys, read once — then
+    laid out per row beside the completion scores; the prompt's weights go back the same way. Returns (B, 1, H·D)."""
+    batch, heads, _, head_dim = q.shape
+    kv_heads, g = keys.shape[1], prefix.group
+    per, groups, prompt_len = heads // kv_heads, batch // g, prefix.keys[index].shape[2]
+
+    def to_groups(x: torch.Tensor) -> torch.Tensor:  # (B·KV, H/KV, n) → (B/G·KV, G·H/KV, n)
+        return x.view(groups, g, kv_heads, per, -1).transpose(1, 2).reshape(groups * kv_heads, g * per, -1)
+
+    def to_rows(x: torch.Tensor) -> torch.Tensor:  # the way back
+        return x.view(groups, kv_heads, g, per, -1).transpose(1, 2).reshape(batch * kv_heads, per, -1)
+
+    rows_q = q.reshape(batch * kv_heads, per, head_dim)
+    bias = prefix.bias[:, None, None, :].expand(groups, kv_heads, 1, prompt_len).reshape(groups * kv_heads, 1, prompt_len)
+    prompt_keys = prefix.keys[index].reshape(groups * kv_heads, prompt_len, head_dim)
+    prompt_scores = torch.baddbmm(bias, to_groups(rows_q), prompt_keys.transpose(1, 2), alpha=attn.scaling)
+    own_scores = torch.bmm(rows_q, keys.reshape(batch * kv_heads, -1, head_dim).transpose(1, 2)) * attn.scaling
+    weights = torch.softmax(torch.cat([to_rows(prompt_scores), own_scores], -1), dim=-1, dtype=torch.float32).to(q.dtype)
+    out = to_rows(torch.bmm(to_groups(weights[..., :prompt_len]),
+                            prefix.values[index].reshape(groups * kv_heads, prompt_len, head_dim)))
+    out = out + torch.bmm(weights[..., prompt_len:], values.reshape(batch * kv_heads, -1, head_dim))
+    return out.view(batch, 1, heads * head_dim)
+
+
 def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          consts: Constants | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Projected, normed (Gemma 3) and rotated q, k and v for hidden states (..., hidden) → (..., heads, D);
@@ -366,13 +448,19 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 
 def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
-               index: int, slots: torch.Tensor, bias: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
+               index: int, slots: torch.Tensor, bias: torch.Tensor | None, consts: Constants, visible: int | None) -> torch.Tensor:
     """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
     attention over the first `visible` slots (all when None). The cache and the attention products stay in the
     model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
     longer cache copies its operands (~4× slower here than fp32's strided one)."""
     attn, (cos, sin) = layer.self_attn, rope
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
+    if cache.prefix is not None:  # a decode step: the prompt's slots are in the prefix, the cache holds the rest
+        prompt_len = cache.prefix.keys[index].shape[2]
+        keys = cache.keys[index].index_copy_(2, slots - prompt_len, k.transpose(1, 2))[:, :, : visible - prompt_len]
+        values = cache.values[index].index_copy_(2, slots - prompt_len, v.transpose(1, 2))[:, :, : visible - prompt_len]
+        attended = _attend_shared(attn, q.transpose(1, 2), keys, values, prefix=cache.prefix, index=index)
+        return _linear(attn.o_proj, attended, consts)
     keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :visible]
     values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :visible]
     return _linear(attn.o_proj, _attend(attn, q.transpose(1, 2), keys, values, bias), consts)
@@ -417,7 +505,9 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     for kind in set(kinds):
         tables[kind] = consts.rope(kind, positions)
         window = cfg.sliding_window if kind == "sliding_attention" else None
-        if visible is not None and input_ids.shape[1] == 1 and (window is None or window >= visible):
+        if cache.prefix is not None:
+            biases[kind] = None  # every completion slot so far is visible; the prompt's bias is in the prefix
+        elif visible is not None and input_ids.shape[1] == 1 and (window is None or window >= visible):
             biases[kind] = cache.decode_bias(visible, h.dtype)  # one op instead of ~8 per step
         else:
             biases[kind] = attention_bias(key_mask, slots, window, h.dtype)

@@ -546,15 +546,19 @@ def _start(prompts: Prompts, cache: Any, logits: torch.Tensor) -> SamplerState:
                         next_pos=next_pos, cache_pos=cache_pos, alive=alive, rows=rows, moments=moments)
 
 
-def _prefill_lean(prompts: Prompts, consts: decoder.Constants, visible: int | None) -> SamplerState:
-    """Gemma's prefill through `decoder.forward`: each group's prompt once, its cache then repeated G times."""
+def _prefill_lean(prompts: Prompts, consts: decoder.Constants, visible: int | None, *,
+                  share_prefix: bool = False) -> SamplerState:
+    """Gemma's prefill through `decoder.forward`: each group's prompt once, its cache then repeated G times, or
+    with `share_prefix` kept once per group for the decode steps to read (`decoder.KVCache.share_prefix`)."""
     hf, group = prompts.hf, prompts.group_size
     first, full_mask = slice(None, None, group), prompts.full_mask
     cache = decoder.KVCache.empty(hf, prompts.ids.shape[0] // group, full_mask.shape[1], full_mask[first])
     start = torch.zeros(1, dtype=torch.long, device=prompts.ids.device)
     logits = decoder.forward(hf, prompts.ids[first], prompts.positions[first], cache, start, consts=consts, visible=visible)
     if group > 1:
-        cache, logits = cache.repeat_interleave(group, full_mask), logits.repeat_interleave(group, 0)
+        logits = logits.repeat_interleave(group, 0)
+        share = share_prefix and decoder.shares_prefix(hf, full_mask.shape[1])
+        cache = cache.share_prefix(group, prompts.length) if share else cache.repeat_interleave(group, full_mask)
     return _start(prompts, cache, logits)
 
 
@@ -625,14 +629,16 @@ def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tenso
 
 def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
     """Gemma on cpu/cuda, eager: the left-padding columns every prompt has are dropped, attention reads the cache
-    slots written so far only, finished rows leave the batch, and the loop ends when every row has finished."""
+    slots written so far only — on the CPU each group's prompt slots once for the whole group (a decode step there
+    is bound by reading memory, and the capstone's prompts are most of each row's keys and values) —, finished rows
+    leave the batch, and the loop ends when every row has finished."""
     first = int(prompts.mask.any(0).int().argmax())
     prompts = replace(prompts, ids=prompts.ids[:, first:], mask=prompts.mask[:, first:])
     plen, monitor, hf = prompts.length, compile_monitor(), prompts.hf
     dtype = prompts.product_dtype or product_dtype(hf.model.embed_tokens.weight)
     with monitor.phase("prefill", **prompts.shapes):
         consts = decoder.Constants.build(hf, plen + prompts.max_new_tokens, product_dtype=dtype)
-        state = _prefill_lean(prompts, consts, visible=plen)
+        state = _prefill_lean(prompts, consts, visible=plen, share_prefix=prompts.ids.device.type == "cpu")
     with monitor.phase("decode", **prompts.shapes):
         softcap = getattr(hf.config, "final_logit_softcapping", None)
         head = hf.lm_head.weight

@@ -204,6 +204,39 @@ def test_group_prefill_equals_per_row_prefill(name):
     assert (a.sampling_logprobs - b.sampling_logprobs).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("stops", [[1], list(range(1, 20))])  # rows run to the end; rows leave (the prefix is copied out)
+def test_prompt_cache_kept_once_per_group_equals_a_copy_per_row(monkeypatch, stops):
+    """The eager CPU sampler keeps each group's prompt keys and values once (`KVCache.share_prefix`): same tokens,
+    log-probs, head moments and masks as with the prompt's cache copied to every row of the group."""
+    model = working_lora(add_lora(gemma3_sliding(window=64), ModelConfig(lora=True)))  # no window cuts into the prompt
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    shared = []
+    share_prefix = decoder.KVCache.share_prefix
+    monkeypatch.setattr(decoder.KVCache, "share_prefix", lambda self, *a: shared.append(a) or share_prefix(self, *a))
+
+    def roll() -> object:
+        return sample(model, prompt_ids, prompt_mask, 16, stops, 0, temperature=1.0, group_size=4, head_moments=True,
+                      generator=torch.Generator().manual_seed(6), product_dtype=torch.float32)
+
+    with_prefix = roll()
+    assert shared == [(4, prompt_ids.shape[1] - int(prompt_mask.any(0).int().argmax()))]
+    monkeypatch.setattr(decoder, "shares_prefix", lambda hf, length: False)
+    copied = roll()
+    assert len(shared) == 1
+    if len(stops) > 1:
+        assert (copied.completion_mask.sum(1) <= 3).any() and copied.completion_mask.sum(1).max() > 5
+    for field in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(with_prefix, field), getattr(copied, field)), field
+    for field in ("sampling_logprobs", "head_mean", "entropy"):
+        assert (getattr(with_prefix, field) - getattr(copied, field)).abs().max() < 1e-5, field
+
+
+def test_a_window_shorter_than_the_rollout_or_an_attention_softcap_keeps_a_copy_per_row():
+    assert decoder.shares_prefix(gemma3_sliding(window=64), 64)
+    assert not decoder.shares_prefix(gemma3_sliding(window=6), 7)
+    assert not decoder.shares_prefix(gemma2_softcapped(), 4)
+
+
 def test_group_size_rejects_rows_that_are_not_grouped():
     model = gemma3_sliding()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
