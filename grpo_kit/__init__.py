@@ -25,7 +25,7 @@ PUBLIC: dict[str, str | None] = {
     # trainers and their settings
     "GRPOTrainer": "grpo", "SFTTrainer": "sft", "RFTTrainer": "rft", "GRPOConfig": "config", "SFTConfig": "config",
     "RFTConfig": "config",
-    "ModelConfig": "config", "TaskConfig": "config", "DemoConfig": "config", "Controls": "controls",
+    "ModelConfig": "config", "TaskConfig": "config", "RunConfig": "config", "DemoConfig": "config", "Controls": "controls",
     "PRESETS": "config", "PRESET_TIMES": "config", "load_demo_config": "config", "Arc": "demo", "run_demo": "demo",
     # models and devices
     "load_model": "models", "load_tokenizer": "models", "add_lora": "models", "merge_and_restart_lora": "models", "count_parameters": "models",

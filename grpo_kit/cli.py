@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, DemoConfig, load_demo_config
+from .config import PRESETS, RunConfig, load_demo_config
 from .rundir import claim
 
 
@@ -31,7 +31,7 @@ def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _config(args: argparse.Namespace, default_out: str, *, model_is_name: bool = True) -> DemoConfig:
+def _config(args: argparse.Namespace, default_out: str, *, model_is_name: bool = True) -> RunConfig:
     """The preset (and YAML) with the command's model and output directory; `model_is_name` False: --model is not a
     model's name (a checkpoint of the preset's model), so the preset's name stays."""
     from .device import check_device_kind
@@ -135,7 +135,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None = None,
-           cfg: DemoConfig | None = None) -> tuple[DemoConfig, Any, Any, Any, Any]:
+           cfg: RunConfig | None = None) -> tuple[RunConfig, Any, Any, Any, Any]:
     import torch
 
     from .device import get_device
@@ -168,7 +168,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
-def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
+def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
     """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object."""
     from .evaluation import evaluate
 
@@ -179,7 +179,7 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: DemoConfig, trainer: Any
     return 0
 
 
-def _resume_point(args: argparse.Namespace, cfg: DemoConfig, *, section: str, steps: int) -> dict[str, Any] | None:
+def _resume_point(args: argparse.Namespace, cfg: RunConfig, *, section: str, steps: int) -> dict[str, Any] | None:
     """The checkpoint `sft`/`train` continues from: `--resume PATH`, or (`--resume auto`, the default) the output
     directory's own `checkpoint/` when it holds a valid one; None to start from the beginning. Refuses to start
     over on top of a run without `--overwrite`, and to "resume" a run that has no steps left."""

@@ -328,8 +328,6 @@ class GRPOConfig:
     ema_reference: float = 0.0
     """If > 0, after each step the reference moves toward the policy: ref ← (1 − α) ref + α policy
     (full fine-tuning only). 0 keeps the reference frozen."""
-    eval_every: int = 0
-    """Run greedy evaluation on the held-out set every N steps (0 = only at the end, by the caller)."""
     compile_warmup_steps: int = 2
     """On XLA: steps after which any new graph compilation is warned about (step 1 compiles the rollout and
     the training graphs, step 2 the optimizer update once Adam's state exists)."""
@@ -359,8 +357,10 @@ class GRPOConfig:
 
 
 @dataclass
-class DemoConfig:
-    """What `make demo` runs: SFT warm-up, then GRPO with verifier rewards only, then evaluation."""
+class RunConfig:
+    """Every setting of a run, as a preset or a YAML file gives them: the model, the task, SFT, GRPO, where outputs
+    go, and for the arc (`make demo`, notebook 08: SFT warm-up, then GRPO with verifier rewards, the controls and
+    an evaluation after each stage) its time budget and controls. Each command takes the sections it needs."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -400,6 +400,9 @@ class DemoConfig:
     def __post_init__(self) -> None:
         validate(self)
 
+
+DemoConfig = RunConfig
+"""`RunConfig`'s former name, kept for code written against it."""
 
 GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
 """GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
@@ -485,16 +488,37 @@ line for the preset it picks; `course.CourseMode.minutes` estimates the course's
 C = TypeVar("C")
 
 
+RETIRED_SETTINGS: dict[str, frozenset[str]] = {"GRPOConfig": frozenset({"eval_every"})}
+"""Settings a config class had and no longer has, by class name: runs, checkpoints and YAML files written with them
+still load (the setting is dropped). `eval_every` was validated but never read."""
+
+
+def without_retired(cls: type, settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` (a dict of dataclass `cls`'s fields, nested dicts for nested dataclasses, as a run records them)
+    without the retired ones (`RETIRED_SETTINGS`), for comparing a recorded run's settings with today's."""
+    retired, defaults = RETIRED_SETTINGS.get(cls.__name__, frozenset()), cls()
+    kept = {}
+    for key, value in settings.items():
+        if key in retired:
+            continue
+        nested = getattr(defaults, key, None)
+        kept[key] = without_retired(type(nested), value) if dataclasses.is_dataclass(nested) and isinstance(value, dict) else value
+    return kept
+
+
 def apply_overrides(cfg: C, overrides: dict[str, Any], where: str = "config") -> C:
     """Return a copy of dataclass `cfg` with `overrides` applied (nested dicts reach nested dataclasses).
 
-    Unknown keys raise a ValueError naming the key, so a typo in YAML never silently does nothing.
+    Unknown keys raise a ValueError naming the key, so a typo in YAML never silently does nothing; a retired
+    setting (`RETIRED_SETTINGS`) is dropped.
     """
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     changes: dict[str, Any] = {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where}: expected a mapping of settings, got {overrides!r}")
     for key, value in overrides.items():
+        if key not in fields and key in RETIRED_SETTINGS.get(type(cfg).__name__, ()):
+            continue
         if key not in fields:
             raise ConfigError(f"{where}: unknown setting {key!r}; known: {', '.join(sorted(fields))}")
         current = getattr(cfg, key)
@@ -521,14 +545,14 @@ def auto_preset(hardware: str | None = None) -> str:
     return "gpu-gemma-3-1b" if hardware == "cuda" else "cpu-tiny"
 
 
-def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> DemoConfig:
-    """Build a DemoConfig from a named preset (`auto`: picked for the detected hardware), then a YAML file
+def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> RunConfig:
+    """Build a RunConfig from a named preset (`auto`: picked for the detected hardware), then a YAML file
     of overrides (same keys as the dataclasses)."""
     if preset == "auto":
         preset = auto_preset()
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
-    cfg = apply_overrides(DemoConfig(), PRESETS[preset], f"preset {preset}")
+    cfg = apply_overrides(RunConfig(), PRESETS[preset], f"preset {preset}")
     if yaml_path is not None:
         try:
             data = yaml.safe_load(Path(yaml_path).read_text()) or {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import PRESET_TIMES, DemoConfig, auto_preset
+from .config import PRESET_TIMES, RunConfig, auto_preset
 
 MINUTES_FILE = Path(__file__).parent / "assets" / "course_minutes.json"
 """Measured minutes per notebook in full mode with the tiny Gemma, and the machine (`scripts/course_times.py`)."""
@@ -123,7 +123,7 @@ MODEL_NAMES = {"tiny-gemma": "the tiny Gemma (Gemma's architecture, ~1M paramete
                "google/gemma-3-1b-it": "Gemma 3 1B-IT", "gemma-3-270m-offline": "Gemma 3 270M (from PyPI)"}
 
 
-def course_mode(cfg: DemoConfig, *, short: bool = False, hardware: str | None = None) -> CourseMode:
+def course_mode(cfg: RunConfig, *, short: bool = False, hardware: str | None = None) -> CourseMode:
     """The course's mode for `cfg` (what `choose_config` picked here): which model it trains, on what."""
     from .device import detect_accelerator
 

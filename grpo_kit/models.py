@@ -22,8 +22,7 @@ from .answer_format import TAGS
 from .chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .config import ModelConfig
 from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, shard_parameters
-from .hub import TINY_GEMMA, resolve_model
-from .planner import MODEL_SHAPES
+from .hub import MODEL_SHAPES, TINY_GEMMA, resolve_model
 
 # Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
 TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .answer_format import YOUR_TASK_INSTRUCTION
-from .config import PRESET_TIMES, DemoConfig, auto_preset, load_demo_config
+from .config import PRESET_TIMES, RunConfig, auto_preset, load_demo_config
 
 # re-exported for the notebooks: nbk.check_exercise("03.1", globals()), nbk.hint, nbk.reveal, nbk.quiz("04.1")
 from .course import course_mode  # noqa: F401
@@ -73,7 +73,7 @@ def model_access(name: str, token: str | None = None) -> tuple[bool, str]:
     return True, resolved.source + (f" ({resolved.note})" if resolved.note else "")
 
 
-def choose_config(preset: str = "auto", model: str | None = None) -> DemoConfig:
+def choose_config(preset: str = "auto", model: str | None = None) -> RunConfig:
     """The config for this hardware; the tiny Gemma when there is no accelerator or no hub access."""
     name = auto_preset() if preset == "auto" else preset
     cfg = load_demo_config(name)
@@ -92,12 +92,12 @@ CAPSTONE_PRESETS = {"cuda": "gpu-gemma-3-1b", "cpu": "cpu-gemma-270m"}
 """Notebook 08's preset per runtime; a TPU board takes its own `tpu-<board>-gemma-3-1b`."""
 
 
-def _tiny_capstone() -> DemoConfig:
+def _tiny_capstone() -> RunConfig:
     """Notebook 08's last fallback: the tiny Gemma on arithmetic, with the SFT control as the real presets have."""
     return dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
 
 
-def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto") -> tuple[DemoConfig, str]:
+def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto") -> tuple[RunConfig, str]:
     """Notebook 08's settings: the runtime's real-Gemma preset — a TPU board's or the GPU's Gemma 3 1B-IT on GSM8K,
     on a CPU Gemma 3 270M on generated word problems — writing to `runs_dir()/capstone/<preset>` (so a re-run after
     a disconnect continues there), with `time_budget_minutes` (None: the preset's). Where a piece cannot be had it
@@ -162,7 +162,7 @@ def example_task_file() -> Path:
 
 def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str = "answer", solution: str | None = None,
                      num_test: int = 40, time_budget_minutes: float | None = None, preset: str = "auto",
-                     ) -> tuple[DemoConfig, str]:
+                     ) -> tuple[RunConfig, str]:
     """Notebook 09's settings: the runtime's model and training settings as notebook 08 picks them
     (`capstone_config`, with its fallbacks), on the task in `source` (a data file or a hub dataset id, its columns
     named by `prompt`, `answer`, `solution`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
@@ -298,7 +298,7 @@ def keep_runs(*, needs: tuple[str, ...] = ()) -> Path:
     return runs
 
 
-def course_grpo_config(cfg: DemoConfig, output_dir: str | Path) -> Any:
+def course_grpo_config(cfg: RunConfig, output_dir: str | Path) -> Any:
     """Notebook 05's GRPO settings: the preset's, the default rewards' weights where the preset names none, and
     under quick mode (CI, platform replicas) 16 prompts × 4 per step in one micro-batch."""
     from .rewards import DEFAULT_WEIGHTS
@@ -308,7 +308,7 @@ def course_grpo_config(cfg: DemoConfig, output_dir: str | Path) -> Any:
                                **quick_sizes)
 
 
-def course_model(stage: str, cfg: DemoConfig, device: Any) -> tuple[Any, Any, Path]:
+def course_model(stage: str, cfg: RunConfig, device: Any) -> tuple[Any, Any, Path]:
     """The model after a course stage — "sft" (notebook 02) or "grpo" (notebook 05) — from
     `runs_dir()/course/STAGE/checkpoint`. On Colab and Kaggle each notebook runs on a machine of its own, so a
     missing checkpoint is rebuilt here from the stage before it, with the same settings as that notebook (quick
@@ -429,7 +429,8 @@ def length_bias(trainer: Any, rows: list[dict[str, Any]], loss_types: tuple[str,
     controls = trainer.controls.snapshot()
     with torch.no_grad():
         roll = trainer.rollout(rows, controls)
-    result, _, _, lengths = trainer.score(rows, roll, controls)
+    scored = trainer.score(rows, roll, controls)
+    result, lengths = scored.rewards, scored.lengths
     adv = trainer.advantages(result.total).to(roll.completion_mask.device)
     mask = roll.completion_mask.float()
     wrong = [i for i in range(len(adv)) if adv[i] < 0]

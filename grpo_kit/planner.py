@@ -11,7 +11,7 @@ Per device, in bytes (n = devices sharing the batch, b = bytes per weight elemen
     activations  r · T · L · (c_h·h + c_i·i + c_a·H·T) · b     r = micro-batch rows per device;
                  with checkpointing: r · T · L · h · b + one layer's worth
     logits       c · N · V · 4 · 6                one chunk of c rows of fp32 logits over the N completion
-                                                  positions (losses.logit_chunk_rows), recomputed in the
+                                                  positions (logprobs.logit_chunk_rows), recomputed in the
                                                   backward: logits, shifted logits, softmax, the entropy's
                                                   p·z product and two gradients live at once
     kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n)
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .losses import logit_chunk_rows
+from .hub import MODEL_SHAPES
+from .logprobs import logit_chunk_rows
 
 GIB = 1024**3
 
@@ -84,10 +85,6 @@ class ModelSpec:
         }
         return self.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
 
-
-MODEL_SHAPES = Path(__file__).resolve().parent / "assets" / "models"
-"""One directory per known model holding its config.json (the tiny Gemma's also its tokenizer): the one place
-model shapes are written."""
 
 MODELS: dict[str, ModelSpec] = {
     path.parent.name: ModelSpec.from_config(path.parent.name, json.loads(path.read_text()))

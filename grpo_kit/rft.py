@@ -4,7 +4,7 @@ Each step samples `group_size` completions for each of `prompts_per_step` new pr
 the completions the verifier accepts (finished, `correctness_reward` = 1, each text once per prompt) and takes one
 SFT step on them (`sft.sft_loss`, the same loop, schedule and checkpoints as `SFTTrainer`). A step whose samples are
 all wrong trains on nothing. It is the control that asks whether a gain is GRPO's or only learning from the verifier
-(RAFT, arXiv 2504.11343); the arc runs it for as long as GRPO trained (`DemoConfig.rft_control`).
+(RAFT, arXiv 2504.11343); the arc runs it for as long as GRPO trained (`RunConfig.rft_control`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fixed-shape sampler and the log-prob forward.
+"""The sampler: prompts in, completions out (with what the update may reuse of the LM head).
 
 Static shapes everywhere, so XLA compiles a handful of graphs once and then only runs them:
 - prompts are left-padded to a multiple of `bucket` (a few buckets in all);
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import StaticCache
 
 from . import decoder
 from .decoder import position_ids_from_mask
@@ -33,7 +33,6 @@ from .device import (
     product_dtype,
     shard_batch,
 )
-from .losses import logprobs_from_head_mean, token_logprobs_and_entropy
 from .models import base_model
 
 
@@ -57,11 +56,11 @@ class Rollout:
     """(B, N, d) at each sampled position, the policy's expected LM-head row Σ_v π_v W_v under the temperature-scaled
     distribution over the whole vocabulary (0 after the stop token); only from `sample(..., head_moments=True)`.
     With the sampled token's row W_y, (W_y − head_mean)/T is the gradient of log π(y) with respect to the final
-    hidden state — what the update needs from the LM head (`losses.logprobs_from_head_mean`)."""
+    hidden state — what the update needs from the LM head (`logprobs.logprobs_from_head_mean`)."""
     entropy: torch.Tensor | None = None
     """(B, N) the entropy of that distribution (0 after the stop token); with `head_mean`."""
 
-    def head(self, rows: int) -> Rollout:
+    def first_rows(self, rows: int) -> Rollout:
         """The first `rows` rows."""
         return Rollout(*(None if (x := getattr(self, f.name)) is None else x[:rows] for f in fields(self)))
 
@@ -180,6 +179,17 @@ SAMPLE_BLOCK = 512
 """Tokens per block of the two-level inverse-CDF search (`inverse_cdf`)."""
 
 
+MIN_TEMPERATURE = 1e-5
+"""Temperatures are floored here before dividing logits by them (0 would divide by zero; greedy is its own mode)."""
+
+
+def floored_temperature(temperature: float | torch.Tensor) -> float | torch.Tensor:
+    """max(T, MIN_TEMPERATURE), for a number or a device tensor (a live control on XLA)."""
+    if isinstance(temperature, torch.Tensor):
+        return temperature.clamp(min=MIN_TEMPERATURE)
+    return max(float(temperature), MIN_TEMPERATURE)
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The sampled index per row: the number of v with Σ_{w ≤ v} p_w < u · Σ_w p_w (`probs` (..., V), `u` (...)).
 
@@ -217,7 +227,7 @@ def choose_tokens(
     `uniforms` (B,) may be supplied; otherwise they are drawn on the logits' device.
     """
     logits = logits.float()
-    scaled = logits / (temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(temperature, 1e-5))
+    scaled = logits / floored_temperature(temperature)
     logprobs = torch.log_softmax(scaled, dim=-1)
     if greedy:
         tokens = logits.argmax(dim=-1)
@@ -255,7 +265,7 @@ class HeadMoments(NamedTuple):
 def head_moments(logits: torch.Tensor, weight: torch.Tensor, temperature: float | torch.Tensor) -> HeadMoments:
     """`HeadMoments` from full logits (B, V) = h Wᵀ (no final softcap: with one, ∂z/∂h is not W):
     π = softmax(z/T), mean_row = π W, H = logsumexp(z/T) − Σ π z/T."""
-    t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
+    t = floored_temperature(temperature)
     z = logits.float() / t
     logp = torch.log_softmax(z, dim=-1)
     probs = logp.exp()
@@ -264,7 +274,7 @@ def head_moments(logits: torch.Tensor, weight: torch.Tensor, temperature: float 
 
 class SampledHead(NamedTuple):
     """What a rollout kept of the LM head at each of its completion tokens (B, N …), for the update to use in place
-    of its own pass over the head (`losses.logprobs_from_head_mean`)."""
+    of its own pass over the head (`logprobs.logprobs_from_head_mean`)."""
 
     logprobs: torch.Tensor
     """(B, N) `Rollout.sampling_logprobs`."""
@@ -283,7 +293,7 @@ class HeadInput:
     head: torch.nn.Module
     softcap: float | None
     product_weight: torch.Tensor | None = None
-    """The head's weight in the dtype `draw_from_head` multiplies in (`Prompts.product_dtype`; `head_casts`);
+    """The head's weight in the dtype `draw_from_head` multiplies in (`RolloutSetup.product_dtype`; `head_casts`);
     None = the head's own weight."""
     product_weight_t: torch.Tensor | None = None
     """Its transpose, contiguous (d, V), for the moments' product (`draw_from_head(weight_t=…)`); None = none kept."""
@@ -350,7 +360,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF, log-probs) is fp32."""
     if moments and softcap:
         raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
-    t = temperature.clamp(min=1e-5) if isinstance(temperature, torch.Tensor) else max(float(temperature), 1e-5)
+    t = floored_temperature(temperature)
     h = hidden.float()
     x = h if softcap else h / t
     xp = x.to(weight.dtype)  # the products' operand: fp32, or bf16 with a bf16 head
@@ -428,8 +438,9 @@ class SamplingSettings:
 
 
 @dataclass
-class Prompts:
-    """The prepared prompts of one rollout and what stays fixed while it runs. B rows, P prompt positions."""
+class RolloutSetup:
+    """What one rollout runs on and keeps fixed while it runs: the model, its prepared prompts (B rows, P positions),
+    the stop and pad tokens, how tokens are drawn and the noise drawn for them."""
 
     model: torch.nn.Module
     hf: torch.nn.Module
@@ -500,7 +511,7 @@ class SamplerState:
     written: torch.Tensor | None = None
     """(B',) what goes into the completion (`<pad>` on finished rows) and is fed to the next step."""
     moments: HeadMoments | None = None
-    """The head moments of the token just drawn (`Prompts.moments_of`)."""
+    """The head moments of the token just drawn (`RolloutSetup.moments_of`)."""
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     """Per step (rows, tokens, log-probs, alive, moments), stacked once at the end: writing into a buffer at a
     Python index t would bake t into the graph and compile one graph per token on XLA."""
@@ -530,61 +541,61 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
     return token, logprob, None if moments_of is None else head_moments(logits, moments_of, settings.temperature)
 
 
-def _start(prompts: Prompts, cache: Any, logits: torch.Tensor) -> SamplerState:
+def _start(setup: RolloutSetup, cache: Any, logits: torch.Tensor) -> SamplerState:
     """The state after the prefill: its logits give the first token. Every tensor the decode steps carry is made
     before the prefill's `mark_step`, so on XLA the first decode step is the same graph as the others."""
-    device, batch = prompts.ids.device, prompts.ids.shape[0]
+    device, batch = setup.ids.device, setup.ids.shape[0]
     step_index = torch.zeros(1, dtype=torch.long, device=device)
-    next_pos, cache_pos = prompts.positions[:, -1:] + 1, torch.tensor([prompts.length], device=device)
+    next_pos, cache_pos = setup.positions[:, -1:] + 1, torch.tensor([setup.length], device=device)
     # made on the CPU and split like the batch: the decode steps then see the same layout
     alive = shard_batch(torch.ones(batch, dtype=torch.bool).to(device))
     rows = torch.arange(batch, device=device)
-    token, logprob, moments = _draw(logits, uniforms=prompts.uniforms, step_index=step_index, settings=prompts.settings,
-                                    moments_of=prompts.moments_of)
+    token, logprob, moments = _draw(logits, uniforms=setup.uniforms, step_index=step_index, settings=setup.settings,
+                                    moments_of=setup.moments_of)
     mark_step(device)
-    return SamplerState(cache=cache, token=token, logprob=logprob, uniforms=prompts.uniforms, step_index=step_index,
+    return SamplerState(cache=cache, token=token, logprob=logprob, uniforms=setup.uniforms, step_index=step_index,
                         next_pos=next_pos, cache_pos=cache_pos, alive=alive, rows=rows, moments=moments)
 
 
-def _prefill_lean(prompts: Prompts, consts: decoder.Constants, visible: int | None, *,
+def _prefill_lean(setup: RolloutSetup, consts: decoder.Constants, visible: int | None, *,
                   share_prefix: bool = False) -> SamplerState:
     """Gemma's prefill through `decoder.forward`: each group's prompt once, its cache then repeated G times, or
     with `share_prefix` kept once per group for the decode steps to read (`decoder.KVCache.share_prefix`)."""
-    hf, group = prompts.hf, prompts.group_size
-    first, full_mask = slice(None, None, group), prompts.full_mask
-    cache = decoder.KVCache.empty(hf, prompts.ids.shape[0] // group, full_mask.shape[1], full_mask[first])
-    start = torch.zeros(1, dtype=torch.long, device=prompts.ids.device)
-    logits = decoder.forward(hf, prompts.ids[first], prompts.positions[first], cache, start, consts=consts, visible=visible)
+    hf, group = setup.hf, setup.group_size
+    first, full_mask = slice(None, None, group), setup.full_mask
+    cache = decoder.KVCache.empty(hf, setup.ids.shape[0] // group, full_mask.shape[1], full_mask[first])
+    start = torch.zeros(1, dtype=torch.long, device=setup.ids.device)
+    logits = decoder.forward(hf, setup.ids[first], setup.positions[first], cache, start, consts=consts, visible=visible)
     if group > 1:
         logits = logits.repeat_interleave(group, 0)
         share = share_prefix and decoder.shares_prefix(hf, full_mask.shape[1])
-        cache = cache.share_prefix(group, prompts.length) if share else cache.repeat_interleave(group, full_mask)
-    return _start(prompts, cache, logits)
+        cache = cache.share_prefix(group, setup.length) if share else cache.repeat_interleave(group, full_mask)
+    return _start(setup, cache, logits)
 
 
-def _record(state: SamplerState, prompts: Prompts) -> None:
+def _record(state: SamplerState, setup: RolloutSetup) -> None:
     """Keep the token just drawn (`<pad>` on finished rows); a stop token ends its row after this step."""
-    state.written = torch.where(state.alive, state.token, prompts.pad[: len(state.rows)])
+    state.written = torch.where(state.alive, state.token, setup.pad[: len(state.rows)])
     moments = None
     if state.moments is not None:  # zero after the stop token, as the log-probs are
         moments = HeadMoments(torch.where(state.alive.unsqueeze(1), state.moments.mean_row, 0.0),
                               torch.where(state.alive, state.moments.entropy, 0.0))
     state.steps.append((state.rows, state.written, torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
                         state.alive, moments))
-    state.alive = state.alive & ~(state.token.unsqueeze(-1) == prompts.stop).any(-1)  # torch.isin has no XLA lowering
+    state.alive = state.alive & ~(state.token.unsqueeze(-1) == setup.stop).any(-1)  # torch.isin has no XLA lowering
 
 
-def _decode(state: SamplerState, prompts: Prompts, step_logits: Callable[[SamplerState, int], torch.Tensor], *,
+def _decode(state: SamplerState, setup: RolloutSetup, step_logits: Callable[[SamplerState, int], torch.Tensor], *,
             drop_finished: bool) -> None:
     """The decode loop: N − 1 single-token forwards (`step_logits(state, t)`), each followed by a draw. Where host
     reads are cheap it stops once every row has finished and, with `drop_finished`, drops finished rows from the
     batch once at most COMPACT_BELOW of it is still running."""
-    steps = prompts.max_new_tokens
+    steps = setup.max_new_tokens
     for t in range(steps):
-        _record(state, prompts)
+        _record(state, setup)
         if t == steps - 1:
             break
-        if prompts.can_peek:
+        if setup.can_peek:
             running = int(state.alive.sum())
             if running == 0:
                 break
@@ -593,15 +604,15 @@ def _decode(state: SamplerState, prompts: Prompts, step_logits: Callable[[Sample
         logits = step_logits(state, t)
         state.step_index = state.step_index + 1
         state.token, state.logprob, state.moments = _draw(logits, uniforms=state.uniforms, step_index=state.step_index,
-                                                          settings=prompts.settings, moments_of=prompts.moments_of)
+                                                          settings=setup.settings, moments_of=setup.moments_of)
         state.next_pos = state.next_pos + 1
         state.cache_pos = state.cache_pos + 1
-        mark_step(prompts.ids.device)
+        mark_step(setup.ids.device)
 
 
-def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tensor]:
+def _completions(state: SamplerState, setup: RolloutSetup) -> dict[str, torch.Tensor]:
     """The steps stacked into (B, N) completions; rows that left the batch early are scattered back."""
-    batch, device = prompts.ids.shape[0], prompts.ids.device
+    batch, device = setup.ids.shape[0], setup.ids.device
     rows, tokens, logprobs, alive, moments = (list(x) for x in zip(*state.steps, strict=True))
     kept = {}
     if moments[0] is not None:
@@ -610,15 +621,15 @@ def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tenso
         def scatter(fill: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
             return [fill.index_copy(0, r, x) for r, x in zip(rows, values, strict=True)]
 
-        tokens = scatter(prompts.pad, tokens)
-        logprobs = scatter(torch.zeros_like(prompts.pad, dtype=logprobs[0].dtype), logprobs)
-        alive = scatter(torch.zeros_like(prompts.pad, dtype=torch.bool), alive)
+        tokens = scatter(setup.pad, tokens)
+        logprobs = scatter(torch.zeros_like(setup.pad, dtype=logprobs[0].dtype), logprobs)
+        alive = scatter(torch.zeros_like(setup.pad, dtype=torch.bool), alive)
         kept = {k: scatter(v[0].new_zeros(batch, *v[0].shape[1:]), v) for k, v in kept.items()}
-    missing = prompts.max_new_tokens - len(tokens)  # cpu/cuda stopped early: every row had finished
+    missing = setup.max_new_tokens - len(tokens)  # cpu/cuda stopped early: every row had finished
     truncated = state.alive
     if state.rows.shape[0] != batch:
         truncated = torch.zeros(batch, dtype=torch.bool, device=device).index_copy(0, state.rows, state.alive)
-    result = {"completion_ids": torch.stack(tokens + [prompts.pad] * missing, dim=1),
+    result = {"completion_ids": torch.stack(tokens + [setup.pad] * missing, dim=1),
               "sampling_logprobs": torch.stack(logprobs + [torch.zeros_like(logprobs[0])] * missing, dim=1),
               "completion_mask": torch.stack(alive + [torch.zeros_like(alive[0])] * missing, dim=1).long(),
               "truncated": truncated,
@@ -627,63 +638,63 @@ def _completions(state: SamplerState, prompts: Prompts) -> dict[str, torch.Tenso
     return result
 
 
-def sample_eager(prompts: Prompts) -> dict[str, torch.Tensor]:
+def sample_eager(setup: RolloutSetup) -> dict[str, torch.Tensor]:
     """Gemma on cpu/cuda, eager: the left-padding columns every prompt has are dropped, attention reads the cache
     slots written so far only — on the CPU each group's prompt slots once for the whole group (a decode step there
     is bound by reading memory, and the capstone's prompts are most of each row's keys and values) —, finished rows
     leave the batch, and the loop ends when every row has finished."""
-    first = int(prompts.mask.any(0).int().argmax())
-    prompts = replace(prompts, ids=prompts.ids[:, first:], mask=prompts.mask[:, first:])
-    plen, monitor, hf = prompts.length, compile_monitor(), prompts.hf
-    dtype = prompts.product_dtype or product_dtype(hf.model.embed_tokens.weight)
-    with monitor.phase("prefill", **prompts.shapes):
-        consts = decoder.Constants.build(hf, plen + prompts.max_new_tokens, product_dtype=dtype)
-        state = _prefill_lean(prompts, consts, visible=plen, share_prefix=prompts.ids.device.type == "cpu")
-    with monitor.phase("decode", **prompts.shapes):
-        softcap = getattr(hf.config, "final_logit_softcapping", None)
+    first = int(setup.mask.any(0).int().argmax())
+    setup = replace(setup, ids=setup.ids[:, first:], mask=setup.mask[:, first:])
+    plen, monitor, hf = setup.length, compile_monitor(), setup.hf
+    dtype = setup.product_dtype or product_dtype(hf.model.embed_tokens.weight)
+    with monitor.phase("prefill", **setup.shapes):
+        consts = decoder.Constants.build(hf, plen + setup.max_new_tokens, product_dtype=dtype)
+        state = _prefill_lean(setup, consts, visible=plen, share_prefix=setup.ids.device.type == "cpu")
+    with monitor.phase("decode", **setup.shapes):
+        softcap = decoder.final_softcap(hf)
         head = hf.lm_head.weight
         # Wᵀ for the moments' product where it is bf16 on the CPU: there each bf16 product repacks its right operand
         # (fp32's does not, and an fp32 Wᵀ would cost as much memory as the head)
-        transposed = prompts.moments_of is not None and head.device.type == "cpu" and dtype == torch.bfloat16
+        transposed = setup.moments_of is not None and head.device.type == "cpu" and dtype == torch.bfloat16
         product_weight, product_weight_t = head_casts(head, dtype, transposed=transposed)
-        _decode(state, prompts, lambda s, t: HeadInput(
+        _decode(state, setup, lambda s, t: HeadInput(
             decoder.forward(hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
                             visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t),
                 drop_finished=True)
-        return _completions(state, prompts)
+        return _completions(state, setup)
 
 
-def sample_fixed(prompts: Prompts, *, compiled: bool = False) -> dict[str, torch.Tensor]:
+def sample_fixed(setup: RolloutSetup, *, compiled: bool = False) -> dict[str, torch.Tensor]:
     """Gemma at one shape throughout: on XLA (a prefill graph and one decode graph, no reads of device values),
     or under `torch.compile` on cpu/cuda (`compiled`). Finished rows go on decoding, writing `<pad>`."""
-    forward = decoder.compiled_forward() if compiled and prompts.can_peek else decoder.forward
+    forward = decoder.compiled_forward() if compiled and setup.can_peek else decoder.forward
     monitor = compile_monitor()
-    with monitor.phase("prefill", **prompts.shapes):
-        consts = decoder.Constants.build(prompts.hf, prompts.length + prompts.max_new_tokens)
-        state = _prefill_lean(prompts, consts, visible=prompts.length if prompts.can_peek else None)
-    with monitor.phase("decode", **prompts.shapes):
-        _decode(state, prompts, lambda s, t: forward(prompts.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos,
+    with monitor.phase("prefill", **setup.shapes):
+        consts = decoder.Constants.build(setup.hf, setup.length + setup.max_new_tokens)
+        state = _prefill_lean(setup, consts, visible=setup.length if setup.can_peek else None)
+    with monitor.phase("decode", **setup.shapes):
+        _decode(state, setup, lambda s, t: forward(setup.hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos,
                                                      consts=consts, visible=None), drop_finished=False)
-        return _completions(state, prompts)
+        return _completions(state, setup)
 
 
-def sample_hf(prompts: Prompts) -> dict[str, torch.Tensor]:
+def sample_hf(setup: RolloutSetup) -> dict[str, torch.Tensor]:
     """Any causal LM through HF's own forward with a `StaticCache` (every row prefilled, no lean decoder)."""
-    full_mask, device, monitor = prompts.full_mask, prompts.ids.device, compile_monitor()
-    with monitor.phase("prefill", **prompts.shapes):
-        cache = StaticCache(config=prompts.hf.config, max_cache_len=full_mask.shape[1])
-        logits = prompts.model(input_ids=prompts.ids, attention_mask=full_mask, position_ids=prompts.positions,
-                               past_key_values=cache, cache_position=torch.arange(prompts.length, device=device),
+    full_mask, device, monitor = setup.full_mask, setup.ids.device, compile_monitor()
+    with monitor.phase("prefill", **setup.shapes):
+        cache = StaticCache(config=setup.hf.config, max_cache_len=full_mask.shape[1])
+        logits = setup.model(input_ids=setup.ids, attention_mask=full_mask, position_ids=setup.positions,
+                               past_key_values=cache, cache_position=torch.arange(setup.length, device=device),
                                use_cache=True, logits_to_keep=1).logits[:, -1, :]
-        state = _start(prompts, cache, logits)
+        state = _start(setup, cache, logits)
 
     def step_logits(s: SamplerState, t: int) -> torch.Tensor:
-        return prompts.model(input_ids=s.written.unsqueeze(1), attention_mask=full_mask, position_ids=s.next_pos,
+        return setup.model(input_ids=s.written.unsqueeze(1), attention_mask=full_mask, position_ids=s.next_pos,
                              past_key_values=s.cache, cache_position=s.cache_pos, use_cache=True).logits[:, -1, :]
 
-    with monitor.phase("decode", **prompts.shapes):
-        _decode(state, prompts, step_logits, drop_finished=False)
-        return _completions(state, prompts)
+    with monitor.phase("decode", **setup.shapes):
+        _decode(state, setup, step_logits, drop_finished=False)
+        return _completions(state, setup)
 
 
 def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -694,7 +705,7 @@ def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, devic
 
 def _moments_weight(hf: torch.nn.Module) -> torch.Tensor:
     """The LM head's weight, for `HeadMoments`: refused for a head with a final softcap (∂z/∂h is then not W)."""
-    if getattr(hf.config, "final_logit_softcapping", None):
+    if decoder.final_softcap(hf):
         raise ValueError("sample(head_moments=True) needs an LM head without a final softcap "
                          f"({type(hf).__name__} has final_logit_softcapping={hf.config.final_logit_softcapping})")
     return hf.get_output_embeddings().weight
@@ -721,7 +732,7 @@ def sample(
     product_dtype: torch.dtype | None = None,
 ) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
-    masked and set to `pad_id`. Prompts are (B, P) left-padded; the model's device is used throughout.
+    masked and set to `pad_id`. RolloutSetup are (B, P) left-padded; the model's device is used throughout.
 
     Picks the execution mode: Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own
     modules) — `sample_eager` on cpu/cuda, `sample_fixed` on XLA or with `compiled` (`torch.compile` on
@@ -744,12 +755,12 @@ def sample(
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
         return sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                       pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                      lean=lean, compiled=compiled, head_moments=head_moments, product_dtype=product_dtype).head(rows_given)
+                      lean=lean, compiled=compiled, head_moments=head_moments, product_dtype=product_dtype).first_rows(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     uniforms = None if greedy else _uniforms(ids.shape[0], max_new_tokens, generator=generator, device=device)
-    prompts = Prompts(model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
+    setup = RolloutSetup(model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
                       stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
                       settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
                       group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
@@ -758,127 +769,11 @@ def sample(
     model.eval()
     try:
         if not (decoder.supports(hf) if lean is None else lean):
-            completions = sample_hf(prompts)
-        elif prompts.can_peek and not compiled:
-            completions = sample_eager(prompts)
+            completions = sample_hf(setup)
+        elif setup.can_peek and not compiled:
+            completions = sample_eager(setup)
         else:
-            completions = sample_fixed(prompts, compiled=compiled)
+            completions = sample_fixed(setup, compiled=compiled)
     finally:
         model.train(was_training)
     return Rollout(prompt_ids=ids, prompt_mask=mask, **completions)
-
-
-def completion_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_len: int,
-    temperature: float = 1.0,
-    *,
-    chunk_rows: int | None = None,
-    group_size: int = 1,
-    padding_free: bool = False,
-    entropy_grad: bool = True,
-    sampled: SampledHead | None = None,
-    product_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
-    `entropy_grad=False`: no gradient will flow through the entropy (it may come back detached). `sampled`: what
-    the sampler kept of the head when it drew these tokens with this model's current weights — the head is then
-    not applied at all (`losses.logprobs_from_head_mean`; the entropy comes back as sampled, detache `product_dtype`
-    (padding-free Gemma only): the dtype of the frozen base weights' products (`decoder.packed_completion_hidden`).
-
-    One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
-    the LM head applied chunk by chunk (see `losses.token_logprobs_and_entropy`). Picks the forward:
-
-    - `padding_free` (Gemma on cpu/cuda): `packed_logprobs` — the real tokens only.
-    - `group_size` G > 1 (rows g·G … g·G + G − 1 share one prompt, as the trainer lays them out):
-      `_shared_prompt_hidden` runs each prompt once and repeats its keys and values for its G completions —
-      B/G·P + B·N positions instead of B·(P + N). Same values, and gradients flow back through the repeat,
-      so the result and its gradient equal the plain forward's up to float summation order.
-    - otherwise, or under gradient checkpointing (HF drops the cache inside its layers): the plain forward.
-    """
-    hf = base_model(model)
-    checkpointing = hf.training and _checkpointing(hf)
-    if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
-        return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, chunk_rows=chunk_rows,
-                               group_size=group_size, entropy_grad=entropy_grad, sampled=sampled, product_dtype=product_dtype)
-    if group_size > 1 and not checkpointing:
-        hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
-    else:
-        # use_cache=False also avoids Gemma 3's sliding-window cache, which crashes on XLA
-        hidden = hf.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).last_hidden_state[:, prompt_len - 1 : -1, :]
-    if sampled is not None:
-        return logprobs_from_head_mean(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], logprobs=sampled.logprobs,
-                                       head_mean=sampled.head_mean, temperature=temperature), sampled.entropy
-    return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
-                                      softcap=_softcap(hf), chunk_rows=chunk_rows, entropy_grad=entropy_grad)
-
-
-def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
-                    temperature: float, chunk_rows: int | None, group_size: int,
-                    entropy_grad: bool = True, sampled: SampledHead | None = None,
-                    product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`completion_logprobs` on the real tokens only: `decoder.packed_completion_hidden` computes no left padding,
-    no padding after the stop tokens and each group's prompt once, and the LM head runs on the real completion
-    tokens only; log-probs and entropies at padding are 0. The completion masks must be 1 up to the stop token
-    and 0 after it, as `sample` makes them."""
-    targets = input_ids[:, prompt_len:]
-    check_grouped(input_ids[:, :prompt_len], group_size)
-    hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size,
-                                                     product_dtype=product_dtype)
-
-    def unpacked(x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
-
-    if sampled is not None:
-        logp = logprobs_from_head_mean(hidden, hf.lm_head.weight, targets.reshape(-1)[index],
-                                       logprobs=sampled.logprobs.reshape(-1)[index],
-                                       head_mean=sampled.head_mean.reshape(-1, hidden.shape[1])[index], temperature=temperature)
-        return unpacked(logp), sampled.entropy
-    width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
-    rows = -(-index.numel() // width)
-    hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
-    flat_targets = targets.reshape(-1)[index]
-    flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
-    logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap=_softcap(hf),
-                                               chunk_rows=chunk_rows, entropy_grad=entropy_grad)
-    return unpacked(logp), unpacked(entropy)
-
-
-def _softcap(hf: torch.nn.Module) -> float | None:
-    return getattr(hf.config, "final_logit_softcapping", None)
-
-
-def _checkpointing(hf: torch.nn.Module) -> bool:
-    return any(getattr(layer, "gradient_checkpointing", False) for layer in hf.model.layers)
-
-
-def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                          group_size: int) -> torch.Tensor:
-    """Final hidden states at the N positions that predict completion tokens, running each group's prompt once."""
-    total = input_ids.shape[1]
-    check_grouped(input_ids[:, :prompt_len], group_size)
-    prompt_ids, prompt_mask = input_ids[::group_size, :prompt_len], attention_mask[::group_size, :prompt_len]
-    positions = position_ids_from_mask(prompt_mask)
-    # A plain (full-length) cache on every layer: sliding-window layers still get their window from the
-    # attention mask, and nothing is cropped between the two calls.
-    cache = DynamicCache()
-    prompt_out = hf.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
-                          past_key_values=cache, use_cache=True)
-    if cache.get_seq_length() != prompt_len:  # a layer refused the cache: sharing would drop the prompt
-        raise RuntimeError(f"{type(hf).__name__} did not fill the KV cache ({cache.get_seq_length()} of {prompt_len} positions); "
-                           "run with GRPOConfig.share_prompt_forward=False")
-    last_prompt = prompt_out.last_hidden_state[:, -1:, :].repeat_interleave(group_size, 0)
-    if total - prompt_len == 1:  # one completion token: the prompt's last position predicts it
-        return last_prompt
-    cache.batch_repeat_interleave(group_size)
-    completion_out = hf.model(
-        input_ids=input_ids[:, prompt_len:-1], attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids_from_mask(attention_mask)[:, prompt_len:-1],
-        past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt_len, total - 1, device=input_ids.device),
-    )
-    return torch.cat([last_prompt, completion_out.last_hidden_state], dim=1)

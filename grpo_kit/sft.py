@@ -18,8 +18,9 @@ from transformers import get_cosine_schedule_with_warmup
 
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import SFTConfig
+from .decoder import final_softcap
 from .device import data_parallel_size, guarded_optimizer_step, is_xla, mark_step, shard_batch
-from .losses import token_logprobs_and_entropy
+from .logprobs import token_logprobs_and_entropy
 from .metrics import MetricsLogger, to_host
 from .models import base_model
 from .rundir import claim, record_entry
@@ -81,7 +82,7 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
         keep = mask.bool()
         hidden, targets, mask = hidden[keep].unsqueeze(0), targets[keep].unsqueeze(0), mask[keep].unsqueeze(0)
     logp, _ = token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets,
-                                         softcap=getattr(hf.config, "final_logit_softcapping", None), with_entropy=False,
+                                         softcap=final_softcap(hf), with_entropy=False,
                                          entropy_grad=False)
     mask = mask.to(logp.dtype)
     tokens = mask.sum()

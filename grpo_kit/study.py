@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import DemoConfig, apply_overrides, load_demo_config
+from .config import RunConfig, apply_overrides, load_demo_config
 from .demo import Arc
 from .device import describe_machine
 from .evaluation import paired_difference, sampled_scores
@@ -69,7 +69,7 @@ PROBE_PROMPTS, PROBE_K = 64, 8
 
 
 def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
-                overrides: dict[str, Any] | None = None) -> DemoConfig:
+                overrides: dict[str, Any] | None = None) -> RunConfig:
     """The arc of one cell: `preset` with the regime's settings, STUDY_SETTINGS, then `overrides`; `seed` moves the
     task's seed (other problems), SFT's batch order and GRPO's samples."""
     if regime not in REGIMES:
@@ -80,7 +80,7 @@ def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
                                sft=dataclasses.replace(cfg.sft, seed=seed), grpo=dataclasses.replace(cfg.grpo, seed=seed))
 
 
-def run_cell(cfg: DemoConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:
+def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:
     """One cell's arc (continuing it where it stopped); in `beyond` the SFT model's pass@8 on GRPO's prompts is
     measured before GRPO starts (phase `sft_probe`). A finished cell is left as it is (the first cell ran on the time
     budget that set the fixed steps)."""

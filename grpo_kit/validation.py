@@ -53,7 +53,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "TaskConfig": {"kind": one_of(options.TASK_KINDS), "operations": STEP_COUNTS, "demonstration_operations": STEP_COUNTS,
                    "answer_type": one_of(options.ANSWER_TYPES),
                    "num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
-    "DemoConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
+    "RunConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
                    "eval_pass_k": at_least(0), "eval_batch_size": at_least(1), "control_steps": at_least(1),
                    "rft_steps": at_least(1)},
     "SFTConfig": {
@@ -71,7 +71,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "beta": at_least(0), "target_kl": above(0), "epsilon": within(0, 1, low_open=True, high_open=True),
         "epsilon_high": above(0), "num_iterations": at_least(1), "micro_batch_size": at_least(1),
         "advantage_tau": above(0), "advantage_clip_value": above(0), "advantage_clip_low": above(0),
-        "winsorize_quantile": within(0, 0.5, high_open=True), "ema_reference": within(0, 1), "eval_every": at_least(0),
+        "winsorize_quantile": within(0, 0.5, high_open=True), "ema_reference": within(0, 1),
         "compile_warmup_steps": at_least(0), "max_skipped_steps": at_least(0), "save_every": at_least(0), "save_every_seconds": above(0), "log_completions": at_least(0),
         "max_seconds": above(0), "reward_timeout_seconds": above(0),
         "loss_type": one_of(options.LOSS_TYPES), "importance_sampling_level": one_of(options.IMPORTANCE_SAMPLING_LEVELS),

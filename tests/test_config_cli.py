@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from grpo_kit.cli import build_parser, main
-from grpo_kit.config import PRESETS, DemoConfig, GRPOConfig, load_demo_config
+from grpo_kit.config import PRESETS, GRPOConfig, RunConfig, load_demo_config
 from grpo_kit.controls import Controls
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ def test_every_config_field_is_documented():
 
 def test_presets_and_yaml(tmp_path):
     for name in PRESETS:
-        assert isinstance(load_demo_config(name), DemoConfig)
+        assert isinstance(load_demo_config(name), RunConfig)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"grpo": {"learning_rate": 5e-4, "loss_type": "dapo"}, "sft": {"steps": 7}}))
     cfg = load_demo_config("cpu-tiny", path)

@@ -16,9 +16,10 @@ from grpo_kit import decoder
 from grpo_kit.chat import stop_token_ids
 from grpo_kit.config import GRPOConfig, ModelConfig
 from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.logprobs import completion_logprobs
 from grpo_kit.models import TINY_CONFIG, add_lora
 from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
-from grpo_kit.sampling import completion_logprobs, encode_prompts, sample
+from grpo_kit.sampling import encode_prompts, sample
 
 
 def gemma3_sliding(window: int = 6, vocab_size: int | None = None) -> torch.nn.Module:
@@ -62,7 +63,7 @@ def lora_gemma3() -> torch.nn.Module:
 def lora_gemma3_large_vocabulary() -> torch.nn.Module:
     """LoRA on a Gemma 3 whose vocabulary (40,000) is large enough for the paths Gemma's 262k vocabulary takes:
     the decode step's block-wise LM head (`decoder.lm_head_logits`) and the fused frozen-head log-probs
-    (`losses.frozen_head_logprobs`). Token ids stay below 106, as the test batches make them."""
+    (`logprobs.frozen_head_logprobs`). Token ids stay below 106, as the test batches make them."""
     return working_lora(add_lora(gemma3_sliding(vocab_size=40_000), ModelConfig(lora=True)))
 
 

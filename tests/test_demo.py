@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_kit.cli import main
-from grpo_kit.config import DemoConfig, load_demo_config
+from grpo_kit.config import RunConfig, load_demo_config
 from grpo_kit.demo import Arc
 
 
@@ -43,7 +43,7 @@ def _yaml(tmp_path):
     return path
 
 
-def _tiny(out, **changes) -> DemoConfig:
+def _tiny(out, **changes) -> RunConfig:
     cfg = load_demo_config("cpu-tiny-quick")
     task = dataclasses.replace(cfg.task, num_test=16)
     return dataclasses.replace(cfg, output_dir=str(out), task=task, **changes)
@@ -158,7 +158,7 @@ def test_demo_settings_are_validated():
     for bad, match in (({"sft_fraction": 1.0}, "sft_fraction"), ({"time_budget_minutes": 0}, "time_budget_minutes"),
                        ({"eval_pass_k": -1}, "eval_pass_k")):
         with pytest.raises(ConfigError, match=match):
-            DemoConfig(**bad)
+            RunConfig(**bad)
 
 
 def test_a_task_without_worked_solutions_skips_sft_and_its_control_and_trains_grpo_from_the_base(tmp_path):
@@ -188,8 +188,10 @@ def test_an_arc_recorded_before_a_setting_existed_resumes_and_a_changed_setting_
     path = tmp_path / "arc" / "progress.json"
     records = json.loads(path.read_text())
     del records["settings"]["control_steps"], records["settings"]["rft_steps"]  # as an older kit wrote them
+    records["settings"]["grpo"]["eval_every"] = 0  # and with a setting since retired (config.RETIRED_SETTINGS)
     path.write_text(json.dumps(records))
     assert Arc(cfg, "cpu", progress=False).done("base_eval")
+    assert Arc.from_dir(tmp_path / "arc").cfg.grpo == cfg.grpo
     changed = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=cfg.grpo.steps + 1))
     with pytest.raises(ValueError, match=rf"grpo.steps was {cfg.grpo.steps}, is {cfg.grpo.steps + 1} now"):
         Arc(changed, "cpu", progress=False)

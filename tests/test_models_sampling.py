@@ -8,6 +8,7 @@ import torch
 
 from grpo_kit.chat import GEMMA_CHAT_TEMPLATE, stop_token_ids
 from grpo_kit.config import ModelConfig
+from grpo_kit.logprobs import completion_logprobs
 from grpo_kit.models import (
     MODEL_SHAPES,
     TINY_CONFIG,
@@ -18,7 +19,6 @@ from grpo_kit.models import (
 )
 from grpo_kit.sampling import (
     choose_tokens,
-    completion_logprobs,
     draw_from_head,
     encode_prompts,
     head_moments,

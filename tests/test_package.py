@@ -96,6 +96,21 @@ def test_no_import_cycle_among_modules():
     assert order.index("device") < order.index("models") < order.index("grpo")
 
 
+MATH_MODULES = ("losses", "advantages")
+"""Pure tensor math: formulas in docstrings, no model, no device, nothing of the kit but `options`."""
+
+
+def test_math_modules_import_only_options_and_the_sampler_never_imports_the_log_probs():
+    graph = import_graph()
+    for module in MATH_MODULES:
+        assert graph[module] <= {"options"}, f"{module} imports {sorted(graph[module] - {'options'})}: it is pure math"
+    assert "logprobs" not in graph["sampling"], "the sampler generates; log-probs for the update live in logprobs.py"
+    for name in ("completion_logprobs", "packed_logprobs", "token_logprobs_and_entropy", "frozen_head_logprobs",
+                 "logprobs_from_head_mean", "logit_chunks"):  # one home: defined in logprobs.py and nowhere else
+        homes = [p.stem for p in PACKAGE.glob("*.py") if re.search(rf"^def {name}\(", p.read_text(), re.M)]
+        assert homes == ["logprobs"], (name, homes)
+
+
 def test_developer_tools_stay_out_of_the_user_package():
     importers = sorted(module for module, deps in import_graph().items() if "devtools" in deps)
     assert importers == ["cli"], f"only the command line may reach grpo_kit.devtools: {importers}"

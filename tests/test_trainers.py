@@ -225,9 +225,9 @@ def test_numpy_and_tensor_scalar_rewards_are_accepted():
 
 
 def test_the_hub_token_stays_out_of_reprs_and_saved_settings():
-    from grpo_kit.config import DemoConfig, ModelConfig
+    from grpo_kit.config import ModelConfig, RunConfig
 
-    cfg = DemoConfig(model=ModelConfig(hf_token="hf_SECRET123"))
+    cfg = RunConfig(model=ModelConfig(hf_token="hf_SECRET123"))
     assert "hf_SECRET123" not in repr(cfg) and "hf_SECRET123" not in str(cfg.model)
 
 

@@ -188,7 +188,7 @@ def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
     (`ModelConfig.gradient_checkpointing`). torch's own checkpoint stops there with "module 'torch' has no
     attribute 'xla'"; the gradients must equal the CPU's."""
     from grpo_kit.config import ModelConfig
-    from grpo_kit.losses import token_logprobs_and_entropy
+    from grpo_kit.logprobs import token_logprobs_and_entropy
     from grpo_kit.models import load_model
 
     xla = get_device("xla")
@@ -224,8 +224,8 @@ devices = int(sys.argv[1])
 if devices > 1:
     enable_spmd(devices)
 import torch_xla
-import grpo_kit.losses
-grpo_kit.losses.LOGIT_CHUNK_ELEMENTS = 8 * 106  # the LM head in chunks, as Gemma's ≥ 32k vocabulary has it
+import grpo_kit.logprobs
+grpo_kit.logprobs.LOGIT_CHUNK_ELEMENTS = 8 * 106  # the LM head in chunks, as Gemma's ≥ 32k vocabulary has it
 from grpo_kit.config import ModelConfig, SFTConfig
 from grpo_kit.models import load_model
 from grpo_kit.sft import SFTTrainer
@@ -266,7 +266,7 @@ LOGPROBS_ON_MESH = """
 import json, sys, torch
 from grpo_kit.device import enable_spmd, get_device, mark_step, shard_batch
 enable_spmd(8)
-from grpo_kit.losses import token_logprobs_and_entropy
+from grpo_kit.logprobs import token_logprobs_and_entropy
 gen = torch.Generator().manual_seed(0)
 hidden, weight = torch.randn(16, 12, 32, generator=gen), torch.randn(40_960, 32, generator=gen) * 0.3
 ids, coef = torch.randint(0, 40_960, (16, 12), generator=gen), torch.randn(16, 12, generator=gen)
@@ -286,9 +286,9 @@ print(json.dumps({k: v.detach().cpu().tolist() for k, v in
 @pytest.mark.skipif(not xla_available(), reason="torch_xla not installed")
 def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     """Gemma's vocabulary (≥ 32k) makes the LM head run in chunks, recomputed in the backward pass. On an 8-device
-    mesh, with the batch split over the devices, the chunks are cut by position (`losses.logit_chunks`): chunks of
+    mesh, with the batch split over the devices, the chunks are cut by position (`logprobs.logit_chunks`): chunks of
     rows stopped the process in XLA's SPMD partitioner. Values and gradients equal the CPU's."""
-    from grpo_kit.losses import token_logprobs_and_entropy
+    from grpo_kit.logprobs import token_logprobs_and_entropy
 
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
     proc = subprocess.run([sys.executable, "-c", LOGPROBS_ON_MESH], capture_output=True, text=True, env=env, timeout=900)
@@ -308,16 +308,16 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
 
 
 def test_logit_chunks_cut_rows_off_xla_and_positions_on_it(monkeypatch):
-    from grpo_kit import losses
+    from grpo_kit import logprobs
 
-    monkeypatch.setattr(losses, "LOGIT_CHUNK_ELEMENTS", 2 * 10 * 1000)
-    rows, dim = losses.logit_chunks((5, 10), 1000)
+    monkeypatch.setattr(logprobs, "LOGIT_CHUNK_ELEMENTS", 2 * 10 * 1000)
+    rows, dim = logprobs.logit_chunks((5, 10), 1000)
     assert dim == 0 and [c[0] for c in rows] == [slice(0, 2), slice(2, 4), slice(4, 6)]
-    monkeypatch.setattr(losses, "data_parallel_size", lambda: 4)
-    columns, dim = losses.logit_chunks((8, 10), 1000, xla=True)  # 2 rows per device: 10 positions per chunk
+    monkeypatch.setattr(logprobs, "data_parallel_size", lambda: 4)
+    columns, dim = logprobs.logit_chunks((8, 10), 1000, xla=True)  # 2 rows per device: 10 positions per chunk
     assert dim == 1 and [c for c in columns] == [(slice(None), slice(0, 10))]
-    monkeypatch.setattr(losses, "data_parallel_size", lambda: 1)
-    columns, dim = losses.logit_chunks((8, 10), 1000, xla=True)  # 8 rows on one device: 2 positions per chunk
+    monkeypatch.setattr(logprobs, "data_parallel_size", lambda: 1)
+    columns, dim = logprobs.logit_chunks((8, 10), 1000, xla=True)  # 8 rows on one device: 2 positions per chunk
     assert [c[1] for c in columns] == [slice(s, s + 2) for s in range(0, 10, 2)]
-    columns, dim = losses.logit_chunks((8, 10), 1000, chunk_rows=4, xla=True)  # 4 rows' worth: 5 positions of 8
+    columns, dim = logprobs.logit_chunks((8, 10), 1000, chunk_rows=4, xla=True)  # 4 rows' worth: 5 positions of 8
     assert [c[1] for c in columns] == [slice(0, 5), slice(5, 10)]

@@ -20,9 +20,10 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from ..config import ModelConfig
+from ..hub import MODEL_SHAPES
+from ..logprobs import completion_logprobs
 from ..models import add_lora, load_model
-from ..planner import MODEL_SHAPES
-from ..sampling import completion_logprobs, sample
+from ..sampling import sample
 
 PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
 
