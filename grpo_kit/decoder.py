@@ -89,8 +89,7 @@ class KVCache:
         """(B, 1, 1, visible) bias for one new token written at slot visible − 1 (no window cuts into it): it
         sees every real key up to itself, so the bias depends on the key mask only."""
         if self.key_bias is None or self.key_bias.dtype != dtype:
-            self.key_bias = torch.zeros(self.key_mask.shape, dtype=dtype, device=self.key_mask.device).masked_fill(
-                ~self.key_mask, torch.finfo(dtype).min)
+            self.key_bias = additive_bias(self.key_mask, dtype)
         return self.key_bias[:, None, None, :visible]
 
     def select_rows(self, rows: torch.Tensor) -> KVCache:
@@ -113,10 +112,9 @@ class KVCache:
         `repeat_interleave` gives, without copying the prompt's keys to every row."""
         batch, kv_heads, length, head_dim = self.keys[0].shape
         prompt_mask = self.key_mask[:, :prompt_len]
-        bias = torch.zeros(prompt_mask.shape, dtype=self.keys[0].dtype, device=prompt_mask.device).masked_fill(
-            ~prompt_mask, torch.finfo(self.keys[0].dtype).min)
         prefix = SharedPrefix([k[:, :, :prompt_len].contiguous() for k in self.keys],
-                              [v[:, :, :prompt_len].contiguous() for v in self.values], prompt_mask, bias, group)
+                              [v[:, :, :prompt_len].contiguous() for v in self.values], prompt_mask,
+                              additive_bias(prompt_mask, self.keys[0].dtype), group)
         shape = (batch * group, kv_heads, length - prompt_len, head_dim)
         return KVCache([k.new_zeros(shape) for k in self.keys], [v.new_zeros(shape) for v in self.values],
                        self.key_mask[:, prompt_len:].repeat_interleave(group, 0), prefix=prefix)
@@ -148,7 +146,12 @@ def attention_bias(key_mask: torch.Tensor, slots: torch.Tensor, window: int | No
     if window is not None:
         visible = visible & (key_slots[None, :] > slots[:, None] - window)
     visible = visible[None, None] & key_mask[:, None, None, :]
-    return torch.zeros(visible.shape, dtype=dtype, device=key_mask.device).masked_fill(~visible, torch.finfo(dtype).min)
+    return additive_bias(visible, dtype)
+
+
+def additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where `visible` (bool) is True, the lowest `dtype` value elsewhere: added to attention scores."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -460,15 +463,17 @@ def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor
     longer cache copies its operands (~4× slower here than fp32's strided one)."""
     attn, (cos, sin) = layer.self_attn, rope
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
-    if cache.prefix is not None:  # a decode step: the prompt's slots are in the prefix, the cache holds the rest
-        prompt_len = cache.prefix.keys[index].shape[2]
-        keys = cache.keys[index].index_copy_(2, slots - prompt_len, k.transpose(1, 2))[:, :, : visible - prompt_len]
-        values = cache.values[index].index_copy_(2, slots - prompt_len, v.transpose(1, 2))[:, :, : visible - prompt_len]
+    # with a shared prefix (decode steps) the prompt's slots are there and the cache holds the slots after them
+    offset = cache.prefix.keys[index].shape[2] if cache.prefix is not None else 0
+    end = None if visible is None else visible - offset
+    slots = slots - offset if offset else slots  # no extra op (nor graph change on XLA) without a prefix
+    keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :end]
+    values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :end]
+    if cache.prefix is not None:
         attended = _attend_shared(attn, q.transpose(1, 2), keys, values, prefix=cache.prefix, index=index)
-        return _linear(attn.o_proj, attended, consts)
-    keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :visible]
-    values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :visible]
-    return _linear(attn.o_proj, _attend(attn, q.transpose(1, 2), keys, values, bias), consts)
+    else:
+        attended = _attend(attn, q.transpose(1, 2), keys, values, bias)
+    return _linear(attn.o_proj, attended, consts)
 
 
 LM_HEAD_BLOCK = 4096
