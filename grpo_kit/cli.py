@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, RunConfig, load_demo_config
+from .config import PRESETS, RunConfig, field_docs, load_demo_config
 from .rundir import claim
 
 
@@ -323,17 +323,34 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
     return 0
 
 
+PLAN_FLAGS = ("model", "tpu", "lora_r", "prompts_per_step", "group_size", "prompt_length", "max_new_tokens",
+              "micro_batch_size", "gradient_checkpointing", "beta")
+"""`grpo-kit plan`'s flags: `planner.PlanInput` fields, with its defaults and its field docs as help (and --full)."""
+
+
+def _plan_flags(p: argparse.ArgumentParser) -> None:
+    from .planner import PlanInput
+
+    docs = field_docs(PlanInput)
+    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    for f in dataclasses.fields(PlanInput):
+        if f.name not in PLAN_FLAGS:
+            continue
+        flag, kind = "--" + f.name.replace("_", "-"), f.type.split(" | ")[0]
+        described = f"{docs[f.name]} (default {f.default})"
+        if kind == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=described)
+        else:
+            p.add_argument(flag, type={"int": int, "float": float, "str": str}[kind], default=f.default, help=described)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .planner import PlanInput, plan, table
 
     if args.table:
         print(table())
         return 0
-    inputs = PlanInput(
-        model=args.model, tpu=args.tpu, lora=not args.full, lora_r=args.lora_r, prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size, prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens,
-        micro_batch_size=args.micro_batch_size, gradient_checkpointing=args.gradient_checkpointing, beta=args.beta,
-    )
+    inputs = PlanInput(lora=not args.full, **{name: getattr(args, name) for name in PLAN_FLAGS})
     report = plan(inputs)
     _print(report)
     if not report["fits"]:
@@ -489,17 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="the checkpoint directory (holds state.json)")
     p.set_defaults(func=cmd_add_manifest)
     p = sub.add_parser("plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change")
-    p.add_argument("--model", default="gemma-3-1b-it", help="gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json")
-    p.add_argument("--tpu", default="v2-8", help="v2-8, v3-8, v5e-1, v5e-8 (also t4, cpu)")
-    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
-    p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--prompts-per-step", type=int, default=8)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--prompt-length", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--micro-batch-size", type=int, default=None, help="fix it instead of letting the planner choose")
-    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--beta", type=float, default=0.04, help="KL weight (> 0 keeps a reference copy under full fine-tuning)")
+    _plan_flags(p)
     p.add_argument("--table", action="store_true", help="print the README table of models × TPUs")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("xla-check", help="(developer) GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement")

@@ -6,15 +6,39 @@ readable in one glance and a YAML file can hold the same keys.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import itertools
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from . import options
 from .answer_format import WORD_PROBLEM_INSTRUCTION
-from .validation import ConfigError, validate
+from .validation import ConfigError, Rule, above, at_least, one_of, ruled, validate, within
+
+STEP_COUNTS: Rule = (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4")
+"""The rule of a word-problem task's step counts."""
+
+
+def field_docs(config_class: type) -> dict[str, str]:
+    """Each field's documentation: the string written under it in the class body (the docstring convention every
+    config class here follows), read from the source, parent classes first; a field with none is absent."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_class.__mro__[:-1]):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+        except (OSError, TypeError):
+            continue
+        for field_node, doc in itertools.pairwise(body):
+            if (isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name)
+                    and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+                docs[field_node.target.id] = " ".join(doc.value.value.split())
+    return docs
 
 
 @dataclass
@@ -29,15 +53,15 @@ class ModelConfig:
     lora: bool | None = None
     """Train a LoRA adapter instead of all weights. None = automatic: LoRA for real Gemma (memory),
     full fine-tuning for tiny-gemma (it is small and LoRA would slow its learning)."""
-    lora_r: int = 8
+    lora_r: int = ruled(8, at_least(1))
     """LoRA rank. 8 is the common default: enough for format and arithmetic skills."""
-    lora_alpha: int = 16
+    lora_alpha: int = ruled(16, above(0))
     """LoRA scaling numerator (alpha / r scales the update). 2 × r is the usual choice."""
-    lora_dropout: float = 0.0
+    lora_dropout: float = ruled(0.0, within(0, 1, high_open=True))
     """0 by default: dropout makes the policy and reference disagree and inflates KL (trl#3500)."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Attention and MLP projections, as Unsloth and TRL examples use for Gemma."""
-    dtype: str = "auto"
+    dtype: str = ruled("auto", one_of(options.MODEL_DTYPES))
     """`auto` = bfloat16 on TPU/GPU, float32 on CPU (this CPU has no fast bf16). Gemma must not train in
     float16 (it overflows, unsloth-zoo#600)."""
     gradient_checkpointing: bool = False
@@ -53,15 +77,15 @@ class ModelConfig:
 class TaskConfig:
     """Which problems to train and evaluate on (`tasks.make_task` builds them)."""
 
-    kind: str = "arithmetic"
+    kind: str = ruled("arithmetic", one_of(options.TASK_KINDS))
     """`arithmetic` (two-operand addition, the tiny model's course task), `word_problems` (generated GSM8K-style
     multi-step problems, offline: the real-Gemma CPU preset's task), `gsm8k` (GSM8K itself from `source`), or your
     own data: `file` (a .jsonl/.json/.csv/.parquet file at `source`) or `hub` (a Hugging Face dataset id in `source`),
     read with the `*_column` settings below (`data_task.load_task`)."""
-    operations: tuple[int, ...] = (2, 3, 4)
+    operations: tuple[int, ...] = ruled((2, 3, 4), STEP_COUNTS)
     """word_problems: how many arithmetic steps a problem takes (its templates' lengths, from 2 to 4) — the
     difficulty knob."""
-    demonstration_operations: tuple[int, ...] | None = None
+    demonstration_operations: tuple[int, ...] | None = ruled(None, STEP_COUNTS)
     """word_problems: the step counts of the worked solutions SFT sees (None = `operations`): e.g. (2,) with
     operations (3,) demonstrates 2-step problems only and tests on 3-step ones, beyond the demonstrations."""
     source: str = "openai/gsm8k"
@@ -76,21 +100,21 @@ class TaskConfig:
     """file/hub: the column holding a worked solution, for SFT (None: no SFT rows; rows without one are skipped)."""
     system_column: str | None = None
     """file/hub: a column holding a per-row instruction (None: `system_prompt` for every row)."""
-    answer_type: str = "auto"
+    answer_type: str = ruled("auto", one_of(options.ANSWER_TYPES))
     """file/hub: how answers are compared (`answer_format.ANSWER_TYPES`: number, choice, string, regex; auto = inferred per
     row from the answer). A file's own `answer_type` column wins, row by row."""
     split: str = "train"
     """hub: the dataset split to read (the kit holds out its own `num_test` rows from it)."""
     seed: int = 1234
     """Seed for problems; demonstrations, the prompt stream and the held-out set are disjoint."""
-    num_demonstrations: int = 200
+    num_demonstrations: int = ruled(200, at_least(1))
     """Size of the fixed SFT demonstration pool. Small on purpose: RL pays where demonstrations are scarce. (file/hub:
     every training row with a solution.)"""
-    num_test: int = 200
+    num_test: int = ruled(200, at_least(1))
     """Held-out problems for greedy evaluation (file/hub: drawn by `seed`, the same rows on every run)."""
-    min_value: int = 10
+    min_value: int = ruled(10, at_least(0))
     """arithmetic: smallest operand."""
-    max_value: int = 99
+    max_value: int = ruled(99, at_least(1))
     """arithmetic: largest operand (two-digit addition by default)."""
     system_prompt: str | None = None
     """Optional instruction folded into the first user turn (Gemma has no system role). The tiny model
@@ -106,39 +130,39 @@ class TaskConfig:
 class SFTConfig:
     """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
 
-    steps: int = 200
+    steps: int = ruled(200, at_least(0))
     """Optimizer steps. 200 × batch 32 = 32 passes over 200 demonstrations: enough to learn the format and
     part of the arithmetic, leaving GRPO room to improve (docs/tuning.md)."""
-    batch_size: int = 32
+    batch_size: int = ruled(32, at_least(1))
     """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
-    learning_rate: float = 1e-3
+    learning_rate: float = ruled(1e-3, above(0))
     """Peak AdamW learning rate. High because the tiny model is small (higher generalises worse); use ~2e-4
     with LoRA on real Gemma."""
-    weight_decay: float = 0.0
+    weight_decay: float = ruled(0.0, at_least(0))
     """AdamW weight decay; 0 keeps the warm-up simple."""
-    warmup_steps: int = 20
+    warmup_steps: int = ruled(20, at_least(0))
     """Linear warm-up steps before cosine decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ruled(1.0, above(0))
     """Gradient clipping norm."""
-    max_length: int = 128
+    max_length: int = ruled(128, at_least(8))
     """Sequences are padded to a multiple of `pad_to_multiple_of` up to this length; longer ones are an error."""
-    pad_to_multiple_of: int = 32
+    pad_to_multiple_of: int = ruled(32, at_least(1))
     """Length bucket size for static shapes: a few buckets, each compiled once on XLA."""
-    log_every: int = 10
+    log_every: int = ruled(10, at_least(1))
     """Write a metrics row every N steps."""
     seed: int = 0
     """Seed for batch order."""
-    max_skipped_steps: int = 5
+    max_skipped_steps: int = ruled(5, at_least(0))
     """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (one bad
     step is skipped and training goes on). 0 = never stop."""
-    save_every: int = 0
+    save_every: int = ruled(0, at_least(0))
     """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
-    save_every_seconds: float | None = 300.0
+    save_every_seconds: float | None = ruled(300.0, above(0))
     """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
     this much training (None = by steps only). `grpo-kit sft` resumes from that checkpoint when run again."""
     output_dir: str | None = "runs/sft"
     """Where metrics and the checkpoint go."""
-    max_seconds: float | None = None
+    max_seconds: float | None = ruled(None, above(0))
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
 
     def __post_init__(self) -> None:
@@ -153,15 +177,15 @@ class RFTConfig(SFTConfig):
     control that asks whether a GRPO gain is GRPO's (arXiv 2504.11343). The SFT settings above apply to its steps;
     `batch_size` is unused (a step trains on whatever was accepted)."""
 
-    prompts_per_step: int = 8
+    prompts_per_step: int = ruled(8, at_least(1))
     """New prompts per step (the arc's RFT control takes GRPO's)."""
-    group_size: int = 4
+    group_size: int = ruled(4, at_least(1))
     """Completions sampled per prompt."""
-    temperature: float = 0.8
+    temperature: float = ruled(0.8, above(0))
     """Sampling temperature of the completions."""
-    max_new_tokens: int = 80
+    max_new_tokens: int = ruled(80, at_least(1))
     """Completion length; a completion that has not finished by then is not kept."""
-    prompt_bucket: int = 32
+    prompt_bucket: int = ruled(32, at_least(1))
     """Prompt length bucket, as GRPOConfig.prompt_bucket."""
     output_dir: str | None = "runs/rft"
     """Where metrics (rft_metrics.jsonl) and the checkpoint go."""
@@ -169,68 +193,127 @@ class RFTConfig(SFTConfig):
 
 @dataclass
 class GRPOConfig:
-    """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same."""
+    """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same. The fields come
+    in five sections: the rollout (what each step samples), rewards and advantages, the algorithm (the update),
+    speed (switches that change how fast a step runs, not what it learns, up to float order), and the run
+    (length, seed, output, saving)."""
 
-    steps: int = 60
-    """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: enough for held-out
-    accuracy to level off on the tiny Gemma while the demo stays a few minutes long on 2 cores."""
-    prompts_per_step: int = 128
+    # ---- rollout: what each step samples ----
+    prompts_per_step: int = ruled(128, at_least(1))
     """Distinct prompts per step. With group_size 4 this is 512 completions, all one shape. Many distinct
     prompts average out the noisy policy gradient; at equal cost more distinct problems beat more samples of
     each (docs/tuning.md)."""
-    group_size: int = 4
+    group_size: int = ruled(4, at_least(2))
     """Completions per prompt (G). Advantages compare completions within a group; TRL's default is 8. With
     the dense answer-digits reward 4 samples already differ in most groups."""
-    max_new_tokens: int = 32
+    max_new_tokens: int = ruled(32, at_least(1))
     """Completion buffer length. Fixed, so sampling compiles the same graphs every step."""
-    max_prompt_tokens: int | None = 1024
+    max_prompt_tokens: int | None = ruled(1024, at_least(1))
     """Longest prompt allowed, in tokens after the chat template; checked over the whole dataset before the first
     step (and on every batch), so an over-long row is named at once instead of slowing every step (on XLA each
     longer prompt width is a new compiled program). None = no limit."""
-    prompt_bucket: int = 16
+    prompt_bucket: int = ruled(16, at_least(1))
     """Prompts are left-padded to a multiple of this (a few buckets, each compiled once on XLA). Smaller wastes
     less compute on padding; larger means fewer distinct shapes."""
-    temperature: float = 0.7
+    temperature: float = ruled(0.7, above(0))
     """Sampling temperature; the training forward divides logits by the same value, so importance ratios
     stay honest. Below 1 because a small model after SFT samples mostly wrong answers at 1.0 (groups with no
     right answer give no signal), while too low a temperature explores too little (docs/tuning.md)."""
-    top_k: int = 0
+    top_k: int = ruled(0, at_least(0))
     """Keep only the k most likely tokens (0 = off)."""
-    top_p: float = 1.0
+    top_p: float = ruled(1.0, within(0, 1, low_open=True))
     """Nucleus sampling mass (1.0 = off)."""
-    learning_rate: float = 1e-4
+    dynamic_sampling_rollouts: int = ruled(1, at_least(1))
+    """DAPO's dynamic sampling (arXiv 2503.14476), capped: a group whose G rewards are all equal has A = 0 and teaches
+    nothing, so while fewer than `prompts_per_step` groups of the step differ, it samples `prompts_per_step` more
+    prompts — up to this many rollouts in all — and the update trains on the first `prompts_per_step` groups that
+    differ (the first group if none does). 1 = off: one rollout, every group trained. Metrics (rewards, accuracy,
+    `zero_std_fraction`) cover every group sampled; `rollouts` and `trained_groups` say what the step did. cpu/cuda
+    (XLA keeps one batch shape)."""
+    difficulty_targeting: bool = False
+    """Online difficulty targeting (`difficulty.DifficultyTargeting`, arXiv 2504.03380): track each level's pass rate
+    (the `accuracy_reward` outcomes of the rollouts already made, per value of the prompt rows' `difficulty_key`) and
+    keep a prompt drawn from the stream with probability ∝ p(1 − p), so steps spend their rollouts where groups are
+    likeliest to differ. Needs `accuracy_reward` among the rewards and that column in every prompt row (the generated
+    word problems name their template). Off by default: prompts come in the stream's order."""
+    difficulty_key: str = "level"
+    """difficulty_targeting: the prompt column that names a prompt's level."""
+
+    # ---- rewards and advantages: how the samples are compared ----
+    reward_weights: dict[str, float] | None = None
+    """Weight per reward function name; missing names get 1.0."""
+    accuracy_reward: str | None = "correctness_reward"
+    """The reward whose score 1.0 marks a correct answer: the share of such completions is the step's `accuracy`
+    metric (None, or a name not among the rewards: no accuracy metric). Default: the kit's `correctness_reward`."""
+    gate_shaped_rewards: bool = False
+    """Count the shaped rewards (every reward but `accuracy_reward`, e.g. `answer_digits_reward`, format rewards) only
+    in groups whose outcome varies (`advantages.outcome_gated_rewards`): a group with all-wrong or all-right answers
+    gets no advantage from them, instead of z-scored noise (verl-recipe PR #125). Logged rewards stay the plain
+    weighted sums. Needs `accuracy_reward` among the rewards. Off by default: with it, hard prompts teach nothing
+    until one answer in a group is right."""
+    reward_timeout_seconds: float | None = ruled(600.0, above(0))
+    """A reward function still running after this many seconds on one batch stops the run with an error naming it
+    (a hung reward would otherwise block training for good, and the stop button acts only between steps).
+    None = wait forever."""
+    reward_on_error: str = ruled("raise", one_of(options.REWARD_ON_ERROR))
+    """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
+    advantage: str = ruled("zscore", one_of(options.ADVANTAGE_ESTIMATORS))
+    """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
+    `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""
+    advantage_tau: float = ruled(1.0, above(0))
+    """Divide advantages by τ after normalisation (τ > 1 softens updates)."""
+    advantage_clip: str = ruled("none", one_of(options.ADVANTAGE_CLIPS))
+    """`none`, `symmetric` (clip to ±clip_value), `asymmetric` (clip to [-clip_low, clip_value]), `tanh` (soft)."""
+    advantage_clip_value: float = ruled(5.0, above(0))
+    """Upper bound for advantage clipping."""
+    advantage_clip_low: float = ruled(5.0, above(0))
+    """Lower magnitude for asymmetric clipping."""
+    winsorize_quantile: float = ruled(0.0, within(0, 0.5, high_open=True))
+    """Winsorise rewards per batch at this quantile (0 = off): tames outlier rewards before normalisation."""
+
+    # ---- algorithm: the update ----
+    learning_rate: float = ruled(1e-4, above(0))
     """AdamW learning rate (constant after warm-up; the dashboard may change it live). Small because the
     policy after SFT sits in a sharp spot that larger steps leave (KL up, accuracy down). Use ~1e-5 for LoRA
     on real Gemma."""
-    warmup_steps: int = 3
+    warmup_steps: int = ruled(3, at_least(0))
     """Linear learning-rate warm-up. Adam's first steps move every weight by about ±lr whatever the gradient's
     size; with noisy policy gradients that is a random kick, so ramp up instead."""
-    weight_decay: float = 0.0
+    weight_decay: float = ruled(0.0, at_least(0))
     """AdamW weight decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ruled(1.0, above(0))
     """Gradient clipping norm; clipping keeps a bad batch from wrecking the policy."""
-    beta: float = 0.0
+    beta: float = ruled(0.0, at_least(0))
     """KL coefficient toward the reference policy. 0 (TRL's default) skips the reference forward entirely;
     then KL is still measured when `log_kl` is on, but does not enter the loss."""
     log_kl: bool = True
     """Measure KL to the reference even when beta = 0 (one extra no-grad forward). Turn off for speed."""
-    kl_estimator: str = "k3"
+    kl_estimator: str = ruled("k3", one_of(options.KL_ESTIMATORS))
     """`k1` (log-ratio, unbiased, can be negative) or `k3` (Schulman's low-variance, non-negative)."""
-    target_kl: float | None = None
+    target_kl: float | None = ruled(None, above(0))
     """Adaptive β: when set, β moves toward keeping KL near this value each step (None = fixed β)."""
-    epsilon: float = 0.2
+    epsilon: float = ruled(0.2, within(0, 1, low_open=True, high_open=True))
     """Lower clip range of the PPO ratio: ratio ≥ 1 − ε."""
-    epsilon_high: float | None = None
+    epsilon_high: float | None = ruled(None, above(0))
     """Upper clip range: ratio ≤ 1 + ε_high. None = ε. DAPO's clip-higher uses 0.28."""
-    loss_type: str = "grpo"
+    loss_type: str = ruled("grpo", one_of(options.LOSS_TYPES))
     """Aggregation / objective: `grpo` (mean per sequence, then over sequences), `bnpo` / `dapo` (mean over
     all tokens), `dr_grpo` (sum over tokens / (batch × max_new_tokens)), `cispo` (clipped IS weight × log-prob)."""
-    importance_sampling_level: str = "token"
+    importance_sampling_level: str = ruled("token", one_of(options.IMPORTANCE_SAMPLING_LEVELS))
     """`token` (PPO/GRPO) or `sequence` (GSPO: one length-normalised ratio per sequence)."""
-    num_iterations: int = 1
+    num_iterations: int = ruled(1, at_least(1))
     """μ: optimizer passes over each rollout batch. >1 reuses the rollout's old log-probs (PPO-style)."""
-    micro_batch_size: int = 128
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off); positive values keep exploration up."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_new_tokens without stopping from the loss (DAPO)."""
+    ema_reference: float = ruled(0.0, within(0, 1))
+    """If > 0, after each step the reference moves toward the policy: ref ← (1 − α) ref + α policy
+    (full fine-tuning only). 0 keeps the reference frozen."""
+    micro_batch_size: int = ruled(128, at_least(1))
     """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
+
+    # ---- speed: the same result in less time (each documents how far "the same" goes) ----
     compile_sampler: bool | None = None
     """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
     (compute capability ≥ 7.0 with triton installed), off elsewhere.
@@ -276,77 +359,30 @@ class GRPOConfig:
     group always runs. The step's entropy, ratio and clip statistics are then means over the groups trained on
     (`trained_fraction` says how many). `bnpo` is left alone: its micro-batch token mean counts every row. XLA
     keeps the full batch (one fixed shape). False trains on every group."""
-    advantage: str = "zscore"
-    """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
-    `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""
-    advantage_tau: float = 1.0
-    """Divide advantages by τ after normalisation (τ > 1 softens updates)."""
-    advantage_clip: str = "none"
-    """`none`, `symmetric` (clip to ±clip_value), `asymmetric` (clip to [-clip_low, clip_value]), `tanh` (soft)."""
-    advantage_clip_value: float = 5.0
-    """Upper bound for advantage clipping."""
-    advantage_clip_low: float = 5.0
-    """Lower magnitude for asymmetric clipping."""
-    winsorize_quantile: float = 0.0
-    """Winsorise rewards per batch at this quantile (0 = off): tames outlier rewards before normalisation."""
-    entropy_coef: float = 0.0
-    """Entropy bonus weight (0 = off); positive values keep exploration up."""
-    reward_weights: dict[str, float] | None = None
-    """Weight per reward function name; missing names get 1.0."""
-    accuracy_reward: str | None = "correctness_reward"
-    """The reward whose score 1.0 marks a correct answer: the share of such completions is the step's `accuracy`
-    metric (None, or a name not among the rewards: no accuracy metric). Default: the kit's `correctness_reward`."""
-    gate_shaped_rewards: bool = False
-    """Count the shaped rewards (every reward but `accuracy_reward`, e.g. `answer_digits_reward`, format rewards) only
-    in groups whose outcome varies (`advantages.outcome_gated_rewards`): a group with all-wrong or all-right answers
-    gets no advantage from them, instead of z-scored noise (verl-recipe PR #125). Logged rewards stay the plain
-    weighted sums. Needs `accuracy_reward` among the rewards. Off by default: with it, hard prompts teach nothing
-    until one answer in a group is right."""
-    difficulty_targeting: bool = False
-    """Online difficulty targeting (`difficulty.DifficultyTargeting`, arXiv 2504.03380): track each level's pass rate
-    (the `accuracy_reward` outcomes of the rollouts already made, per value of the prompt rows' `difficulty_key`) and
-    keep a prompt drawn from the stream with probability ∝ p(1 − p), so steps spend their rollouts where groups are
-    likeliest to differ. Needs `accuracy_reward` among the rewards and that column in every prompt row (the generated
-    word problems name their template). Off by default: prompts come in the stream's order."""
-    difficulty_key: str = "level"
-    """difficulty_targeting: the prompt column that names a prompt's level."""
-    dynamic_sampling_rollouts: int = 1
-    """DAPO's dynamic sampling (arXiv 2503.14476), capped: a group whose G rewards are all equal has A = 0 and teaches
-    nothing, so while fewer than `prompts_per_step` groups of the step differ, it samples `prompts_per_step` more
-    prompts — up to this many rollouts in all — and the update trains on the first `prompts_per_step` groups that
-    differ (the first group if none does). 1 = off: one rollout, every group trained. Metrics (rewards, accuracy,
-    `zero_std_fraction`) cover every group sampled; `rollouts` and `trained_groups` say what the step did. cpu/cuda
-    (XLA keeps one batch shape)."""
-    reward_timeout_seconds: float | None = 600.0
-    """A reward function still running after this many seconds on one batch stops the run with an error naming it
-    (a hung reward would otherwise block training for good, and the stop button acts only between steps).
-    None = wait forever."""
-    reward_on_error: str = "raise"
-    """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
-    mask_truncated_completions: bool = False
-    """Exclude completions that hit max_new_tokens without stopping from the loss (DAPO)."""
-    ema_reference: float = 0.0
-    """If > 0, after each step the reference moves toward the policy: ref ← (1 − α) ref + α policy
-    (full fine-tuning only). 0 keeps the reference frozen."""
-    compile_warmup_steps: int = 2
-    """On XLA: steps after which any new graph compilation is warned about (step 1 compiles the rollout and
-    the training graphs, step 2 the optimizer update once Adam's state exists)."""
-    max_skipped_steps: int = 5
-    """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (a diverging
-    run; one bad step is skipped and training goes on). 0 = never stop."""
-    save_every: int = 0
-    """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
-    save_every_seconds: float | None = 300.0
-    """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
-    this much training (None = by steps only). `grpo-kit train` resumes from that checkpoint when run again."""
-    log_completions: int = 4
-    """How many completions (with rewards and advantages) to keep in each metrics row for the browser."""
+
+    # ---- the run: length, seed, where it writes, when it saves ----
+    steps: int = ruled(60, at_least(0))
+    """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: enough for held-out
+    accuracy to level off on the tiny Gemma while the demo stays a few minutes long on 2 cores."""
     seed: int = 0
     """Seed for prompt order and sampling noise."""
     output_dir: str | None = "runs/grpo"
     """Where metrics.jsonl and checkpoints go."""
-    max_seconds: float | None = None
+    max_seconds: float | None = ruled(None, above(0))
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
+    save_every: int = ruled(0, at_least(0))
+    """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
+    save_every_seconds: float | None = ruled(300.0, above(0))
+    """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
+    this much training (None = by steps only). `grpo-kit train` resumes from that checkpoint when run again."""
+    max_skipped_steps: int = ruled(5, at_least(0))
+    """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (a diverging
+    run; one bad step is skipped and training goes on). 0 = never stop."""
+    log_completions: int = ruled(4, at_least(0))
+    """How many completions (with rewards and advantages) to keep in each metrics row for the browser."""
+    compile_warmup_steps: int = ruled(2, at_least(0))
+    """On XLA: steps after which any new graph compilation is warned about (step 1 compiles the rollout and
+    the training graphs, step 2 the optimizer update once Adam's state exists)."""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -369,11 +405,11 @@ class RunConfig:
     output_dir: str = "runs/demo"
     """Where summary.json, progress.json, the plots and each phase's directory (sft/, grpo/, control/: metrics and
     checkpoints) go. Running again with the same settings continues where the last run stopped."""
-    time_budget_minutes: float | None = None
+    time_budget_minutes: float | None = ruled(None, above(0))
     """Size the SFT and GRPO phases so that the whole run — model load, every evaluation and the control
     included — takes about this long, from step and evaluation times measured as it goes (so it fits a Colab or
     Kaggle session). None = run sft.steps and grpo.steps as set."""
-    sft_fraction: float = 0.3
+    sft_fraction: float = ruled(0.3, within(0, 1, low_open=True, high_open=True))
     """With a time budget: the share of the training time (the budget less load and evaluations) that SFT gets;
     GRPO gets the rest (split evenly with the control when there is one)."""
     control: bool = False
@@ -383,16 +419,16 @@ class RunConfig:
     """After GRPO (and the SFT control), also run rejection-sampling fine-tuning from the SFT model for as long as
     GRPO trained (`rft.RFTTrainer`: SFT steps on the model's own right answers to GRPO's prompts, sampled as GRPO
     samples them) and evaluate it: is a GRPO gain GRPO's, or only learning from the verifier? Off by default."""
-    control_steps: int | None = None
+    control_steps: int | None = ruled(None, at_least(1))
     """Steps of the SFT control; None = as many as fit the seconds GRPO trained at the SFT phase's median step time.
     A fixed count makes "the same time" independent of whatever else the machine is doing (the study sets it from a
     clean run)."""
-    rft_steps: int | None = None
+    rft_steps: int | None = ruled(None, at_least(1))
     """Steps of the RFT control; None = as many as fit the seconds GRPO trained, timed after its first steps."""
-    eval_batch_size: int = 64
+    eval_batch_size: int = ruled(64, at_least(1))
     """Held-out problems decoded together in an evaluation (their k samples with eval_pass_k). A CPU decodes a larger
     batch faster per problem (the weights are read once per token for every row); an accelerator's memory bounds it."""
-    eval_pass_k: int = 0
+    eval_pass_k: int = ruled(0, at_least(0))
     """Also sample k completions per held-out problem at GRPO's temperature after SFT, GRPO and the controls, and
     report sampled pass@1 (their mean accuracy), maj@k (majority vote) and pass@k (any right); 0 = greedy accuracy
     only (this costs k evaluations)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import GRPOConfig
-from .validation import validate_control
+from .validation import field_rule, validate_control
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ class Controls:
         for key in values:
             if key not in allowed:
                 raise ValueError(f"Controls has no setting {key!r}; known: {sorted(allowed)}")
-        checked = {key: validate_control(key, value, flag=key in FLAGS) for key, value in values.items()}
+        checked = {key: validate_control(key, value, rule=field_rule(GRPOConfig, key), flag=key in FLAGS)
+                   for key, value in values.items()}
         with self._changed:
             for key, value in checked.items():
                 if key in LIVE_SETTINGS:

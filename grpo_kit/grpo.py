@@ -13,62 +13,49 @@ at the start of each step and the values used are recorded in that step's metric
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import math
-import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 
 from .advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction, zero_std_mask
 from .chat import stop_token_ids
-from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import GRPOConfig
 from .controls import LIVE_SETTINGS, Controls
-from .decoder import final_softcap
 from .device import (
     compile_monitor,
     compile_supported,
     data_parallel_size,
-    guarded_optimizer_step,
     host_syncs_are_cheap,
     is_xla,
     manual_seed,
     mark_step,
     memory_stats,
-    product_dtype,
     shard_batch,
 )
 from .difficulty import DifficultyTargeting
-from .logprobs import completion_logprobs
+from .logprobs import completion_logprobs, plan_products
+from .loop import TrainingLoop
 from .losses import adaptive_beta, policy_loss
-from .metrics import HIST_EDGES, MetricsLogger, histogram, to_host
-from .models import ReferencePolicy, base_model, is_lora
+from .metrics import HIST_EDGES, histogram, to_host
+from .models import ReferencePolicy, is_lora
 from .rewards import RewardFunc, RewardResult, compute_rewards, reward_name
-from .rundir import claim, record_entry
 from .sampling import (
+    GroupPrompts,
     Rollout,
     SampledHead,
     concat_rollouts,
-    encode_prompts,
     prompt_tokens,
     sample,
 )
 from .tasks import check_no_overlap
-from .validation import ConfigError, check_prompt_dataset, check_skipped_in_a_row, check_writable
-
-# The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
-# dashboard, a background thread, a re-run cell's new trainer on the same model — would interleave optimizer steps.
-_MODELS_IN_TRAINING: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
-_MODELS_LOCK = threading.Lock()
+from .validation import ConfigError, check_prompt_dataset
 
 
 class Scored(NamedTuple):
@@ -100,8 +87,14 @@ def _cycle(dataset: Any, seed: int) -> Iterator[dict[str, Any]]:
             yield dataset[i]
 
 
-class GRPOTrainer:
-    """GRPO on any causal LM the kit loads (tiny Gemma, Gemma with LoRA), on cpu / cuda / xla."""
+class GRPOTrainer(TrainingLoop):
+    """GRPO on any causal LM the kit loads (tiny Gemma, Gemma with LoRA), on cpu / cuda / xla. The optimizer,
+    checkpoints, skip guard and loop are `loop.TrainingLoop`'s; this class is the algorithm and its orchestration."""
+
+    kind = "grpo"
+    metrics_file = "metrics.jsonl"
+    resume_settings = ("prompts_per_step", "group_size", "seed")
+    """Settings a resumed run must share with its checkpoint (else it would replay other prompts)."""
 
     def __init__(
         self,
@@ -113,8 +106,8 @@ class GRPOTrainer:
         controls: Controls | None = None,
         resume_metrics: bool = False,
     ) -> None:
-        self.model, self.tokenizer = model, tokenizer
-        self.config = cfg = config or GRPOConfig()
+        self.tokenizer = tokenizer
+        cfg = config or GRPOConfig()
         self.reward_funcs = list(reward_funcs)
         if not self.reward_funcs:
             raise ValueError("GRPOTrainer needs at least one reward function")
@@ -122,10 +115,12 @@ class GRPOTrainer:
         unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
         if unknown:
             raise ValueError(f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
+        if cfg.ema_reference > 0 and is_lora(model):
+            raise ValueError("GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
         device = next(model.parameters()).device
-        if cfg.dynamic_sampling_rollouts < 1 or (cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device)):
-            raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be ≥ 1 (1 = off), "
-                              "and 1 on XLA (one batch shape per step)")
+        if cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device):
+            raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be 1 on XLA "
+                              "(one batch shape per step)")
         for setting in ("gate_shaped_rewards", "difficulty_targeting"):
             if getattr(cfg, setting) and cfg.accuracy_reward not in self.reward_names:
                 raise ConfigError(f"GRPOConfig.{setting} needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
@@ -139,79 +134,33 @@ class GRPOTrainer:
         self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
         """With difficulty_targeting: the pass rates per level that decide which drawn prompts a step keeps."""
         self.controls = controls or Controls.from_config(cfg)
-        self.device = next(model.parameters()).device
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self._start_loop(model, cfg, resume_metrics=resume_metrics)
         needs_reference = cfg.beta > 0 or cfg.log_kl or cfg.target_kl is not None or cfg.ema_reference > 0
         self.reference = ReferencePolicy(model) if needs_reference else None
-        if cfg.ema_reference > 0 and is_lora(model):
-            raise ValueError("GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
+        self.products = plan_products(model, reuse_sampler_head=cfg.reuse_sampler_head, cpu_bf16=cfg.cpu_bf16,
+                                      entropy_coef=cfg.entropy_coef,
+                                      compares_logprobs=self.reference is not None or cfg.num_iterations > 1)
+        """Whether the update reuses the sampler's LM-head moments, and the products' dtype (`logprobs.plan_products`)."""
         self.stop_ids = stop_token_ids(tokenizer)
+        self.group_prompts = GroupPrompts(tokenizer, bucket=cfg.prompt_bucket, group_size=cfg.group_size,
+                                          device=self.device, max_length=cfg.max_prompt_tokens)
         self.compile_sampler = cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
         manual_seed(cfg.seed, self.device)
-        check_writable(cfg.output_dir, "GRPOConfig.output_dir")
-        self.run_dir = claim(cfg.output_dir, "grpo") if cfg.output_dir else None
-        """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
-        self.logger = MetricsLogger(self.run_dir.add("metrics.jsonl") if self.run_dir else None, resume=resume_metrics)
-        self.step = 0
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
         self.init_from: str | None = None
         """The checkpoint the weights started from (recorded in saves, so a resumed run rebuilds the same reference)."""
-        self._last_save = time.monotonic()
-        self._skipped_in_a_row = 0
-        self._prompt_width = 0  # XLA: the widest prompt batch so far (see rollout)
         self.adaptive_beta: float | None = None
-
-    @property
-    def is_training(self) -> bool:
-        """True while a `train()` loop or a `train_step()` runs on this trainer (in any thread)."""
-        with _MODELS_LOCK:
-            owner = _MODELS_IN_TRAINING.get(self.model)
-        return owner is not None and owner[0] is self
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the model for one training loop; refuse (RuntimeError) while another loop holds it — this
-        trainer's from another thread, or another GRPOTrainer's on the same model. The holding thread may re-enter."""
-        me = threading.get_ident()
-        with _MODELS_LOCK:
-            owner = _MODELS_IN_TRAINING.get(self.model)
-            reentry = owner is not None and owner[0] is self and owner[1] == me
-            if owner is not None and not reentry:
-                if owner[0] is self:
-                    raise RuntimeError("this GRPOTrainer is already training in another loop (a running Dashboard or "
-                                       "thread); stop that run first (the dashboard's stop button, or dash.stop() then "
-                                       "dash.wait())")
-                raise RuntimeError("this model is already being trained by another GRPOTrainer's loop (a cell run "
-                                   "again while its dashboard trains in the background?): stop that run first")
-            _MODELS_IN_TRAINING[self.model] = (self, me)
-        if reentry:
-            yield
-            return
-        try:
-            yield
-        finally:
-            with _MODELS_LOCK:
-                _MODELS_IN_TRAINING.pop(self.model, None)
 
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
         cfg = self.config
-        ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket, max_length=cfg.max_prompt_tokens)
-        if not host_syncs_are_cheap(self.device):
-            # XLA compiles one program per prompt width: widths only grow (left padding up to the widest seen),
-            # so a batch of shorter prompts reuses the programs compiled for a wider one
-            self._prompt_width = max(self._prompt_width, ids.shape[1])
-            ids = torch.nn.functional.pad(ids, (self._prompt_width - ids.shape[1], 0), value=self.tokenizer.pad_token_id)
-            mask = torch.nn.functional.pad(mask, (self._prompt_width - mask.shape[1], 0), value=0)
-        ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
+        ids, mask = self.group_prompts([r["prompt"] for r in rows])
         roll = sample(
             self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.tokenizer.pad_token_id,
             temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
             group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
-            head_moments=self._reuses_sampler_head(), product_dtype=self._rollout_product_dtype(),
+            head_moments=self.products.reuse_sampler_head, product_dtype=self.products.rollout_product_dtype,
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
@@ -268,8 +217,7 @@ class GRPOTrainer:
         temperature = controls["temperature"]
         group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
 
-        # the frozen base weights' products in bf16 where the CPU has them natively (`GRPOConfig.cpu_bf16`)
-        products = product_dtype(base_model(self.model).get_input_embeddings().weight) if self._cpu_bf16() else None
+        products = self.products.update_product_dtype(self.model)  # bf16 on a CPU with native bf16 (`cpu_bf16`)
 
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
             head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
@@ -309,8 +257,8 @@ class GRPOTrainer:
                     share = (m.stop - m.start) / n_trained / cfg.num_iterations
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                skipped = skipped + guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss_total)
+                grad_norm, skipped_now = self._optimizer_step(loss_total)
+                skipped = skipped + skipped_now
                 mark_step(self.device)
                 clock.lap("optimizer_seconds")
             grad_norms.append(grad_norm)
@@ -334,30 +282,6 @@ class GRPOTrainer:
         if not bool(live.any()):
             live[0] = True
         return live.repeat_interleave(cfg.group_size).nonzero().squeeze(1)
-
-    def _reuses_sampler_head(self) -> bool:
-        """`GRPOConfig.reuse_sampler_head` applies: the update's forward would see the hidden states the sampler saw
-        (no dropout) through a frozen, large, uncapped LM head on the CPU, and no gradient flows through the entropy."""
-        hf = base_model(self.model)
-        head = hf.get_output_embeddings()
-        return bool(
-            self.config.reuse_sampler_head and self.config.entropy_coef == 0 and self.device.type == "cpu"
-            and head is not None and not head.weight.requires_grad and head.weight.shape[0] >= 32768
-            and not final_softcap(hf) and not getattr(hf.config, "attention_dropout", 0.0)
-            and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()))
-
-    def _cpu_bf16(self) -> bool:
-        """`GRPOConfig.cpu_bf16` applies: on, and the update does not compare the sampler's log-probs with ones it
-        computes — a reference pass (β > 0, `log_kl`, …) or μ > 1 while `reuse_sampler_head` applies —, where fp32
-        keeps a ratio or KL of the same policy exactly 1 or 0 instead of bf16 rounding noise. (Whether the CPU has
-        native bf16 products is `device`'s to say.)"""
-        compared = self.reference is not None or self.config.num_iterations > 1
-        return self.config.cpu_bf16 and not (compared and self._reuses_sampler_head())
-
-    def _rollout_product_dtype(self) -> torch.dtype | None:
-        """The dtype of the rollout's weight products (`sample(product_dtype=…)`): None = the device's choice (bf16
-        on a CPU with native bf16 products, `device.product_dtype`) where `_cpu_bf16`, else fp32."""
-        return None if self._cpu_bf16() else torch.float32
 
     def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
                         micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -431,15 +355,13 @@ class GRPOTrainer:
         if is_xla(self.device):
             row.update(self._compile_metrics(compile_monitor().total() - compiles_before))
         self.logger.log(row)
-        self._skipped_in_a_row = self._skipped_in_a_row + 1 if row.get("skipped_updates") else 0
-        check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="GRPOConfig.max_skipped_steps")
+        self.step_seconds.append(elapsed)
+        self._count_skipped(row)
 
         # 6. save
-        due = (cfg.save_every and self.step % cfg.save_every == 0) or (
-            cfg.save_every_seconds is not None and time.monotonic() - self._last_save >= cfg.save_every_seconds)
         requested = self.controls.consume_save_request()
-        if cfg.output_dir and (due or requested):
-            self.save(Path(cfg.output_dir) / "checkpoint")
+        if self.checkpoint_path is not None and (self._save_due() or requested):
+            self.save(self.checkpoint_path)
         elif requested:
             warnings.warn("save requested, but GRPOConfig.output_dir is None: nothing was saved", stacklevel=2)
         return row
@@ -539,38 +461,25 @@ class GRPOTrainer:
 
         `callback(trainer, row)` runs after each step; `poll()` runs before each step and while paused (the
         dashboard's foreground loop processes widget events there). Refused while another loop trains."""
-        cfg = self.config
-        target = steps if steps is not None else cfg.steps
-        t0 = time.perf_counter()
-        with self.exclusive():
-            bar = tqdm(total=target, initial=self.step, desc="GRPO", disable=not progress)
-            while self.step < target:
-                if poll is not None:
-                    poll()
-                self.controls.wait_while_paused(idle=poll)
-                if self.controls.snapshot()["stop_requested"]:
-                    break
-                row = self.train_step()
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row.get('accuracy', float('nan')):.2f}")
-                if callback is not None:
-                    callback(self, row)
-                if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
-                    break
-            bar.close()
-        return self.logger.rows
+        def before_step() -> bool:
+            if poll is not None:
+                poll()
+            self.controls.wait_while_paused(idle=poll)
+            return not self.controls.snapshot()["stop_requested"]
+
+        return self._run(self.config.steps if steps is None else steps, progress=progress, before_step=before_step,
+                         after_step=None if callback is None else lambda row: callback(self, row))
+
+    def _progress_postfix(self, row: dict[str, Any]) -> dict[str, str]:
+        return {"reward": f"{row['reward_mean']:.3f}", "acc": f"{row.get('accuracy', float('nan')):.2f}"}
 
     def save(self, path: str | Path) -> Path:
         """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
-        extra = {"kind": "grpo", "adaptive_beta": self.adaptive_beta, "init_from": self.init_from, "prompts_drawn": self.prompts_drawn,
+        extra = {"adaptive_beta": self.adaptive_beta, "init_from": self.init_from, "prompts_drawn": self.prompts_drawn,
                  "config": dataclasses.asdict(self.config)}
         if self.difficulty is not None:
             extra["difficulty"] = self.difficulty.state()
-        record_entry(self.run_dir, path)
-        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator,
-                               modules=self._unrecoverable_reference())
-        self._last_save = time.monotonic()
-        return path
+        return self._save(path, extra, modules=self._unrecoverable_reference())
 
     def _unrecoverable_reference(self) -> dict[str, torch.nn.Module]:
         """The reference policy when it cannot be rebuilt from the starting weights (an EMA reference has moved)."""
@@ -580,17 +489,9 @@ class GRPOTrainer:
     def load(self, path: str | Path) -> None:
         """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped. Refuses a checkpoint
         whose prompt order settings differ (the resumed run would replay different prompts)."""
-        saved = checkpoint_state(path, verify=False)[1].get("config", {})
-        for name in ("prompts_per_step", "group_size", "seed"):
-            if name in saved and saved[name] != getattr(self.config, name):
-                raise ConfigError(f"GRPOConfig.{name}={getattr(self.config, name)!r}: the checkpoint {path} was trained with "
-                                  f"{saved[name]!r}; resume with the same value, or start over (--no-resume)")
-        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind="grpo",
-                                modules=self._unrecoverable_reference())
+        state = self._restore(path, modules=self._unrecoverable_reference())
         self.init_from = state.get("init_from")
-        self.step = state["step"]
         self.adaptive_beta = state.get("adaptive_beta")
-        self.logger.truncate(self.step)
         # prompt order continues from the same seed: skip the prompts already used (dynamic sampling draws more)
         self.prompts_drawn = state.get("prompts_drawn", self.step * self.config.prompts_per_step)
         if self.difficulty is not None and "difficulty" in state:  # its filter drew more rows than it kept

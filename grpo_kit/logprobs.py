@@ -3,12 +3,14 @@
 `completion_logprobs` picks the forward (padding-free through `decoder.packed_completion_hidden`, each group's
 prompt once, or the plain one); `token_logprobs_and_entropy` applies the LM head chunk by chunk, or through
 `frozen_head_logprobs`, the fused kernel for a frozen head; `logprobs_from_head_mean` uses what the sampler kept
-of the head instead (`sampling.SampledHead`). The losses that consume these log-probs are in `losses.py`.
+of the head instead (`sampling.SampledHead`); `plan_products` decides, once per GRPO trainer, whether the update
+reuses the sampler's head and whether the products run in bf16. The losses that consume these log-probs are in `losses.py`.
 This module reads the sampler's types; the sampler never imports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -16,7 +18,7 @@ from transformers import DynamicCache
 
 from . import decoder
 from .decoder import position_ids_from_mask
-from .device import activation_checkpoint, data_parallel_size, host_syncs_are_cheap, is_xla
+from .device import activation_checkpoint, data_parallel_size, host_syncs_are_cheap, is_xla, product_dtype
 from .models import base_model
 from .sampling import SampledHead, check_grouped
 
@@ -339,3 +341,41 @@ def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attentio
         past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt_len, total - 1, device=input_ids.device),
     )
     return torch.cat([last_prompt, completion_out.last_hidden_state], dim=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductPlan:
+    """How a GRPO step computes its log-probs on this device (`plan_products` decides it once per trainer)."""
+
+    reuse_sampler_head: bool
+    """The update's first forward takes the LM head's log-partition from the sampler's head moments
+    (`logprobs_from_head_mean`) instead of a second pass over the vocabulary."""
+    bf16_products: bool
+    """The frozen weights' products run in bf16 where the CPU has them natively (`device.product_dtype`), in the
+    rollout and the update; else fp32."""
+
+    @property
+    def rollout_product_dtype(self) -> torch.dtype | None:
+        """`sample(product_dtype=…)`: None = the device's choice (bf16 on a CPU with native bf16 products), else fp32."""
+        return None if self.bf16_products else torch.float32
+
+    def update_product_dtype(self, model: torch.nn.Module) -> torch.dtype | None:
+        """`completion_logprobs(product_dtype=…)` for the update's forwards (None = the weights' own dtype)."""
+        return product_dtype(base_model(model).get_input_embeddings().weight) if self.bf16_products else None
+
+
+def plan_products(model: torch.nn.Module, *, reuse_sampler_head: bool, cpu_bf16: bool, entropy_coef: float,
+                  compares_logprobs: bool) -> ProductPlan:
+    """`GRPOConfig.reuse_sampler_head` applies where the update's forward would see the hidden states the sampler
+    saw (no dropout) through a frozen, large, uncapped LM head on the CPU, and no gradient flows through the entropy
+    (`entropy_coef` 0). `GRPOConfig.cpu_bf16` applies unless the update compares the sampler's log-probs with ones
+    it computes itself (`compares_logprobs`: a reference pass, or μ > 1) while the head is reused: there fp32 keeps
+    a ratio or KL of the same policy exactly 1 or 0 instead of bf16 rounding noise."""
+    hf = base_model(model)
+    head = hf.get_output_embeddings()
+    reuse = bool(
+        reuse_sampler_head and entropy_coef == 0 and next(model.parameters()).device.type == "cpu"
+        and head is not None and not head.weight.requires_grad and head.weight.shape[0] >= 32768
+        and not decoder.final_softcap(hf) and not getattr(hf.config, "attention_dropout", 0.0)
+        and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()))
+    return ProductPlan(reuse_sampler_head=reuse, bf16_products=cpu_bf16 and not (compares_logprobs and reuse))

@@ -13,6 +13,7 @@ ADVANTAGE_CLIPS = ("none", "symmetric", "asymmetric", "tanh")
 REWARD_ON_ERROR = ("raise", "zero")
 TASK_KINDS = ("arithmetic", "word_problems", "gsm8k", "file", "hub")
 ANSWER_TYPES = ("auto", "number", "choice", "string", "regex", "function")
+MODEL_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:

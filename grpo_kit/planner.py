@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config import PRESETS, ModelConfig
 from .hub import MODEL_SHAPES
 from .logprobs import logit_chunk_rows
 
@@ -134,24 +135,41 @@ def accelerator(name: str) -> Accelerator:
     return ACCELERATORS[key]
 
 
+TPU_RECIPE: dict[str, Any] = PRESETS["tpu-v2-8-gemma-3-1b"]
+"""The recipe every TPU preset shares (prompts per step, group size, completion length, β, LoRA rank): what a plan
+assumes unless told otherwise."""
+
+
 @dataclass
 class PlanInput:
+    """What a plan is for; every field is also a `grpo-kit plan` flag of the same name (its default the same)."""
+
     model: str = "gemma-3-1b-it"
+    """gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json"""
     tpu: str = "v2-8"
+    """v2-8, v3-8, v5e-1, v5e-8 (also t4, cpu)"""
     lora: bool = True
-    lora_r: int = 8
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    prompts_per_step: int = 8
-    group_size: int = 8
+    """LoRA (False: full fine-tuning)"""
+    lora_r: int = ModelConfig.lora_r
+    """LoRA rank (ModelConfig.lora_r)"""
+    lora_targets: tuple[str, ...] = ModelConfig.lora_target_modules
+    """the modules LoRA adapts (ModelConfig.lora_target_modules)"""
+    prompts_per_step: int = TPU_RECIPE["grpo"]["prompts_per_step"]
+    """GRPOConfig.prompts_per_step, as in the TPU presets"""
+    group_size: int = TPU_RECIPE["grpo"]["group_size"]
+    """GRPOConfig.group_size, as in the TPU presets"""
     prompt_length: int = 128
-    max_new_tokens: int = 256
+    """prompt tokens after the chat template (a GSM8K question with the instruction: about 120)"""
+    max_new_tokens: int = TPU_RECIPE["grpo"]["max_new_tokens"]
+    """GRPOConfig.max_new_tokens, as in the TPU presets"""
     micro_batch_size: int | None = None
-    """None = the planner picks the largest that fits."""
+    """GRPOConfig.micro_batch_size; None = the planner picks the largest that fits"""
     gradient_checkpointing: bool | None = None
-    """None = the planner turns it on only when needed."""
-    beta: float = 0.04
+    """ModelConfig.gradient_checkpointing; None = the planner turns it on only when needed"""
+    beta: float = TPU_RECIPE["grpo"]["beta"]
+    """GRPOConfig.beta, as in the TPU presets (> 0 keeps a reference copy under full fine-tuning)"""
     dtype_bytes: int | None = None
-    """None = 2 (bf16) on bf16 hardware, else 4."""
+    """bytes per weight element; None = 2 (bf16) on bf16 hardware, else 4"""
 
 
 def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, float]:

@@ -19,7 +19,7 @@ from .chat import stop_token_ids
 from .config import RFTConfig
 from .device import shard_batch
 from .rewards import correctness_reward
-from .sampling import encode_prompts, sample
+from .sampling import GroupPrompts, sample
 from .sft import SFTTrainer, collate, encode_demonstrations
 
 
@@ -53,14 +53,15 @@ class RFTTrainer(SFTTrainer):
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
         self.stop_ids = stop_token_ids(tokenizer)
+        self.group_prompts = GroupPrompts(tokenizer, bucket=self.config.prompt_bucket, group_size=self.config.group_size,
+                                          device=self.device)
         self._last = {"sampled_accuracy": 0.0, "accepted": 0}
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
         cfg = self.config
         rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
         self.prompts_drawn += len(rows)
-        ids, mask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows], cfg.prompt_bucket)
-        ids, mask = ids.repeat_interleave(cfg.group_size, 0), mask.repeat_interleave(cfg.group_size, 0)
+        ids, mask = self.group_prompts([r["prompt"] for r in rows])
         roll = sample(self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids,
                       pad_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, generator=self.generator,
                       group_size=cfg.group_size)

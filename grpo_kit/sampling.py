@@ -167,6 +167,28 @@ def encode_prompts(tokenizer: Any, prompts: list, bucket: int = 32, max_length: 
     return ids, mask
 
 
+class GroupPrompts:
+    """A rollout's prompt batch, step after step: each prompt encoded (`encode_prompts`) and repeated for its group
+    of `group_size` samples. On a device where a new shape means a new compiled program (XLA), widths only grow:
+    a batch is left-padded to the widest seen so far, so shorter prompts reuse the programs of a wider batch."""
+
+    def __init__(self, tokenizer: Any, *, bucket: int, group_size: int, device: torch.device,
+                 max_length: int | None = None) -> None:
+        self.tokenizer, self.bucket, self.group_size, self.max_length = tokenizer, bucket, group_size, max_length
+        self.widths_only_grow = not host_syncs_are_cheap(device)
+        self.width = 0
+        """The widest prompt batch so far (used where widths only grow)."""
+
+    def __call__(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, mask) of shape (len(prompts) × group_size, P), each prompt's rows together."""
+        ids, mask = encode_prompts(self.tokenizer, prompts, self.bucket, max_length=self.max_length)
+        if self.widths_only_grow:
+            self.width = max(self.width, ids.shape[1])
+            ids = torch.nn.functional.pad(ids, (self.width - ids.shape[1], 0), value=self.tokenizer.pad_token_id)
+            mask = torch.nn.functional.pad(mask, (self.width - mask.shape[1], 0), value=0)
+        return ids.repeat_interleave(self.group_size, 0), mask.repeat_interleave(self.group_size, 0)
+
+
 def check_grouped(prompt_ids: torch.Tensor, group_size: int) -> None:
     """Raise unless the rows come in runs of `group_size` identical prompts (compared on the CPU only: elsewhere
     the check would wait for the device)."""

@@ -13,20 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .config import SFTConfig
 from .decoder import final_softcap
-from .device import data_parallel_size, guarded_optimizer_step, is_xla, mark_step, shard_batch
+from .device import data_parallel_size, is_xla, mark_step, shard_batch
 from .logprobs import token_logprobs_and_entropy
-from .metrics import MetricsLogger, to_host
+from .loop import TrainingLoop
+from .metrics import to_host
 from .models import base_model
-from .rundir import claim, record_entry
 from .sampling import bucket_length, position_ids_from_mask, render_prompt
 from .tasks import check_no_overlap
-from .validation import ConfigError, DataError, check_skipped_in_a_row, check_writable, prompt_problem
+from .validation import ConfigError, DataError, prompt_problem
 
 
 def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tuple[list[int], int]]:
@@ -89,46 +87,34 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
     return -(logp * mask).sum() / tokens.clamp(min=1), tokens
 
 
-class SFTTrainer:
+class SFTTrainer(TrainingLoop):
     """Fixed-shape batches (batch_size × bucketed length), AdamW with warm-up + cosine decay. Saves
     `output_dir/checkpoint` as it goes (`save_every`, `save_every_seconds`); `load` continues a run from one
     exactly as if it had not stopped (same batches, same schedule). `resume_metrics` keeps `sft_metrics.jsonl`.
-    `rft.RFTTrainer` runs the same loop on batches it samples (`_next_batch`)."""
+    `rft.RFTTrainer` runs the same loop on batches it samples (`_next_batch`). The optimizer, checkpoints, skip
+    guard and loop are `loop.TrainingLoop`'s."""
 
     kind = "sft"
-    """The run kind: its output directory's claim, its checkpoints' `kind`, its metrics file `<kind>_metrics.jsonl`."""
+    metrics_file = "sft_metrics.jsonl"
     resume_settings: tuple[str, ...] = ("batch_size", "seed")
     """Settings a resumed run must share with its checkpoint (else it would see other batches)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: SFTConfig | None = None,
                  *, resume_metrics: bool = False) -> None:
-        self.model, self.tokenizer, self.config = model, tokenizer, config or SFTConfig()
-        cfg = self.config
+        cfg = config or SFTConfig()
+        self.tokenizer = tokenizer
         self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length) if dataset is not None else []
         if dataset is not None:
             check_no_overlap((row["prompt"] for row in dataset), where="the SFT dataset")
         if dataset is not None and len(self.examples) < cfg.batch_size:
             raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
-        self.device = next(model.parameters()).device
-        devices = data_parallel_size() if is_xla(self.device) else 1
+        devices = data_parallel_size() if is_xla(next(model.parameters()).device) else 1
         if cfg.batch_size % devices:
             raise ConfigError(f"SFTConfig.batch_size={cfg.batch_size} cannot be split over the {devices} devices of the SPMD "
                               f"mesh: make it a multiple of {devices}")
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self._start_loop(model, cfg, resume_metrics=resume_metrics)
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
-        check_writable(cfg.output_dir, "SFTConfig.output_dir")
-        self.run_dir = claim(cfg.output_dir, self.kind) if cfg.output_dir else None
-        """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
-        self.logger = MetricsLogger(self.run_dir.add(f"{self.kind}_metrics.jsonl") if self.run_dir else None,
-                                    resume=resume_metrics)
-        self.step = 0
-        self._last_save = time.monotonic()
         self._order: list[int] = []
-        self._skipped_in_a_row = 0
-        self.step_seconds: list[float] = []
-        """Wall seconds of each step this process ran (a time budget sizes the run from them)."""
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
         """The next batch of demonstrations, on the device (None: nothing to train on this step)."""
@@ -140,7 +126,6 @@ class SFTTrainer:
         return {k: shard_batch(v.to(self.device)) for k, v in batch.items()}
 
     def train_step(self) -> dict[str, Any]:
-        cfg = self.config
         start = time.perf_counter()
         self.model.train()
         batch = self._next_batch()
@@ -148,9 +133,7 @@ class SFTTrainer:
         if batch is not None:
             loss, tokens = sft_loss(self.model, batch)
             loss.backward()
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            skipped = guarded_optimizer_step(self.optimizer, params, grad_norm=grad_norm, loss=loss.detach())
+            grad_norm, skipped = self._optimizer_step(loss.detach())
             stats = {"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped}
         self._advance_schedule(1)
         mark_step(self.device)
@@ -159,8 +142,7 @@ class SFTTrainer:
         row.update(self._batch_metrics())
         row.update(step=self.step, learning_rate=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
         self.step_seconds.append(row["step_seconds"])
-        self._skipped_in_a_row = self._skipped_in_a_row + 1 if row.get("skipped_updates") else 0
-        check_skipped_in_a_row(self._skipped_in_a_row, cfg.max_skipped_steps, row=row, setting="SFTConfig.max_skipped_steps")
+        self._count_skipped(row)
         return row
 
     def _batch_metrics(self) -> dict[str, Any]:
@@ -186,48 +168,32 @@ class SFTTrainer:
 
     def train(self, progress: bool = True, steps: int | None = None) -> list[dict[str, Any]]:
         """Train until `steps` (default config.steps) steps are done, or max_seconds has passed."""
+        target = self.config.steps if steps is None else min(steps, self.config.steps)
+        return self._run(target, progress=progress, after_step=self._log_and_save)
+
+    def _log_and_save(self, row: dict[str, Any]) -> None:
+        """A metrics row every `log_every` steps and at the last; a checkpoint when due (the caller saves the
+        finished run)."""
         cfg = self.config
-        target = cfg.steps if steps is None else min(steps, cfg.steps)
-        t0 = time.perf_counter()
-        bar = tqdm(total=target, initial=self.step, desc=self.kind.upper(), disable=not progress)
-        while self.step < target:
-            row = self.train_step()
-            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                self.logger.log(row)
-                if "loss" in row:
-                    bar.set_postfix(loss=f"{row['loss']:.3f}")
-            bar.update(1)
-            due = (cfg.save_every and self.step % cfg.save_every == 0) or (
-                cfg.save_every_seconds is not None and time.monotonic() - self._last_save >= cfg.save_every_seconds)
-            if cfg.output_dir and due and self.step < cfg.steps:  # the caller saves the finished run
-                self.save(Path(cfg.output_dir) / "checkpoint")
-            if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
-                break
-        bar.close()
-        return self.logger.rows
+        if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+            self.logger.log(row)
+        if self.checkpoint_path is not None and self._save_due() and self.step < cfg.steps:
+            self.save(self.checkpoint_path)
+
+    def _progress_postfix(self, row: dict[str, Any]) -> dict[str, str]:
+        return {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
 
     def save(self, path: str | Path) -> Path:
         """Weights (or adapter), optimizer, learning-rate schedule, batch order, RNG states, step and settings."""
-        extra = {"kind": self.kind, "config": dataclasses.asdict(self.config), "scheduler": self.scheduler.state_dict(),
-                 **self._position()}
-        record_entry(self.run_dir, path)
-        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra=extra, generator=self.generator)
-        self._last_save = time.monotonic()
-        return path
+        return self._save(path, {"config": dataclasses.asdict(self.config), "scheduler": self.scheduler.state_dict(),
+                                 **self._position()})
 
     def load(self, path: str | Path) -> None:
         """Resume: weights, optimizer, schedule, batch order and step; metrics rows after that step are dropped.
         Refuses a checkpoint whose batch settings differ (the resumed run would see different batches)."""
-        saved = checkpoint_state(path, verify=False)[1].get("config", {})
-        for name in self.resume_settings:
-            if name in saved and saved[name] != getattr(self.config, name):
-                raise ConfigError(f"{type(self.config).__name__}.{name}={getattr(self.config, name)!r}: the checkpoint {path} "
-                                  f"was trained with {saved[name]!r}; resume with the same value, or start over (--no-resume)")
-        state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind=self.kind)
-        self.step = state["step"]
+        state = self._restore(path)
         if "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
-        self.logger.truncate(self.step)
         self._resume_position(state)
 
     def _position(self) -> dict[str, Any]:

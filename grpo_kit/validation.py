@@ -1,6 +1,7 @@
-"""Every setting checked in one place: its type (coerced where unambiguous: YAML reads `3e-4` as a string), its
-range, and its allowed choices (`options.py`). Each config dataclass validates itself on construction, and the live
-controls are checked against the same rules; every error names the setting, the value and what is allowed."""
+"""How settings are checked: each config field's type (coerced where unambiguous: YAML reads `3e-4` as a string)
+and the rule written beside it in `config.py` (`ruled(default, at_least(1))`: a range, or a choice from
+`options.py`). Each config dataclass validates itself on construction, and the live controls are checked against
+the rules of their fields; every error names the setting, the value and what is allowed."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from . import options
 
 
 class ConfigError(ValueError):
@@ -43,44 +42,16 @@ def one_of(allowed: tuple[str, ...]) -> Rule:
     return (lambda v: v in allowed, f"one of {', '.join(allowed)}")
 
 
-DTYPES = ("auto", "float32", "bfloat16")
-STEP_COUNTS: Rule = (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4")
+def ruled(default: Any, rule: Rule) -> Any:
+    """A config dataclass field with default `default` whose value must pass `rule` (`validate` checks it; a None
+    value, where the field allows one, skips it): the rule is written beside the field it governs."""
+    return dataclasses.field(default=default, metadata={"rule": rule})
 
-RULES: dict[str, dict[str, Rule]] = {
-    "ModelConfig": {
-        "lora_r": at_least(1), "lora_alpha": above(0), "lora_dropout": within(0, 1, high_open=True), "dtype": one_of(DTYPES),
-    },
-    "TaskConfig": {"kind": one_of(options.TASK_KINDS), "operations": STEP_COUNTS, "demonstration_operations": STEP_COUNTS,
-                   "answer_type": one_of(options.ANSWER_TYPES),
-                   "num_demonstrations": at_least(1), "num_test": at_least(1), "min_value": at_least(0), "max_value": at_least(1)},
-    "RunConfig": {"time_budget_minutes": above(0), "sft_fraction": within(0, 1, low_open=True, high_open=True),
-                   "eval_pass_k": at_least(0), "eval_batch_size": at_least(1), "control_steps": at_least(1),
-                   "rft_steps": at_least(1)},
-    "SFTConfig": {
-        "steps": at_least(0), "batch_size": at_least(1), "learning_rate": above(0), "weight_decay": at_least(0),
-        "warmup_steps": at_least(0), "max_grad_norm": above(0), "max_length": at_least(8), "pad_to_multiple_of": at_least(1),
-        "log_every": at_least(1), "max_seconds": above(0), "max_skipped_steps": at_least(0),
-        "save_every": at_least(0), "save_every_seconds": above(0),
-    },
-    "RFTConfig": {"prompts_per_step": at_least(1), "group_size": at_least(1), "temperature": above(0),
-                  "max_new_tokens": at_least(1), "prompt_bucket": at_least(1)},
-    "GRPOConfig": {
-        "steps": at_least(0), "prompts_per_step": at_least(1), "group_size": at_least(2), "max_new_tokens": at_least(1),
-        "prompt_bucket": at_least(1), "max_prompt_tokens": at_least(1), "temperature": above(0), "top_k": at_least(0), "top_p": within(0, 1, low_open=True),
-        "learning_rate": above(0), "warmup_steps": at_least(0), "weight_decay": at_least(0), "max_grad_norm": above(0),
-        "beta": at_least(0), "target_kl": above(0), "epsilon": within(0, 1, low_open=True, high_open=True),
-        "epsilon_high": above(0), "num_iterations": at_least(1), "micro_batch_size": at_least(1),
-        "advantage_tau": above(0), "advantage_clip_value": above(0), "advantage_clip_low": above(0),
-        "winsorize_quantile": within(0, 0.5, high_open=True), "ema_reference": within(0, 1),
-        "compile_warmup_steps": at_least(0), "max_skipped_steps": at_least(0), "save_every": at_least(0), "save_every_seconds": above(0), "log_completions": at_least(0),
-        "max_seconds": above(0), "reward_timeout_seconds": above(0),
-        "loss_type": one_of(options.LOSS_TYPES), "importance_sampling_level": one_of(options.IMPORTANCE_SAMPLING_LEVELS),
-        "kl_estimator": one_of(options.KL_ESTIMATORS), "advantage": one_of(options.ADVANTAGE_ESTIMATORS),
-        "advantage_clip": one_of(options.ADVANTAGE_CLIPS), "reward_on_error": one_of(options.REWARD_ON_ERROR),
-    },
-}
-"""Range and choice rules per config class and field; a None value (where the field allows it) skips its rule."""
-RULES["RFTConfig"] = {**RULES["SFTConfig"], **RULES["RFTConfig"]}  # an RFT run's SFT steps follow SFT's rules
+
+def field_rule(config_class: type, name: str) -> Rule | None:
+    """The rule written beside field `name` of `config_class` (None: only its type is checked)."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    return fields[name].metadata.get("rule") if name in fields else None
 
 
 def _coerce(value: Any, hint: Any, setting: str) -> Any:
@@ -127,15 +98,14 @@ def _coerce(value: Any, hint: Any, setting: str) -> Any:
 
 
 def validate(cfg: Any) -> None:
-    """Coerce and check every field of config dataclass `cfg` in place (types, then `RULES`)."""
+    """Coerce and check every field of config dataclass `cfg` in place (types, then each field's `ruled` rule)."""
     owner = type(cfg).__name__
     hints = typing.get_type_hints(type(cfg))
-    rules = RULES.get(owner, {})
     for f in dataclasses.fields(cfg):
         setting = f"{owner}.{f.name}"
         value = _coerce(getattr(cfg, f.name), hints[f.name], setting)
         setattr(cfg, f.name, value)
-        check(setting, value, rules.get(f.name))
+        check(setting, value, f.metadata.get("rule"))
 
 
 def check(setting: str, value: Any, rule: Rule | None) -> None:
@@ -144,15 +114,16 @@ def check(setting: str, value: Any, rule: Rule | None) -> None:
         raise ConfigError(f"{setting}={value!r}: must be {rule[1]}")
 
 
-def validate_control(name: str, value: Any, *, flag: bool = False) -> Any:
-    """A live control's value (`controls.LIVE_SETTINGS`), coerced and checked like the `GRPOConfig` setting of the
-    same name; a button's `flag` is a bool; the reward weights a name → weight mapping."""
+def validate_control(name: str, value: Any, *, rule: Rule | None = None, flag: bool = False) -> Any:
+    """A live control's value (`controls.LIVE_SETTINGS`), coerced to a number and checked against `rule` (the rule
+    of the `GRPOConfig` field of the same name); a button's `flag` is a bool; the reward weights a name → weight
+    mapping."""
     if name == "reward_weights":
         return _coerce(value, dict[str, float], "Controls.reward_weights")
     if flag:
         return _coerce(value, bool, f"Controls.{name}")
     value = _coerce(value, float, f"Controls.{name}")
-    check(f"Controls.{name}", value, RULES["GRPOConfig"].get(name))
+    check(f"Controls.{name}", value, rule)
     return value
 
 

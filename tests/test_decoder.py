@@ -430,9 +430,9 @@ def test_bf16_products_in_the_rollout_stay_within_the_stated_bounds():
 
 
 def test_trainer_rollout_multiplies_in_bf16_only_where_nothing_compares_its_logprobs(task, monkeypatch):
-    """`GRPOTrainer._rollout_product_dtype`: the device default (bf16 on a bf16 CPU) when the update takes log π's value
-    from the sampler and compares it with nothing; fp32 under a reference pass (β > 0 or `log_kl`), μ > 1, or with
-    `cpu_bf16` off."""
+    """`GRPOTrainer.products` (`logprobs.plan_products`): the rollout's products in the device default (bf16 on a
+    bf16 CPU) when the update takes log π's value from the sampler and compares it with nothing; fp32 under a
+    reference pass (β > 0 or `log_kl`), μ > 1, or with `cpu_bf16` off."""
     from grpo_kit.models import build_tiny_tokenizer
 
     tok, model = build_tiny_tokenizer(), lora_gemma3_streamed_vocabulary()
@@ -443,7 +443,7 @@ def test_trainer_rollout_multiplies_in_bf16_only_where_nothing_compares_its_logp
         cfg = GRPOConfig(**{"prompts_per_step": 2, "group_size": 4, "micro_batch_size": 4, "max_new_tokens": 4,
                             "log_kl": False, "output_dir": None, **overrides})
         trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg)
-        assert trainer._rollout_product_dtype() is want, overrides
+        assert trainer.products.rollout_product_dtype is want, overrides
 
 
 @pytest.mark.parametrize("packed", [True, False])
@@ -496,7 +496,7 @@ def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(ta
     runs = []
     for reuse in (True, False):
         model, trainer = streamed_vocabulary_trainer(tok, token_reward, task, reuse_sampler_head=reuse)
-        assert trainer._reuses_sampler_head() is reuse
+        assert trainer.products.reuse_sampler_head is reuse
         kept: list = []
 
         def keep(*args, kept=kept, rollout=trainer.rollout):  # noqa: ANN002, ANN202
@@ -606,7 +606,7 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
     runs = []
     for bf16 in (False, True):
         _, trainer = streamed_vocabulary_trainer(tok, token_reward, task, cpu_bf16=bf16)
-        assert trainer._cpu_bf16() is bf16
+        assert trainer.products.bf16_products is bf16
 
         def same_rollout(*args, rollout=trainer.rollout):  # noqa: ANN002, ANN202
             if not shared:  # the fp32 run samples; the bf16 run trains on those very tokens and moments

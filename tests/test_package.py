@@ -111,6 +111,26 @@ def test_math_modules_import_only_options_and_the_sampler_never_imports_the_log_
         assert homes == ["logprobs"], (name, homes)
 
 
+def test_the_trainers_share_one_loop():
+    """Optimizer, clip-and-guard step, skip guard, save-due check, checkpoint save/restore with its resume check,
+    progress bar and time limit: written once, in loop.py; the trainers are their algorithms."""
+    shared = {"torch.optim.AdamW(": "the optimizer", "clip_grad_norm_(": "the clipped step", "tqdm(": "the progress bar",
+              "check_skipped_in_a_row(": "the skip guard", "save_checkpoint(": "saving", "load_checkpoint(": "loading",
+              "self._last_save >=": "the save-due check", "resume with the same value": "the resume check",
+              "max_seconds": "the time limit", "claim(": "the output directory's claim"}
+    for trainer in ("sft", "grpo", "rft"):
+        code = "\n".join(line for line in (PACKAGE / f"{trainer}.py").read_text().splitlines()
+                         if not line.lstrip().startswith(("#", '"""')))
+        repeats = [what for needle, what in shared.items() if needle in code]
+        assert not repeats, f"{trainer}.py repeats the shared loop's {repeats}: use loop.TrainingLoop"
+    from grpo_kit.loop import TrainingLoop
+
+    assert {"SFTTrainer", "GRPOTrainer"} <= {c.__name__ for c in TrainingLoop.__subclasses__()}
+    for policy in ("host_syncs_are_cheap(self.device):\n            # XLA compiles", "def _reuses_sampler_head",
+                   "def _cpu_bf16", "def _rollout_product_dtype"):  # speed/XLA policies live with the sampler
+        assert policy not in (PACKAGE / "grpo.py").read_text(), policy
+
+
 def test_developer_tools_stay_out_of_the_user_package():
     importers = sorted(module for module, deps in import_graph().items() if "devtools" in deps)
     assert importers == ["cli"], f"only the command line may reach grpo_kit.devtools: {importers}"

@@ -117,6 +117,27 @@ def test_plan_command(capsys):
     assert GIB == 2**30
 
 
+
+def test_plan_flags_come_from_the_plan_input_whose_defaults_are_the_tpu_presets(capsys):
+    """Nothing declared twice: each `grpo-kit plan` flag is a `PlanInput` field (default and help from it), and
+    PlanInput's GRPO settings are the ones every TPU preset runs."""
+    import dataclasses
+
+    from grpo_kit.cli import PLAN_FLAGS, build_parser
+    from grpo_kit.config import PRESETS, load_demo_config
+    from grpo_kit.planner import PlanInput
+
+    args = build_parser().parse_args(["plan"])
+    for name in PLAN_FLAGS:
+        assert getattr(args, name) == getattr(PlanInput(), name), name
+    for preset in (name for name in PRESETS if name.startswith("tpu-")):
+        grpo = load_demo_config(preset).grpo
+        assert (grpo.prompts_per_step, grpo.group_size, grpo.max_new_tokens, grpo.beta) == (
+            PlanInput.prompts_per_step, PlanInput.group_size, PlanInput.max_new_tokens, PlanInput.beta), preset
+    assert set(PLAN_FLAGS) <= {f.name for f in dataclasses.fields(PlanInput)}
+    assert main(["plan", "--group-size", "4", "--no-gradient-checkpointing"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"]
+
 def test_estimate_is_close_to_a_measured_peak_on_the_tiny_model():
     """The benchmark (grpo_kit/devtools/plan_vs_measured.py) measures; here only the order of magnitude is pinned,
     so a broken formula shows up in CI without timing or memory noise failing it."""

@@ -176,3 +176,32 @@ def test_bad_sft_datasets_are_named(tiny, rows, message):
     with pytest.raises(DataError) as info:
         SFTTrainer(model, tokenizer, rows, SFTConfig(output_dir=None))
     assert message in str(info.value)
+
+
+def test_each_rule_is_written_beside_its_field_and_a_new_one_is_checked_everywhere():
+    """`ruled(default, rule)` in a config class is the one declaration: the class validates it on construction, a
+    subclass inherits it, a live control reads its field's, and every default passes its own rule."""
+    import dataclasses
+
+    from grpo_kit import config, validation
+
+    assert not hasattr(validation, "RULES"), "rules live beside their fields (config.py), not in a table by class name"
+    for cls in (config.ModelConfig, config.TaskConfig, config.SFTConfig, config.RFTConfig, config.GRPOConfig, config.RunConfig):
+        for f in dataclasses.fields(cls):
+            rule = f.metadata.get("rule")
+            if rule is not None and f.default is not None and f.default is not dataclasses.MISSING:
+                assert rule[0](f.default), f"{cls.__name__}.{f.name}'s default {f.default!r} breaks its rule"
+    assert validation.field_rule(config.RFTConfig, "learning_rate") is validation.field_rule(config.SFTConfig, "learning_rate")
+
+    @dataclasses.dataclass
+    class Made:
+        width: int = validation.ruled(3, validation.at_least(2))
+
+        def __post_init__(self) -> None:
+            validation.validate(self)
+
+    with pytest.raises(ConfigError, match=r"^Made.width=1: must be ≥ 2$"):
+        Made(width=1)
+    assert Made(width="4").width == 4  # coerced by its type, as YAML values are
+    with pytest.raises(ConfigError, match=r"^Controls.top_p=0.0: must be in \(0, 1\]$"):
+        Controls.from_config(GRPOConfig()).update(top_p=0)
