@@ -100,6 +100,26 @@ MATH_MODULES = ("losses", "advantages")
 """Pure tensor math: formulas in docstrings, no model, no device, nothing of the kit but `options`."""
 
 
+LAYERS = (
+    ("foundations", {"options", "answer_format", "validation", "device", "chat", "decoder", "metrics", "checkpoint",
+                     "rundir", "hub", "losses", "advantages", "difficulty", "quizzes", "plots"}),
+    ("settings, data, models, rewards", {"config", "tasks", "controls", "models", "rewards", "course"}),
+    ("sampling and log-probs", {"sampling", "logprobs", "evaluation"}),
+    ("the loop, the trainers and their tools", {"loop", "sft", "rft", "grpo", "planner", "scoring", "export"}),
+    ("the faces", {"dashboard", "exercises", "demo", "notebook", "study", "cli", "devtools"}),
+)
+"""docs/architecture.md's import order: a module imports its own layer or those below, never one above."""
+
+
+def test_no_module_imports_a_sibling_above_its_layer():
+    graph = import_graph()
+    layer = {module: i for i, (_, modules) in enumerate(LAYERS) for module in modules}
+    assert set(layer) == set(graph), f"modules without a layer: {sorted(set(graph) - set(layer))}"
+    upward = [f"{m} ({LAYERS[layer[m]][0]}) imports {d} ({LAYERS[layer[d]][0]})"
+              for m, deps in graph.items() for d in deps if layer[d] > layer[m]]
+    assert not upward, upward
+
+
 def test_math_modules_import_only_options_and_the_sampler_never_imports_the_log_probs():
     graph = import_graph()
     for module in MATH_MODULES:
@@ -125,7 +145,7 @@ def test_the_trainers_share_one_loop():
         assert not repeats, f"{trainer}.py repeats the shared loop's {repeats}: use loop.TrainingLoop"
     from grpo_kit.loop import TrainingLoop
 
-    assert {"SFTTrainer", "GRPOTrainer"} <= {c.__name__ for c in TrainingLoop.__subclasses__()}
+    assert issubclass(gk.SFTTrainer, TrainingLoop) and issubclass(gk.GRPOTrainer, TrainingLoop)
     for policy in ("host_syncs_are_cheap(self.device):\n            # XLA compiles", "def _reuses_sampler_head",
                    "def _cpu_bf16", "def _rollout_product_dtype"):  # speed/XLA policies live with the sampler
         assert policy not in (PACKAGE / "grpo.py").read_text(), policy
