@@ -106,7 +106,9 @@ def clip_advantages(adv: torch.Tensor, mode: str, high: float = 5.0, low: float 
     return adv
 
 
-def outcome_gated_rewards(per_function: torch.Tensor, weights: torch.Tensor, outcome: int, group_size: int) -> torch.Tensor:
+def outcome_gated_rewards(
+    per_function: torch.Tensor, weights: torch.Tensor, outcome: int, group_size: int
+) -> torch.Tensor:
     """Total rewards (B,) with the shaped terms counted only in groups whose outcome varies:
 
         total_i = w_o · r_o(i) + Σ_{k ≠ o} w_k · s_k(i),   s_k(i) = r_k(i) if r_o differs within i's group,

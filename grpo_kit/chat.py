@@ -18,7 +18,8 @@ GEMMA_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\\n' + (ns.system if loop.first else '') + (message['content'] | trim) + '<end_of_turn>\\n' }}"
+    "{{ '<start_of_turn>' + role + '\\n' + (ns.system if loop.first else '') + (message['content'] | trim) + "
+    "'<end_of_turn>\\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
 )

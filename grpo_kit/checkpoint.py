@@ -113,7 +113,8 @@ def save_checkpoint(
 ) -> Path:
     """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle),
     `<name>.safetensors` for each of `modules` (state that cannot be rebuilt from the base, e.g. an EMA
-    reference policy), and state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory, fsynced, then swapped
+    reference policy), and state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory,
+    fsynced, then swapped
     in: a valid checkpoint exists at every instant (during the swap the previous one sits at `.<name>.old`, where
     `load_checkpoint` finds it)."""
     path = Path(path)
@@ -138,7 +139,9 @@ def save_checkpoint(
             rng["generator"] = generator.get_state()
         torch.save(rng, tmp / "rng.pt")
         files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
+        (tmp / "state.json").write_text(
+            json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str)
+        )
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)
@@ -171,16 +174,20 @@ def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, di
     every byte: callers that only look at state.json pass False, and `load_checkpoint` verifies)."""
     path = Path(path)
     if not _is_checkpoint(path) and _is_checkpoint(previous_path(path)):
-        warnings.warn(f"{path} is missing (a save was interrupted): loading the previous checkpoint {previous_path(path)}",
-                      stacklevel=2)
+        warnings.warn(
+            f"{path} is missing (a save was interrupted): loading the previous checkpoint {previous_path(path)}",
+            stacklevel=2,
+        )
         path = previous_path(path)
     if not _is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
     state = json.loads((path / "state.json").read_text())
     if verify:
         if not isinstance(state.get("files"), dict):
-            raise ValueError(f"checkpoint {path} has no file manifest (written by an older grpo_kit, or altered): if you "
-                             f"trust it, add one with `grpo-kit add-manifest {path}`")
+            raise ValueError(
+                f"checkpoint {path} has no file manifest (written by an older grpo_kit, or altered): if you "
+                f"trust it, add one with `grpo-kit add-manifest {path}`"
+            )
         missing = [name for name in state["files"] if not (path / name).exists()]
         if missing:
             raise ValueError(f"checkpoint {path} is missing {', '.join(missing)} (incomplete copy?)")
@@ -265,7 +272,9 @@ def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if "lm_head" not in m]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 def _as_tuples(value: Any) -> Any:

@@ -25,7 +25,9 @@ def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
                    help=f"named settings (default {preset}; auto = picked for the detected hardware: a TPU board's "
                         "preset, the GPU preset, or cpu-tiny)")
     p.add_argument("--config", default=None, help="YAML file of overrides, e.g. 'grpo: {steps: 100}'")
-    p.add_argument("--model", default=None, help="model name/path (overrides the preset): tiny-gemma, a directory or a hub id")
+    p.add_argument(
+        "--model", default=None, help="model name/path (overrides the preset): tiny-gemma, a directory or a hub id"
+    )
     p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
     p.add_argument("--output-dir", default=None, help="where outputs go")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -56,7 +58,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, time_budget_minutes=args.time_budget)
     summary = run_demo(cfg, args.device, progress=not args.quiet, resume=not args.overwrite)
     _print({k: v for k, v in summary.items() if k not in ("samples_after_grpo", "plan")})
-    print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)", file=sys.stderr)
+    print(
+        f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -162,8 +167,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
     run_dir = claim(cfg.output_dir, "sft", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="sft", steps=cfg.sft.steps)
     cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg)
-    trainer = SFTTrainer(model, tokenizer, task.demonstrations(), dataclasses.replace(cfg.sft, output_dir=cfg.output_dir),
-                         resume_metrics=resume is not None)
+    trainer = SFTTrainer(
+        model,
+        tokenizer,
+        task.demonstrations(),
+        dataclasses.replace(cfg.sft, output_dir=cfg.output_dir),
+        resume_metrics=resume is not None,
+    )
     _load_resume_point(args, trainer, resume)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
@@ -175,7 +185,14 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any,
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
     result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
-    _print({"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
+    _print(
+        {
+            "checkpoint": str(ckpt),
+            "steps": trainer.step,
+            "accuracy": result["accuracy"],
+            "format_rate": result["format_rate"],
+        }
+    )
     return 0
 
 
@@ -193,7 +210,9 @@ def _resume_point(args: argparse.Namespace, cfg: RunConfig, *, section: str, ste
             checkpoint_state(own, verify=False)
         except FileNotFoundError:
             return None
-        raise ValueError(f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir")
+        raise ValueError(
+            f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir"
+        )
     auto = args.resume == "auto"
     try:
         path, state = checkpoint_state(own if auto else Path(args.resume), verify=False)  # loading verifies the files
@@ -202,8 +221,10 @@ def _resume_point(args: argparse.Namespace, cfg: RunConfig, *, section: str, ste
             return None
         raise
     if state["step"] >= steps:
-        raise ValueError(f"{path} is a finished run ({state['step']} of {section}.steps={steps}): raise {section}.steps to "
-                         "train on, pass --overwrite to start it over, or choose another --output-dir")
+        raise ValueError(
+            f"{path} is a finished run ({state['step']} of {section}.steps={steps}): raise {section}.steps to "
+            "train on, pass --overwrite to start it over, or choose another --output-dir"
+        )
     return {"path": str(path), **state}
 
 
@@ -223,8 +244,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     resume = _resume_point(args, cfg, section="grpo", steps=cfg.grpo.steps)
     # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
     cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg)
-    grpo_cfg = dataclasses.replace(cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
-    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=resume is not None)
+    grpo_cfg = dataclasses.replace(
+        cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS
+    )
+    trainer = GRPOTrainer(
+        model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg, resume_metrics=resume is not None
+    )
     trainer.init_from = (resume or {}).get("init_from") or args.init_from
     _load_resume_point(args, trainer, resume)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
@@ -313,11 +338,16 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
     if not report["ok"]:
         why = []
         if report["recompiles_after_warmup"]:
-            why.append(f"{report['recompiles_after_warmup']} recompilation(s) after warm-up: {report['recompile_warnings']}")
+            why.append(
+                f"{report['recompiles_after_warmup']} recompilation(s) after warm-up: {report['recompile_warnings']}"
+            )
         if report["cpu_fallback_ops"]:
             why.append(f"ops fell back to the CPU (phase:op → count): {report['cpu_fallback_ops']}")
         if report["max_abs_diff_vs_eager"] > args.tolerance:
-            why.append(f"XLA and eager CPU differ by {report['max_abs_diff_vs_eager']:.3g} > {args.tolerance:g}: {report['abs_diff_by_metric']}")
+            why.append(
+                f"XLA and eager CPU differ by {report['max_abs_diff_vs_eager']:.3g} > {args.tolerance:g}: "
+                f"{report['abs_diff_by_metric']}"
+            )
         print("grpo-kit xla-check: FAILED: " + "; ".join(why), file=sys.stderr)
         return 1
     return 0
@@ -401,23 +431,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
-    p.add_argument("--resume", default="auto", help=f"{kind} checkpoint to resume (weights, optimizer, RNG, step); default "
-                   "auto: the output directory's checkpoint/ when there is one")
-    p.add_argument("--no-resume", action="store_true", help="start from the beginning; refused where the output directory "
-                   "holds a run, unless --overwrite")
+    p.add_argument(
+        "--resume",
+        default="auto",
+        help=f"{kind} checkpoint to resume (weights, optimizer, RNG, step); default "
+        "auto: the output directory's checkpoint/ when there is one",
+    )
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="start from the beginning; refused where the output directory holds a run, unless --overwrite",
+    )
     p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run (only "
                    "the files the run wrote are removed), or write beside files grpo-kit did not write")
 
 
 def _export_parser(sub: Any) -> None:
-    p = sub.add_parser("export", help="merge LoRA into the weights and save a transformers directory (optionally push it)")
+    p = sub.add_parser(
+        "export", help="merge LoRA into the weights and save a transformers directory (optionally push it)"
+    )
     _common(p)
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to export")
     p.add_argument("--out", required=True, help="directory to write (safetensors, tokenizer, chat template, README.md)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)")
-    p.add_argument("--push-to", default=None, help="upload the exported files to a Hugging Face repo id, or to Kaggle Models "
-                   "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless "
-                   "--public)")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default=None, help="weights' dtype (default: as trained)"
+    )
+    p.add_argument(
+        "--push-to",
+        default=None,
+        help="upload the exported files to a Hugging Face repo id, or to Kaggle Models "
+        "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless "
+        "--public)",
+    )
     p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
     p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score) to end the "
                    "model card with")
@@ -425,15 +470,24 @@ def _export_parser(sub: Any) -> None:
 
 
 def _score_parsers(sub: Any) -> None:
-    p = sub.add_parser("score", help="the frozen evaluation harness: score a model on your task's held-out split; writes "
-                       "score.json and RESULTS.md")
+    p = sub.add_parser(
+        "score",
+        help="the frozen evaluation harness: score a model on your task's held-out split; writes "
+        "score.json and RESULTS.md",
+    )
     _common(p, preset="cpu-tiny")
-    p.add_argument("--task", required=True, help="your data: a .jsonl/.json/.csv/.parquet file or a Hugging Face dataset id")
-    p.epilog = ("--model: a model name (tiny-gemma, gemma-3-270m, a hub id), an exported directory, a checkpoint (state.json: "
-                "the preset's model with its weights), or an arc's output directory (progress.json: --stage)")
+    p.add_argument(
+        "--task", required=True, help="your data: a .jsonl/.json/.csv/.parquet file or a Hugging Face dataset id"
+    )
+    p.epilog = (
+        "--model: a model name (tiny-gemma, gemma-3-270m, a hub id), an exported directory, a checkpoint (state.json: "
+        "the preset's model with its weights), or an arc's output directory (progress.json: --stage)"
+    )
     p.add_argument("--prompt-column", default="prompt", help="the column holding the questions (default prompt)")
     p.add_argument("--answer-column", default="answer", help="the column holding the right answers (default answer)")
-    p.add_argument("--answer-type", default="auto", help="number, choice, string, regex, or auto (inferred per row; default)")
+    p.add_argument(
+        "--answer-type", default="auto", help="number, choice, string, regex, or auto (inferred per row; default)"
+    )
     p.add_argument("--num-test", type=int, default=200, help="held-out rows (default 200; the same as for training)")
     p.add_argument("--seed", type=int, default=1234, help="the split's seed (default 1234; the same as for training)")
     p.add_argument("--system-prompt", default=None, help="the instruction each question gets (as for training)")
@@ -454,10 +508,16 @@ def _score_parsers(sub: Any) -> None:
 
 
 def _study_parser(sub: Any) -> None:
-    p = sub.add_parser("study", help="(slow: hours) when GRPO beats more SFT: three regimes × seeds on Gemma 3 270M, GRPO "
-                       "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)")
-    p.add_argument("--output-dir", default="runs/study", help="where the cells and the summary go (default runs/study); "
-                   "running again continues an interrupted study")
+    p = sub.add_parser(
+        "study",
+        help="(slow: hours) when GRPO beats more SFT: three regimes × seeds on Gemma 3 270M, GRPO "
+        "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)",
+    )
+    p.add_argument(
+        "--output-dir",
+        default="runs/study",
+        help="where the cells and the summary go (default runs/study); running again continues an interrupted study",
+    )
     p.add_argument("--preset", default="cpu-gemma-270m", choices=sorted(PRESETS), help="the arc each cell runs")
     p.add_argument("--regimes", nargs="+", default=None, metavar="REGIME",
                    help="plentiful, scarce, beyond (default: all three)")
@@ -475,14 +535,14 @@ def _study_parser(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-kit", description="SFT warm-up → reward design → GRPO on Gemma.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="the whole arc: evaluate the base model, SFT, GRPO (and the SFT control), evaluating "
-                       "after each; default: the tiny Gemma on the CPU; --preset cpu-gemma-270m: a real Gemma in under an hour")
+    p = sub.add_parser("demo", help="the whole arc: evaluate the base model, SFT, GRPO (and the SFT control), "
+                       "evaluating after each; default: the tiny Gemma on the CPU; --preset cpu-gemma-270m: a real "
+                       "Gemma in under an hour")
     _common(p, preset="cpu-tiny")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="size SFT and GRPO so the whole run takes about this long (overrides the preset)")
     p.add_argument("--overwrite", action="store_true", help="start over, removing only the files the arc wrote; by "
-                   "default a run in the output directory with "
-                   "the same settings continues where it stopped")
+                   "default a run in the output directory with the same settings continues where it stopped")
     p.set_defaults(func=cmd_demo)
     _study_parser(sub)
     _score_parsers(sub)
@@ -505,35 +565,54 @@ def build_parser() -> argparse.ArgumentParser:
                        "so it loads (only for a checkpoint you trust)")
     p.add_argument("checkpoint", help="the checkpoint directory (holds state.json)")
     p.set_defaults(func=cmd_add_manifest)
-    p = sub.add_parser("plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change")
+    p = sub.add_parser(
+        "plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change"
+    )
     _plan_flags(p)
     p.add_argument("--table", action="store_true", help="print the README table of models × TPUs")
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("xla-check", help="(developer) GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement")
+    _developer_parsers(sub)
+    return parser
+
+
+def _developer_parsers(sub: Any) -> None:
+    """The (developer) commands: xla-check, smoke, bench."""
+    p = sub.add_parser(
+        "xla-check", help="(developer) GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement"
+    )
     p.add_argument("--devices", type=int, default=1, help="XLA devices; > 1 runs SPMD over them (CPU: virtual devices)")
     p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="completion length (default 16)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_xla_check)
-    p = sub.add_parser("smoke", help="(developer) a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter and merged-export reloads")
+    p = sub.add_parser("smoke", help="(developer) a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter "
+                       "and merged-export reloads")
     p.add_argument("--model", default="gemma-3-270m",
                    help="gemma-3-270m (offline from PyPI without a hub), a hub id, kaggle:<handle> or a directory")
     p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed reload |logit diff| (default 1e-4)")
-    p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a temporary folder, removed at the end)")
+    p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a "
+                   "temporary folder, removed at the end)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_smoke)
-    p = sub.add_parser("bench", help="(developer) kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy per second")
-    p.add_argument("--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ≤ 25 minutes on 2 cores")
+    p = sub.add_parser(
+        "bench",
+        help="(developer) kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy "
+             "per second",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ≤ 25 minutes on 2 cores"
+    )
     p.add_argument("--no-xla", action="store_true", help="skip the XLA graph counts")
     p.add_argument("--no-real-model", action="store_true", help="skip the real-model section (Gemma 3 270M)")
-    p.add_argument("--report", default=None, help="write DIR/benchmarks.md, DIR/bench_*.png and DIR/benchmarks.json (e.g. docs)")
+    p.add_argument(
+        "--report", default=None, help="write DIR/benchmarks.md, DIR/bench_*.png and DIR/benchmarks.json (e.g. docs)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_bench)
-    return parser
 
 
 DEBUG_VARIABLE = "GRPO_KIT_DEBUG"

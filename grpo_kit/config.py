@@ -35,8 +35,13 @@ def field_docs(config_class: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         for field_node, doc in itertools.pairwise(body):
-            if (isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name)
-                    and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+            if (
+                isinstance(field_node, ast.AnnAssign)
+                and isinstance(field_node.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
                 docs[field_node.target.id] = " ".join(doc.value.value.split())
     return docs
 
@@ -101,7 +106,8 @@ class TaskConfig:
     system_column: str | None = None
     """file/hub: a column holding a per-row instruction (None: `system_prompt` for every row)."""
     answer_type: str = ruled("auto", one_of(options.ANSWER_TYPES))
-    """file/hub: how answers are compared (`answer_format.ANSWER_TYPES`: number, choice, string, regex; auto = inferred per
+    """file/hub: how answers are compared (`answer_format.ANSWER_TYPES`: number, choice, string, regex; auto = inferred
+    per
     row from the answer). A file's own `answer_type` column wins, row by row."""
     split: str = "train"
     """hub: the dataset split to read (the kit holds out its own `num_test` rows from it)."""
@@ -317,7 +323,8 @@ class GRPOConfig:
     compile_sampler: bool | None = None
     """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
     (compute capability ≥ 7.0 with triton installed), off elsewhere.
-    On an H100 (`python -m grpo_kit.devtools.gpu_check`) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0× HF
+    On an H100 (`python -m grpo_kit.devtools.gpu_check`) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0×
+    HF
     generate) after a first rollout that compiled for 15–24 s; on 2 CPU cores 1.4× after ≈ 26 s, which the
     CPU demo would not earn back (and inductor needs a C++ compiler there). XLA compiles its graphs anyway.
     Each new batch or prompt-bucket shape compiles again, and finished rows stay in the batch."""
@@ -461,14 +468,30 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # makes steps faster, so more of them would fit the time budget than that run took.
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
-        "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
-                 "system_prompt": WORD_PROBLEM_INSTRUCTION},
+        "task": {
+            "kind": "word_problems",
+            "operations": [2, 3],
+            "num_demonstrations": 200,
+            "num_test": 200,
+            "system_prompt": WORD_PROBLEM_INSTRUCTION,
+        },
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5, "log_every": 5},
-        "grpo": {"steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
-                 "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
-                 "skip_zero_advantage_groups": False,
-                 "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
-        "time_budget_minutes": 55, "control": True, "sft_fraction": 0.3,
+        "grpo": {
+            "steps": 1000,
+            "learning_rate": 2e-5,
+            "beta": 0.0,
+            "log_kl": False,
+            "max_new_tokens": 80,
+            "prompts_per_step": 8,
+            "group_size": 4,
+            "micro_batch_size": 32,
+            "temperature": 0.8,
+            "skip_zero_advantage_groups": False,
+            "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2},
+        },
+        "time_budget_minutes": 55,
+        "control": True,
+        "sft_fraction": 0.3,
     },
     # TPU presets: LoRA on Gemma 3 1B-IT on GSM8K, with the micro-batch the memory planner (`grpo-kit plan`) picks for
     # each board; prompts × group is a multiple of 8 so the batch splits over every core. One prompt bucket (256
@@ -478,9 +501,17 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": ckpt},
             "task": GSM8K_TASK,
             "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768, "pad_to_multiple_of": 256},
-            "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 8, "group_size": 8,
-                     "micro_batch_size": micro, "prompt_bucket": 256},
-            "time_budget_minutes": 90, "eval_pass_k": 8,
+            "grpo": {
+                "learning_rate": 1e-5,
+                "beta": 0.04,
+                "max_new_tokens": 256,
+                "prompts_per_step": 8,
+                "group_size": 8,
+                "micro_batch_size": micro,
+                "prompt_bucket": 256,
+            },
+            "time_budget_minutes": 90,
+            "eval_pass_k": 8,
         }
         for tpu, micro, ckpt in (("v2-8", 8, False), ("v3-8", 32, False), ("v5e-1", 4, False), ("v5e-8", 32, False))
     },
@@ -489,32 +520,72 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": True},
         "task": GSM8K_TASK,
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768},
-        "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4, "micro_batch_size": 8,
-                 "prompt_bucket": 64},
-        "time_budget_minutes": 90, "eval_pass_k": 8,
+        "grpo": {
+            "learning_rate": 1e-5,
+            "beta": 0.04,
+            "max_new_tokens": 256,
+            "prompts_per_step": 4,
+            "micro_batch_size": 8,
+            "prompt_bucket": 64,
+        },
+        "time_budget_minutes": 90,
+        "eval_pass_k": 8,
     },
 }
 
 PRESET_TIMES: dict[str, dict[str, Any]] = {
-    "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
-                 "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
-    "cpu-gemma-270m": {"grpo_step_seconds": 29, "sft_step_seconds": 4.2, "eval_seconds": 45, "run_minutes": 55,
-                       "basis": "measured: `grpo-kit bench` capstone row on 2 CPU cores (Intel Xeon) under the AVX2 stand-in, "
-                                "fp32, 3 steps from the base model; 15 s natively there (AMX, bf16 products), where an SFT "
-                                "step of 8 takes 4.2 s and a greedy evaluation of 200 problems 45 s"},
-    "tpu-v5e-1-gemma-3-1b": {"grpo_step_seconds": 20, "sft_step_seconds": 1.5, "eval_seconds": 60, "run_minutes": 90,
-                             "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "
-                                      "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s; "
-                                      "an SFT step of 8 × 768 tokens and 200 problems' greedy decoding likewise"},
-    "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "sft_step_seconds": 0.6, "eval_seconds": 40, "run_minutes": 90,
-                             "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)"},
-    "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "sft_step_seconds": 0.8, "eval_seconds": 50, "run_minutes": 90,
-                            "basis": "estimate: as v5e-8, older chips"},
-    "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "sft_step_seconds": 1.2, "eval_seconds": 70, "run_minutes": 90,
-                            "basis": "estimate: as v5e-8, 8 GiB per core"},
-    "gpu-gemma-3-1b": {"grpo_step_seconds": 45, "sft_step_seconds": 3, "eval_seconds": 180, "run_minutes": 90,
-                       "basis": "estimate for a T4 (fp32, 8 TFLOP/s): 256 eager decode steps at ≈ 50 ms + the update "
-                                "with gradient checkpointing; an L4 or A100 (bf16) is several times faster"},
+    "cpu-tiny": {
+        "grpo_step_seconds": 1.9,
+        "run_minutes": 3,
+        "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32",
+    },
+    "cpu-gemma-270m": {
+        "grpo_step_seconds": 29,
+        "sft_step_seconds": 4.2,
+        "eval_seconds": 45,
+        "run_minutes": 55,
+        "basis": "measured: `grpo-kit bench` capstone row on 2 CPU cores (Intel Xeon) under the AVX2 stand-in, "
+        "fp32, 3 steps from the base model; 15 s natively there (AMX, bf16 products), where an SFT "
+        "step of 8 takes 4.2 s and a greedy evaluation of 200 problems 45 s",
+    },
+    "tpu-v5e-1-gemma-3-1b": {
+        "grpo_step_seconds": 20,
+        "sft_step_seconds": 1.5,
+        "eval_seconds": 60,
+        "run_minutes": 90,
+        "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "
+        "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s; "
+        "an SFT step of 8 × 768 tokens and 200 problems' greedy decoding likewise",
+    },
+    "tpu-v5e-8-gemma-3-1b": {
+        "grpo_step_seconds": 12,
+        "sft_step_seconds": 0.6,
+        "eval_seconds": 40,
+        "run_minutes": 90,
+        "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)",
+    },
+    "tpu-v3-8-gemma-3-1b": {
+        "grpo_step_seconds": 15,
+        "sft_step_seconds": 0.8,
+        "eval_seconds": 50,
+        "run_minutes": 90,
+        "basis": "estimate: as v5e-8, older chips",
+    },
+    "tpu-v2-8-gemma-3-1b": {
+        "grpo_step_seconds": 25,
+        "sft_step_seconds": 1.2,
+        "eval_seconds": 70,
+        "run_minutes": 90,
+        "basis": "estimate: as v5e-8, 8 GiB per core",
+    },
+    "gpu-gemma-3-1b": {
+        "grpo_step_seconds": 45,
+        "sft_step_seconds": 3,
+        "eval_seconds": 180,
+        "run_minutes": 90,
+        "basis": "estimate for a T4 (fp32, 8 TFLOP/s): 256 eager decode steps at ≈ 50 ms + the update "
+        "with gradient checkpointing; an L4 or A100 (bf16) is several times faster",
+    },
 }
 """Expected wall time per GRPO step, per SFT step, per greedy evaluation of 200 held-out problems and per run of each
 real-Gemma preset (a run is its time budget), and where the numbers come from: measured on the named machine, or an
@@ -538,7 +609,11 @@ def without_retired(cls: type, settings: dict[str, Any]) -> dict[str, Any]:
         if key in retired:
             continue
         nested = getattr(defaults, key, None)
-        kept[key] = without_retired(type(nested), value) if dataclasses.is_dataclass(nested) and isinstance(value, dict) else value
+        kept[key] = (
+            without_retired(type(nested), value)
+            if dataclasses.is_dataclass(nested) and isinstance(value, dict)
+            else value
+        )
     return kept
 
 

@@ -83,12 +83,21 @@ class CourseMode:
         there is neither."""
         measured = measured_minutes()
         table = measured.get("full", {})
-        if (self.tiny or notebook not in TRAINING_NOTEBOOKS) and not self.short and not self.quick and notebook in table:
+        if (
+            (self.tiny or notebook not in TRAINING_NOTEBOOKS)
+            and not self.short
+            and not self.quick
+            and notebook in table
+        ):
             return table[notebook], f"measured with the tiny Gemma on {measured.get('machine_short', 'a CPU')}"
         times = PRESET_TIMES.get(self.preset)
         if not times or notebook not in TRAINING_NOTEBOOKS:
             return None, "not measured"
-        sft, grpo, evals = times.get("sft_step_seconds", 0.0), times["grpo_step_seconds"], times.get("eval_seconds", 0.0)
+        sft, grpo, evals = (
+            times.get("sft_step_seconds", 0.0),
+            times["grpo_step_seconds"],
+            times.get("eval_seconds", 0.0),
+        )
         tests = self.steps("test") / 200
         seconds = {"02": self.steps("sft") * sft + 2 * evals * tests,
                    "05": (self.steps("grpo") + 6 * self.steps("experiment") + 1) * grpo + 2 * evals * tests,
@@ -128,7 +137,9 @@ def course_mode(cfg: RunConfig, *, short: bool = False, hardware: str | None = N
     from .device import detect_accelerator
 
     hardware = hardware or detect_accelerator()
-    preset = {"tiny-gemma": "cpu-tiny", "gemma-3-270m-offline": "cpu-gemma-270m"}.get(cfg.model.name) or auto_preset(hardware)
+    preset = {"tiny-gemma": "cpu-tiny", "gemma-3-270m-offline": "cpu-gemma-270m"}.get(cfg.model.name) or auto_preset(
+        hardware
+    )
     name = MODEL_NAMES.get(cfg.model.name, cfg.model.name)
     where = {"cpu": "CPU", "cuda": "GPU"}.get(hardware, f"TPU {hardware}")
     return CourseMode(preset=preset, model=name, hardware=where, sft_steps=cfg.sft.steps, grpo_steps=cfg.grpo.steps,
@@ -156,7 +167,10 @@ def header(notebook: str) -> str:
     full = table.get("full", {}).get(notebook)
     if full is None:
         raise KeyError(f"no measured minutes for notebook {notebook} in {MINUTES_FILE.name}: run `make course-times`")
-    line = f"{HEADER_MARK} **{_minutes_text(full)}** with the tiny Gemma on {table.get('machine_short', 'a 2-core CPU')} (measured)"
+    line = (
+        f"{HEADER_MARK} **{_minutes_text(full)}** with the tiny Gemma on {table.get('machine_short', 'a 2-core CPU')} "
+        "(measured)"
+    )
     if notebook in TRAINING_NOTEBOOKS:
         gemma = CourseMode(preset="tpu-v5e-1-gemma-3-1b", model="Gemma 3 1B-IT", hardware="TPU v5e-1", sft_steps=200,
                            grpo_steps=60, quick=False)

@@ -95,7 +95,9 @@ def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
     for ax in axes[len(panels) + 2:]:
         ax.axis("off")
     if markers:
-        fig.suptitle("dotted lines: control changes — " + "; ".join(f"step {s}: {d}" for s, d in markers[-3:]), fontsize=8)
+        fig.suptitle(
+            "dotted lines: control changes — " + "; ".join(f"step {s}: {d}" for s, d in markers[-3:]), fontsize=8
+        )
     return fig
 
 
@@ -154,27 +156,44 @@ class Dashboard:
         notes = []
         for name, setting in LIVE_SETTINGS.items():
             reason = setting.inert(self.trainer.config)
-            if reason:  # a slider that cannot act is not shown; its note has the sliders' width, so it cannot squeeze the plot
+            if (
+                reason
+            ):  # a slider that cannot act is not shown; its note has the sliders' width, so it cannot squeeze the plot
                 notes.append(w.HTML(f"<small>{setting.label} is not shown: {reason}</small>", layout=layout))
                 continue
             common = {"value": c[name], "step": setting.step, "description": setting.label,
                       "readout_format": setting.readout, "style": style, "layout": layout}
             if setting.log_scale:
-                self.sliders[name] = w.FloatLogSlider(base=10, min=math.log10(setting.low), max=math.log10(setting.high),
-                                                      **common)
+                self.sliders[name] = w.FloatLogSlider(
+                    base=10, min=math.log10(setting.low), max=math.log10(setting.high), **common
+                )
             else:
                 self.sliders[name] = w.FloatSlider(min=setting.low, max=setting.high, **common)
-        weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}), **c["reward_weights"]}
+        weights = {
+            **{n: 1.0 for n in self.trainer.reward_names},
+            **(self.trainer.config.reward_weights or {}),
+            **c["reward_weights"],
+        }
         self.weight_sliders = {
-            name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05, description=name.removesuffix("_reward"),
-                                style=style, layout=layout)
+            name: w.FloatSlider(
+                value=weights[name],
+                min=0.0,
+                max=2.0,
+                step=0.05,
+                description=name.removesuffix("_reward"),
+                style=style,
+                layout=layout,
+            )
             for name in self.trainer.reward_names
         }
         for name, slider in self.sliders.items():
             slider.observe(lambda change, name=name: self.set_control(name, change["new"]), names="value")
         for name, slider in self.weight_sliders.items():
             slider.observe(lambda change, name=name: self.set_reward_weight(name, change["new"]), names="value")
-        self.buttons = {label: w.Button(description=label, layout=w.Layout(width="auto")) for label in ("pause", "resume", "stop", "save")}
+        self.buttons = {
+            label: w.Button(description=label, layout=w.Layout(width="auto"))
+            for label in ("pause", "resume", "stop", "save")
+        }
         self.buttons["pause"].on_click(lambda _: self.pause())
         self.buttons["resume"].on_click(lambda _: self.resume())
         self.buttons["stop"].on_click(lambda _: self.stop())
@@ -237,8 +256,10 @@ class Dashboard:
     def on_step(self, trainer: Any, row: dict[str, Any]) -> None:
         """The trainer's step callback: record the row, redraw when due."""
         self.rows.append(row)
-        self.status.value = (f"step {row['step']}: reward {row['reward_mean']:.3f}, "
-                             f"accuracy {row.get('accuracy', float('nan')):.2f}, step {row.get('step_seconds', 0):.1f} s")
+        self.status.value = (
+            f"step {row['step']}: reward {row['reward_mean']:.3f}, "
+            f"accuracy {row.get('accuracy', float('nan')):.2f}, step {row.get('step_seconds', 0):.1f} s"
+        )
         self.browser.value = completions_html(row)
         # A wall-clock rule, not a share of the training time so far: that one starved the plot once steps got
         # fast (a 0.5 s draw then waited for 10 s of training, several steps, while the numbers moved on).

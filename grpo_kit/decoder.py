@@ -43,7 +43,9 @@ def final_softcap(hf: torch.nn.Module) -> float | None:
 def supports(hf: torch.nn.Module) -> bool:
     """True for a transformers Gemma 2 / Gemma 3 causal LM (text), the layers this module knows."""
     layers = getattr(getattr(hf, "model", None), "layers", None)
-    return layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head")
+    return (
+        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head")
+    )
 
 
 @dataclasses.dataclass
@@ -83,7 +85,9 @@ class KVCache:
         weight = hf.model.embed_tokens.weight
         shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
         layers = range(cfg.num_hidden_layers)
-        return cls([weight.new_zeros(shape) for _ in layers], [weight.new_zeros(shape) for _ in layers], key_mask.bool())
+        return cls(
+            [weight.new_zeros(shape) for _ in layers], [weight.new_zeros(shape) for _ in layers], key_mask.bool()
+        )
 
     def decode_bias(self, visible: int, dtype: torch.dtype) -> torch.Tensor:
         """(B, 1, 1, visible) bias for one new token written at slot visible − 1 (no window cuts into it): it
@@ -124,9 +128,11 @@ class KVCache:
         if self.prefix is None:
             return self
         p, g = self.prefix, self.prefix.group
-        return KVCache([torch.cat([pk.repeat_interleave(g, 0), k], 2) for pk, k in zip(p.keys, self.keys, strict=True)],
-                       [torch.cat([pv.repeat_interleave(g, 0), v], 2) for pv, v in zip(p.values, self.values, strict=True)],
-                       torch.cat([p.mask.repeat_interleave(g, 0), self.key_mask], 1))
+        return KVCache(
+            [torch.cat([pk.repeat_interleave(g, 0), k], 2) for pk, k in zip(p.keys, self.keys, strict=True)],
+            [torch.cat([pv.repeat_interleave(g, 0), v], 2) for pv, v in zip(p.values, self.values, strict=True)],
+            torch.cat([p.mask.repeat_interleave(g, 0), self.key_mask], 1),
+        )
 
 
 def shares_prefix(hf: torch.nn.Module, length: int) -> bool:
@@ -169,7 +175,9 @@ def _rotary_takes_layer_type(rotary_class: type) -> bool:
     return "layer_type" in inspect.signature(rotary_class.forward).parameters  # Gemma 3: local and global RoPE bases
 
 
-def _rotary(hf: torch.nn.Module, h: torch.Tensor, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _rotary(
+    hf: torch.nn.Module, h: torch.Tensor, positions: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     rotary = hf.model.rotary_emb
     if _rotary_takes_layer_type(type(rotary)):
         return rotary(h, positions, kind)
@@ -202,8 +210,12 @@ def linear_parts(module: torch.nn.Module) -> LinearParts | None:
         if name not in module.lora_A:
             continue
         lora_a, lora_b = module.lora_A[name], module.lora_B[name]
-        if (name in getattr(module, "lora_variant", {}) or lora_b.bias is not None or type(lora_a) is not torch.nn.Linear
-                or lora_a.weight.dtype != base.weight.dtype):
+        if (
+            name in getattr(module, "lora_variant", {})
+            or lora_b.bias is not None
+            or type(lora_a) is not torch.nn.Linear
+            or lora_a.weight.dtype != base.weight.dtype
+        ):
             return None
         a.append(lora_a.weight)
         b.append(lora_b.weight * module.scaling[name])
@@ -222,7 +234,9 @@ def _stacked(parts: list[LinearParts]) -> LinearParts:
         return weight, bias, None, None
     lora_dtype = next(p[2].dtype for p in parts if p[2] is not None)  # W may be cast to bf16, LoRA is not
     a = torch.cat([p[2] if p[2] is not None else p[0].new_zeros(0, p[0].shape[1], dtype=lora_dtype) for p in parts])
-    b = torch.block_diag(*[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0, dtype=lora_dtype) for p in parts])
+    b = torch.block_diag(
+        *[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0, dtype=lora_dtype) for p in parts]
+    )
     return weight, bias, a, b
 
 
@@ -267,7 +281,9 @@ class Constants:
     and one cast of x instead of two. Where both have `LinearParts`."""
 
     @classmethod
-    def build(cls, hf: torch.nn.Module, length: int, norms: bool = True, product_dtype: torch.dtype | None = None) -> Constants:
+    def build(
+        cls, hf: torch.nn.Module, length: int, norms: bool = True, product_dtype: torch.dtype | None = None
+    ) -> Constants:
         with torch.no_grad():
             scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
             embedding = hf.model.embed_tokens.weight
@@ -293,7 +309,10 @@ class Constants:
                     continue
                 qk_scale = None
                 if q_norm is not None:
-                    heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+                    heads, kv_heads = (
+                        attn.q_proj.out_features // attn.head_dim,
+                        attn.k_proj.out_features // attn.head_dim,
+                    )
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
         return cls(scales, tables, linears, fused, fused_mlp)
@@ -376,7 +395,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> tor
     return x * cos + x.roll(x.shape[-1] // 2, -1) * folded_sin
 
 
-def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _attend(
+    attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
     """Softmax attention of queries (B, H, S, D) over keys and values (B, KV, T, D) with an additive bias
     (B, 1, S, T); returns (B, S, H·D). The H/KV query heads that share a key head are stacked against that
     head's keys, so keys are never copied per query head."""
@@ -387,9 +408,12 @@ def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: 
         # one query per row (decode steps on the CPU): the scaling and the bias ride on the score matmul
         # (`baddbmm`); measured ~15 % faster attention here, no gain on an H100
         rows = batch * kv_heads
-        scores = torch.baddbmm(bias.expand(batch, kv_heads, 1, -1).reshape(rows, 1, -1),
-                               q.reshape(rows, heads // kv_heads, head_dim), keys.reshape(rows, -1, head_dim).transpose(1, 2),
-                               alpha=attn.scaling)
+        scores = torch.baddbmm(
+            bias.expand(batch, kv_heads, 1, -1).reshape(rows, 1, -1),
+            q.reshape(rows, heads // kv_heads, head_dim),
+            keys.reshape(rows, -1, head_dim).transpose(1, 2),
+            alpha=attn.scaling,
+        )
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.bmm(weights, values.reshape(rows, -1, head_dim)).view(batch, 1, heads * head_dim)
     q = q.reshape(batch, kv_heads, heads // kv_heads * length, head_dim)
@@ -421,11 +445,15 @@ def _attend_shared(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, v
         return x.view(groups, kv_heads, g, per, -1).transpose(1, 2).reshape(batch * kv_heads, per, -1)
 
     rows_q = q.reshape(batch * kv_heads, per, head_dim)
-    bias = prefix.bias[:, None, None, :].expand(groups, kv_heads, 1, prompt_len).reshape(groups * kv_heads, 1, prompt_len)
+    bias = (
+        prefix.bias[:, None, None, :].expand(groups, kv_heads, 1, prompt_len).reshape(groups * kv_heads, 1, prompt_len)
+    )
     prompt_keys = prefix.keys[index].reshape(groups * kv_heads, prompt_len, head_dim)
     prompt_scores = torch.baddbmm(bias, to_groups(rows_q), prompt_keys.transpose(1, 2), alpha=attn.scaling)
     own_scores = torch.bmm(rows_q, keys.reshape(batch * kv_heads, -1, head_dim).transpose(1, 2)) * attn.scaling
-    weights = torch.softmax(torch.cat([to_rows(prompt_scores), own_scores], -1), dim=-1, dtype=torch.float32).to(q.dtype)
+    weights = torch.softmax(torch.cat([to_rows(prompt_scores), own_scores], -1), dim=-1, dtype=torch.float32).to(
+        q.dtype
+    )
     out = to_rows(torch.bmm(to_groups(weights[..., :prompt_len]),
                             prefix.values[index].reshape(groups * kv_heads, prompt_len, head_dim)))
     out = out + torch.bmm(weights[..., prompt_len:], values.reshape(batch * kv_heads, -1, head_dim))
@@ -455,8 +483,18 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
-def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
-               index: int, slots: torch.Tensor, bias: torch.Tensor | None, consts: Constants, visible: int | None) -> torch.Tensor:
+def _attention(
+    layer: torch.nn.Module,
+    h: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    *,
+    cache: KVCache,
+    index: int,
+    slots: torch.Tensor,
+    bias: torch.Tensor | None,
+    consts: Constants,
+    visible: int | None,
+) -> torch.Tensor:
     """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
     attention over the first `visible` slots (all when None). The cache and the attention products stay in the
     model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
@@ -524,8 +562,17 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     layers = model.layers
     for index in range(cfg.num_hidden_layers):
         layer = layers[index]
-        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), tables[kinds[index]], cache=cache, index=index,
-                              slots=slots, bias=biases[kinds[index]], consts=consts, visible=visible)
+        attended = _attention(
+            layer,
+            _norm(layer.input_layernorm, h, consts),
+            tables[kinds[index]],
+            cache=cache,
+            index=index,
+            slots=slots,
+            bias=biases[kinds[index]],
+            consts=consts,
+            visible=visible,
+        )
         h = h + _norm(layer.post_attention_layernorm, attended, consts)
         h = h + _norm(layer.post_feedforward_layernorm,
                       _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
@@ -578,8 +625,18 @@ class _Packing:
         positions = position_ids_from_mask(mask)
         prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)
         input_index = input_mask.reshape(-1).nonzero().squeeze(1)
-        tokens = torch.cat([input_ids[::g, :prompt_len].reshape(-1)[prompt_index], input_ids[:, prompt_len:-1].reshape(-1)[input_index]])
-        token_pos = torch.cat([positions[::g, :prompt_len].reshape(-1)[prompt_index], positions[:, prompt_len:-1].reshape(-1)[input_index]])
+        tokens = torch.cat(
+            [
+                input_ids[::g, :prompt_len].reshape(-1)[prompt_index],
+                input_ids[:, prompt_len:-1].reshape(-1)[input_index],
+            ]
+        )
+        token_pos = torch.cat(
+            [
+                positions[::g, :prompt_len].reshape(-1)[prompt_index],
+                positions[:, prompt_len:-1].reshape(-1)[input_index],
+            ]
+        )
         return cls(prompt_mask=prompt_mask, input_mask=input_mask, target_mask=target_mask, prompt_index=prompt_index,
                    input_index=input_index, tokens=tokens, positions=token_pos, group_size=g)
 
@@ -629,8 +686,15 @@ def _packed_attention(attn: torch.nn.Module, qkv: tuple[torch.Tensor, ...], pack
     return torch.cat(out)
 
 
-def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                             group_size: int = 1, *, product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_completion_hidden(
+    hf: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    group_size: int = 1,
+    *,
+    product_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
 
     Rows are (B, P + N): left-padded prompts, then completions whose mask is 1 up to and including the stop
@@ -664,7 +728,12 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
     for layer, kind in zip(model.layers[: cfg.num_hidden_layers], kinds, strict=True):
         attn = layer.self_attn
         qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
-        h = h + _norm(layer.post_attention_layernorm, _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts))
-        h = h + _norm(layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h), consts))
+        h = h + _norm(
+            layer.post_attention_layernorm,
+            _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts),
+        )
+        h = h + _norm(
+            layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h), consts)
+        )
     source, target_index = pack.prediction_sources()
     return _norm(model.norm, h.index_select(0, source)), target_index

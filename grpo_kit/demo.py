@@ -61,7 +61,8 @@ class Arc:
                  resume: bool = True, rewards: Sequence[RewardFunc] | None = None) -> None:
         self.cfg, self.progress = cfg, progress
         self.rewards = list(rewards) if rewards is not None else list(DEFAULT_REWARDS)
-        """GRPO's reward functions (default: the verifier rewards, weighted by grpo.reward_weights or DEFAULT_WEIGHTS)."""
+        """GRPO's reward functions (default: the verifier rewards, weighted by grpo.reward_weights or
+        DEFAULT_WEIGHTS)."""
         self.out = Path(cfg.output_dir)
         self.clock = time.perf_counter()
         self.record_path = self.out / "progress.json"
@@ -85,7 +86,9 @@ class Arc:
         self._save()
 
     @classmethod
-    def from_dir(cls, output_dir: str | Path, device: str | torch.device | None = None, *, progress: bool = False) -> Arc:
+    def from_dir(
+        cls, output_dir: str | Path, device: str | torch.device | None = None, *, progress: bool = False
+    ) -> Arc:
         """The arc recorded in `output_dir` (its progress.json's settings), to evaluate, score or export a stage of it
         (`hold`); nothing trains unless a phase is called."""
         from .config import apply_overrides
@@ -111,8 +114,10 @@ class Arc:
             records = json.loads(self.record_path.read_text())
             # a setting the recorded run lacks counts as unset: a field added since, at its default None, is no change
             if changed := _first_difference(without_retired(RunConfig, records.get("settings", {})), settings):
-                raise ValueError(f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
-                                 "or start over with resume=False (CLI: --overwrite)")
+                raise ValueError(
+                    f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
+                    "or start over with resume=False (CLI: --overwrite)"
+                )
             records["settings"] = settings
             return records
         return {"settings": settings, "phases": {}, "plan": {}}
@@ -134,7 +139,8 @@ class Arc:
 
     # -- weights -----------------------------------------------------------------------------------------------
     def hold(self, stage: str) -> None:
-        """Put the weights after `stage` in the model: the SFT checkpoint, then (GRPO, a control) that phase's on top."""
+        """Put the weights after `stage` in the model: the SFT checkpoint, then (GRPO, a control) that phase's on
+        top."""
         if stage == self.holds:
             return
         if stage == "base" or (stage == "sft" and self.holds != "base"):
@@ -201,10 +207,22 @@ class Arc:
         self.hold(stage)
         t0 = time.perf_counter()
         g = self.cfg.grpo
-        result = evaluate(self.model, self.tokenizer, self.test, max_new_tokens=g.max_new_tokens, bucket=g.prompt_bucket,
-                          batch_size=self.cfg.eval_batch_size)
-        record = {"accuracy": result["accuracy"], "format_rate": result["format_rate"], "n": result["n"],
-                  "correct": result["correct"], "samples": result["samples"][:4], "greedy_seconds": time.perf_counter() - t0}
+        result = evaluate(
+            self.model,
+            self.tokenizer,
+            self.test,
+            max_new_tokens=g.max_new_tokens,
+            bucket=g.prompt_bucket,
+            batch_size=self.cfg.eval_batch_size,
+        )
+        record = {
+            "accuracy": result["accuracy"],
+            "format_rate": result["format_rate"],
+            "n": result["n"],
+            "correct": result["correct"],
+            "samples": result["samples"][:4],
+            "greedy_seconds": time.perf_counter() - t0,
+        }
         if self.cfg.eval_pass_k and stage != "base":
             record.update(sampled_scores(self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k,
                                          max_new_tokens=g.max_new_tokens, temperature=g.temperature,
@@ -291,7 +309,9 @@ class Arc:
         self._start_from_sft()
         t0 = time.perf_counter()
         plan = self.records["plan"]
-        plan.setdefault("control_steps", self.cfg.control_steps or max(1, round(grpo["seconds"] / plan["sft_step_seconds"])))
+        plan.setdefault(
+            "control_steps", self.cfg.control_steps or max(1, round(grpo["seconds"] / plan["sft_step_seconds"]))
+        )
         self._save()
         trainer = self._sft_trainer("control", steps=plan["control_steps"])
         trainer.train(progress=self.progress)
@@ -312,20 +332,41 @@ class Arc:
         if self.cfg.rft_steps:
             plan.setdefault("rft_steps", self.cfg.rft_steps)
         config = RFTConfig(
-            steps=plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"])), learning_rate=s.learning_rate,
-            weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, max_grad_norm=s.max_grad_norm, max_length=s.max_length,
-            pad_to_multiple_of=s.pad_to_multiple_of, log_every=1, seed=g.seed, save_every_seconds=s.save_every_seconds,
-            output_dir=str(self.out / "rft"), prompts_per_step=g.prompts_per_step, group_size=g.group_size,
-            temperature=g.temperature, max_new_tokens=g.max_new_tokens, prompt_bucket=g.prompt_bucket)
+            steps=plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"])),
+            learning_rate=s.learning_rate,
+            weight_decay=s.weight_decay,
+            warmup_steps=s.warmup_steps,
+            max_grad_norm=s.max_grad_norm,
+            max_length=s.max_length,
+            pad_to_multiple_of=s.pad_to_multiple_of,
+            log_every=1,
+            seed=g.seed,
+            save_every_seconds=s.save_every_seconds,
+            output_dir=str(self.out / "rft"),
+            prompts_per_step=g.prompts_per_step,
+            group_size=g.group_size,
+            temperature=g.temperature,
+            max_new_tokens=g.max_new_tokens,
+            prompt_bucket=g.prompt_bucket,
+        )
         checkpoint = self.out / "rft" / "checkpoint"
-        trainer = RFTTrainer(self.model, self.tokenizer, self.task.prompt_stream(), config, resume_metrics=checkpoint.exists())
+        trainer = RFTTrainer(
+            self.model, self.tokenizer, self.task.prompt_stream(), config, resume_metrics=checkpoint.exists()
+        )
         if checkpoint.exists():
             trainer.load(checkpoint)
         if "rft_steps" not in plan:
             trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
-            trainer.set_steps(self._size_after_probe("rft", seconds=grpo["seconds"], step_seconds=plan["rft_probe_step_seconds"],
-                                                     started=t0, step=trainer.step))
+            trainer.set_steps(
+                self._size_after_probe(
+                    "rft",
+                    seconds=grpo["seconds"],
+                    step_seconds=plan["rft_probe_step_seconds"],
+                    started=t0,
+                    step=trainer.step,
+                )
+            )
         trainer.train(progress=self.progress)
         trainer.save(self.out / "rft" / "final")
         self.holds = "rft"
@@ -353,7 +394,9 @@ class Arc:
     def _sft_trainer(self, phase: str, *, steps: int | None) -> SFTTrainer:
         config = dataclasses.replace(self.cfg.sft, output_dir=str(self.out / phase), steps=steps or self.cfg.sft.steps)
         checkpoint = self.out / phase / "checkpoint"
-        trainer = SFTTrainer(self.model, self.tokenizer, self.task.demonstrations(), config, resume_metrics=checkpoint.exists())
+        trainer = SFTTrainer(
+            self.model, self.tokenizer, self.task.demonstrations(), config, resume_metrics=checkpoint.exists()
+        )
         if checkpoint.exists():
             trainer.load(checkpoint)
         return trainer

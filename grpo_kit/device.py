@@ -134,7 +134,8 @@ def get_device(kind: str | None = None) -> torch.device:
 
     On a TPU machine without a working torch_xla this raises `SetupError` naming the fix (a TPU preset must
     never train on the host CPU). On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0
-    turns that off), so call it before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when asked for with
+    turns that off), so call it before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when
+    asked for with
     `enable_spmd`."""
     kind = check_device_kind(kind)
     if kind == "auto":
@@ -294,7 +295,10 @@ def memory_stats(device: torch.device) -> dict[str, Any]:
     device = torch.device(device)
     out: dict[str, Any] = {}
     if device.type == "cuda":
-        out = {"bytes_in_use": torch.cuda.memory_allocated(device), "peak_bytes": torch.cuda.max_memory_allocated(device)}
+        out = {
+            "bytes_in_use": torch.cuda.memory_allocated(device),
+            "peak_bytes": torch.cuda.max_memory_allocated(device),
+        }
     elif device.type == "xla":
         import torch_xla.core.xla_model as xm
 
@@ -411,7 +415,8 @@ class CompileMonitor:
     Wrap each phase in `with monitor.phase("decode", batch=..., prompt_len=...)`; the phase must end at a
     sync point (`mark_step`), where XLA compiles. Keyword arguments describe the shapes the phase runs
     with. After `end_warmup()` any new compilation is a warning naming the phase and the shape that
-    changed. Ops that fall back to the CPU are counted per phase too (`fallbacks`). Off XLA every count stays 0 and the monitor costs nothing.
+    changed. Ops that fall back to the CPU are counted per phase too (`fallbacks`). Off XLA every count stays 0 and the
+    monitor costs nothing.
     """
 
     def __init__(self) -> None:
@@ -433,7 +438,9 @@ class CompileMonitor:
             new = after["compiles"] - before["compiles"]
             for op, count in after["fallbacks"].items():
                 if count - before["fallbacks"].get(op, 0):
-                    self.fallbacks[f"{name}:{op}"] = self.fallbacks.get(f"{name}:{op}", 0) + count - before["fallbacks"].get(op, 0)
+                    self.fallbacks[f"{name}:{op}"] = (
+                        self.fallbacks.get(f"{name}:{op}", 0) + count - before["fallbacks"].get(op, 0)
+                    )
             self.compiles[name] = self.compiles.get(name, 0) + new
             self.seconds[name] = self.seconds.get(name, 0.0) + after["compile_seconds"] - before["compile_seconds"]
             key = tuple(sorted(shape.items()))
@@ -441,8 +448,15 @@ class CompileMonitor:
             if new and self.warm:
                 self.recompiles_after_warmup += new
                 old = ", ".join(str(dict(s)) for s in sorted(seen)) or "none"
-                changed = "a shape not seen before" if key not in seen else "the same shapes (something else changed: a Python value baked into the graph?)"
-                message = f"XLA recompiled {new} graph(s) after warm-up in phase '{name}' with {dict(key)} — {changed}; seen before: {old}"
+                changed = (
+                    "a shape not seen before"
+                    if key not in seen
+                    else "the same shapes (something else changed: a Python value baked into the graph?)"
+                )
+                message = (
+                    f"XLA recompiled {new} graph(s) after warm-up in phase '{name}' with {dict(key)} — {changed}; seen "
+                    f"before: {old}"
+                )
                 self.warnings.append(message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)
             seen.add(key)
@@ -471,8 +485,9 @@ def compile_monitor() -> CompileMonitor:
     return _MONITOR
 
 
-def guarded_optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], *, grad_norm: torch.Tensor,
-                           loss: torch.Tensor) -> torch.Tensor:
+def guarded_optimizer_step(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], *, grad_norm: torch.Tensor, loss: torch.Tensor
+) -> torch.Tensor:
     """Step the optimizer unless the gradient or loss is non-finite; returns 1.0 (on the device) if it was not.
 
     On cpu/cuda the bad update is skipped outright, so it cannot poison the weights or Adam's moments. On XLA a
@@ -493,7 +508,8 @@ def guarded_optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.
 
 
 def describe_machine() -> dict[str, Any]:
-    """What a published number depends on: the CPU (model, cores, torch's kernel level, whether the kit's weight products
+    """What a published number depends on: the CPU (model, cores, torch's kernel level, whether the kit's weight
+    products
     run in bf16), threads, and the Python, torch and transformers versions."""
     import platform
 
@@ -504,8 +520,11 @@ def describe_machine() -> dict[str, Any]:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
     try:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                                 if line.startswith("model name"))
+        info["cpu_model"] = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     return info

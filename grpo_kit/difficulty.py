@@ -64,7 +64,8 @@ class DifficultyTargeting:
         return str(row[self.key])
 
     def record(self, levels: list[str], outcomes: list[float]) -> None:
-        """Add one scored batch: `outcomes[i]` (1 right, 0 wrong) of a completion whose prompt's level is `levels[i]`."""
+        """Add one scored batch: `outcomes[i]` (1 right, 0 wrong) of a completion whose prompt's level is
+        `levels[i]`."""
         batch: dict[str, list[float]] = {}
         for level, outcome in zip(levels, outcomes, strict=True):
             if outcome != outcome:  # NaN: the reward did not apply to this completion

@@ -60,7 +60,9 @@ def _call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return func(*args, **kwargs)
     except NotImplementedError as e:
-        raise Blank(f"`{getattr(func, '__name__', 'the function')}` still raises NotImplementedError: write its body") from e
+        raise Blank(
+            f"`{getattr(func, '__name__', 'the function')}` still raises NotImplementedError: write its body"
+        ) from e
 
 
 # -- 00 · setup ----------------------------------------------------------------------------------------------------
@@ -136,8 +138,10 @@ _01_1 = Exercise(
         # Exercise 01.1: by hand, the text Gemma's chat template makes of this conversation (with the generation prompt)
         conversation = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"},
                         {"role": "user", "content": "And 3 + 3?"}]
-        turns = "".join(f"<start_of_turn>{'model' if m['role'] == 'assistant' else m['role']}\\n{m['content']}<end_of_turn>\\n"
-                        for m in conversation)
+        turns = "".join(
+            f"<start_of_turn>{'model' if m['role'] == 'assistant' else m['role']}\\n{m['content']}<end_of_turn>\\n"
+            for m in conversation
+        )
         by_hand = "<bos>" + turns + "<start_of_turn>model\\n"
     """),
     wrong=_cell("""
@@ -147,11 +151,11 @@ _01_1 = Exercise(
         by_hand = "".join(f"<start_of_turn>{m['role']}\\n{m['content']}<end_of_turn>\\n" for m in conversation)
     """),
     hint="Print `text` from the cell above and look at its markers: <bos> once, then per turn "
-         "`<start_of_turn>ROLE\\nCONTENT<end_of_turn>\\n`. Which name does Gemma use for the assistant? What does "
-         "add_generation_prompt=True add?",
+    "`<start_of_turn>ROLE\\nCONTENT<end_of_turn>\\n`. Which name does Gemma use for the assistant? What does "
+    "add_generation_prompt=True add?",
     check=_check_01_1,
     after="the model sees one flat string; its turns are marked with <start_of_turn>/<end_of_turn>, and the prompt "
-          "ends by opening the model's turn, so the first token it writes is its answer",
+    "ends by opening the model's turn, so the first token it writes is its answer",
 )
 
 
@@ -160,9 +164,15 @@ def _check_01_2(ns: dict[str, Any]) -> str | None:
 
     texts = value(ns, "greedy_texts")
     if not isinstance(texts, list) or len(texts) != 4 or not all(isinstance(t, str) for t in texts):
-        return f"`greedy_texts` must be a list of 4 strings, got {type(texts).__name__} of {len(texts) if hasattr(texts, '__len__') else '?'}"
+        return (
+            f"`greedy_texts` must be a list of 4 strings, got {type(texts).__name__} of "
+            f"{len(texts) if hasattr(texts, '__len__') else '?'}"
+        )
     if len(set(texts)) > 1:
-        return f"the four completions differ ({texts[0]!r} vs {texts[1]!r}): that is sampling, and greedy has no randomness"
+        return (
+            f"the four completions differ ({texts[0]!r} vs {texts[1]!r}): that is sampling, and greedy has no "
+            "randomness"
+        )
     truth = generate_completions(value(ns, "model"), value(ns, "tokenizer"), [value(ns, "messages")], max_new_tokens=16,
                                  greedy=True)[0]
     if texts[0] != truth:
@@ -199,14 +209,22 @@ _01_2 = Exercise(
 
 # -- 02 · SFT ------------------------------------------------------------------------------------------------------
 def _check_02_1(ns: dict[str, Any]) -> str | None:
-    trained, batch, tokenizer, task = value(ns, "trained"), value(ns, "batch"), value(ns, "tokenizer"), value(ns, "task")
+    trained, batch, tokenizer, task = (
+        value(ns, "trained"),
+        value(ns, "batch"),
+        value(ns, "tokenizer"),
+        value(ns, "task"),
+    )
     if not isinstance(trained, int) or isinstance(trained, bool):
         return f"`trained` must be a whole number (int(...)), got {trained!r}"
     truth = len(tokenizer(task.demonstrations()[0]["completion"], add_special_tokens=False)["input_ids"]) + 1
     if trained == truth:
         return None
     if trained == int(batch["attention_mask"][0].sum()):
-        return "that counts the prompt's tokens too (attention_mask is 1 on prompt and completion); the loss only sees the completion"
+        return (
+            "that counts the prompt's tokens too (attention_mask is 1 on prompt and completion); the loss only sees "
+            "the completion"
+        )
     if trained == batch["input_ids"].shape[1]:
         return "that is row 0's whole length, padding included"
     return f"row 0's completion has {truth - 1} tokens plus the closing <end_of_turn>; you counted {trained}"
@@ -217,14 +235,16 @@ _02_1 = Exercise(
     blank=_cell("""
         # Exercise 02.1: how many positions of row 0 does the SFT loss train on?
         from grpo_kit import collate, encode_demonstrations
-        examples = encode_demonstrations(tokenizer, [task.demonstrations()[0], task.demonstrations()[1]], max_length=128)
+        demonstrations = task.demonstrations()
+        examples = encode_demonstrations(tokenizer, [demonstrations[0], demonstrations[1]], max_length=128)
         batch = collate(examples, tokenizer.pad_token_id, bucket=32)
         trained = ...  # an int: row 0's positions where the loss is counted
     """),
     solution=_cell("""
         # Exercise 02.1: how many positions of row 0 does the SFT loss train on?
         from grpo_kit import collate, encode_demonstrations
-        examples = encode_demonstrations(tokenizer, [task.demonstrations()[0], task.demonstrations()[1]], max_length=128)
+        demonstrations = task.demonstrations()
+        examples = encode_demonstrations(tokenizer, [demonstrations[0], demonstrations[1]], max_length=128)
         batch = collate(examples, tokenizer.pad_token_id, bucket=32)
         trained = int(batch["target_mask"][0].sum())
         trained
@@ -232,15 +252,16 @@ _02_1 = Exercise(
     wrong=_cell("""
         # Exercise 02.1: how many positions of row 0 does the SFT loss train on?
         from grpo_kit import collate, encode_demonstrations
-        examples = encode_demonstrations(tokenizer, [task.demonstrations()[0], task.demonstrations()[1]], max_length=128)
+        demonstrations = task.demonstrations()
+        examples = encode_demonstrations(tokenizer, [demonstrations[0], demonstrations[1]], max_length=128)
         batch = collate(examples, tokenizer.pad_token_id, bucket=32)
         trained = int(batch["attention_mask"][0].sum())
     """),
     hint="Look at batch.keys(): one mask says which tokens the model may attend to, another which ones the loss "
-         "counts. Sum the second over row 0.",
+    "counts. Sum the second over row 0.",
     check=_check_02_1,
     after="the loss is completion-only: the prompt is context, never a target, so the model learns to answer and "
-          "not to write questions",
+    "not to write questions",
 )
 
 
@@ -253,7 +274,10 @@ def _check_02_2(ns: dict[str, Any]) -> str | None:
     if math.isclose(share, truth, abs_tol=1e-6):
         return None
     if math.isclose(share, (1 - p) ** g, abs_tol=1e-6):
-        return "that counts the groups where every answer is wrong; a group where every answer is right has zero spread too"
+        return (
+            "that counts the groups where every answer is wrong; a group where every answer is right has zero spread "
+            "too"
+        )
     if math.isclose(share, 1 - p, abs_tol=1e-6):
         return f"that is one answer being wrong; a group is G = {g} answers that must all agree"
     return f"with p = {p:.3f} and G = {g} the share is {truth:.3f}; you have {share:.3f}"
@@ -435,8 +459,10 @@ def _check_04_2(ns: dict[str, Any]) -> str | None:
         problems.append(f"with A = +1 the objective is min(1.3 · 1, clip(1.3, 0.8, 1.2) · 1) = 1.2, you have {up}"
                         + (" — that is ρA unclipped" if math.isclose(up, 1.3) else ""))
     if not math.isclose(down, -1.3, abs_tol=1e-6):
-        problems.append(f"with A = −1 the min picks the smaller of −1.3 and −1.2, you have {down}"
-                        + (": the clip never makes a bad step look better than it is" if math.isclose(down, -1.2) else ""))
+        problems.append(
+            f"with A = −1 the min picks the smaller of −1.3 and −1.2, you have {down}"
+            + (": the clip never makes a bad step look better than it is" if math.isclose(down, -1.2) else "")
+        )
     return "; ".join(problems) or None
 
 
@@ -666,7 +692,10 @@ def _check_09_1(ns: dict[str, Any]) -> str | None:
         return "one case should expect 0.5 and the other 0"
     for result in test_reward(reward, cases, show=False):
         if not result["ok"]:
-            return f"the reward gives {result['score']} for {result['completion']!r}, your case expects {result['expected']}"
+            return (
+                f"the reward gives {result['score']} for {result['completion']!r}, your case expects "
+                f"{result['expected']}"
+            )
     return None
 
 
@@ -685,7 +714,7 @@ _09_1 = Exercise(
         # completion has an <answer> block
         my_cases = [
             {"completion": "<answer>srebmun</answer>", "answer_type": "string", "expected": 0.5},  # a word
-            {"completion": "<answer>42</answer>", "answer_type": "string", "expected": 0.0},       # a number is not a word
+            {"completion": "<answer>42</answer>", "answer_type": "string", "expected": 0.0},  # a number is not a word
         ]
         gk.test_reward(answer_kind_reward, my_cases)
     """),
@@ -698,14 +727,15 @@ _09_1 = Exercise(
         ]
     """),
     hint="Read answer_kind_reward above: which text answers does it give 0.5? A number written inside <answer> is "
-         "not a word.",
+    "not a word.",
     check=_check_09_1,
     after="a reward is code: cases written before training catch the bug that would otherwise be maximised for hours",
 )
 
 
-EXERCISES: dict[str, Exercise] = {e.id: e for e in (_00_1, _01_1, _01_2, _02_1, _02_2, _03_1, _03_2, _04_1, _04_2, _05_1,
-                                                    _06_1, _07_1, _08_1, _09_1)}
+EXERCISES: dict[str, Exercise] = {
+    e.id: e for e in (_00_1, _01_1, _01_2, _02_1, _02_2, _03_1, _03_2, _04_1, _04_2, _05_1, _06_1, _07_1, _08_1, _09_1)
+}
 """Every exercise of the course by id ("03.1": notebook 03's first)."""
 
 
@@ -736,7 +766,10 @@ def hint(exercise_id: str) -> None:
 
 def reveal(exercise_id: str) -> None:
     """Print the exercise's solution, to paste over the exercise cell."""
-    print(f"# one solution to {exercise_id} — paste it over the exercise cell and run it\n{_exercise(exercise_id).solution}")
+    print(
+        f"# one solution to {exercise_id} — paste it over the exercise cell and run "
+        f"it\n{_exercise(exercise_id).solution}"
+    )
 
 
 def solved(source: str) -> str:

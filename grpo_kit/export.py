@@ -56,7 +56,8 @@ def model_card(base: str, metrics: dict[str, Any] | None = None, notes: str = ""
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "tok = AutoTokenizer.from_pretrained(PATH)",
         "model = AutoModelForCausalLM.from_pretrained(PATH)",
-        "ids = tok.apply_chat_template([{'role': 'user', 'content': 'What is 47 + 38?'}], add_generation_prompt=True, return_tensors='pt')",
+        "ids = tok.apply_chat_template([{'role': 'user', 'content': 'What is 47 + 38?'}], add_generation_prompt=True, "
+        "return_tensors='pt')",
         "print(tok.decode(model.generate(ids, max_new_tokens=64)[0, ids.shape[1]:]))",
         "```",
         "",
@@ -85,11 +86,14 @@ def export_model(
     allow_public: bool = False,
 ) -> Path:
     """Merge, save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir` (new,
-    empty, or an earlier export: see `save_merged`), and push to the Hub repo `push_to` when given (`push_folder`). `dtype` (e.g. torch.bfloat16) halves the files; the
+    empty, or an earlier export: see `save_merged`), and push to the Hub repo `push_to` when given (`push_folder`).
+    `dtype` (e.g. torch.bfloat16) halves the files; the
     default keeps the training dtype, so reloading gives the same logits. `notes` (e.g. a score's RESULTS.md) end the
     model card."""
     base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
-    out = save_merged(merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, notes=notes, dtype=dtype)
+    out = save_merged(
+        merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, notes=notes, dtype=dtype
+    )
     if push_to:
         push(out, push_to, token=token, private=private, allow_public=allow_public)
     return out
@@ -112,11 +116,14 @@ def kaggle_model_handle(name: str) -> str:
         return f"{parts[0]}/{parts[1]}/transformers/default"
     if len(parts) == 4 and all(parts):
         return "/".join(parts)
-    raise ValueError(f"kaggle:{name}: expected kaggle:<owner>/<model> or kaggle:<owner>/<model>/<framework>/<variation>")
+    raise ValueError(
+        f"kaggle:{name}: expected kaggle:<owner>/<model> or kaggle:<owner>/<model>/<framework>/<variation>"
+    )
 
 
 def kaggle_visibility(owner: str, model: str) -> str:
-    """`public`, `private` or `missing`: what Kaggle Models holds under owner/model (asked through kagglehub's client)."""
+    """`public`, `private` or `missing`: what Kaggle Models holds under owner/model (asked through kagglehub's
+    client)."""
     from kagglehub.clients import build_kaggle_client
     from kagglehub.exceptions import KaggleApiHTTPError
     from kagglesdk.models.types.model_api_service import ApiGetModelRequest
@@ -145,12 +152,18 @@ def load_kaggle_credentials() -> None:
     if all(found.values()):
         os.environ.update(found)  # kagglehub reads them from the environment
         return
-    where = "Kaggle: Add-ons → Secrets" if on_kaggle() else "Colab: the key icon → secrets; elsewhere: environment variables"
+    where = (
+        "Kaggle: Add-ons → Secrets"
+        if on_kaggle()
+        else "Colab: the key icon → secrets; elsewhere: environment variables"
+    )
     raise ModelAccessError("pushing to Kaggle Models needs your Kaggle API token: set KAGGLE_USERNAME and KAGGLE_KEY "
                            f"({where}) — create one at https://www.kaggle.com/settings")
 
 
-def push_to_kaggle(folder: str | Path, name: str, *, allow_public: bool = False, version_notes: str = "grpo_kit export") -> str:
+def push_to_kaggle(
+    folder: str | Path, name: str, *, allow_public: bool = False, version_notes: str = "grpo_kit export"
+) -> str:
     """Upload an export (`export_model`) to Kaggle Models as `name` (`owner/model`, or with framework and variation):
     only the files the export wrote (everything else in the folder is left out), to a new private model by default
     (kagglehub creates models private); an existing public model is refused unless `allow_public`. The model card is
@@ -167,16 +180,20 @@ def push_to_kaggle(folder: str | Path, name: str, *, allow_public: bool = False,
     owner, model = handle.split("/")[:2]
     try:
         if kaggle_visibility(owner, model) == "public" and not allow_public:
-            raise ModelAccessError(f"kaggle:{owner}/{model} exists and is public, so this upload would be public: make it "
-                                   f"private in its settings (https://www.kaggle.com/models/{owner}/{model}), push to a new "
-                                   "name, or pass allow_public=True (CLI: --public)")
+            raise ModelAccessError(
+                f"kaggle:{owner}/{model} exists and is public, so this upload would be public: make it "
+                f"private in its settings (https://www.kaggle.com/models/{owner}/{model}), push to a new "
+                "name, or pass allow_public=True (CLI: --public)"
+            )
         others = [p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if p.name not in files]
         kagglehub.model_upload(handle, str(folder), version_notes=version_notes, ignore_patterns=others)
     except ModelAccessError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure becomes one message with its fix
-        raise ModelAccessError(f"push to kaggle:{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]} (check "
-                               "KAGGLE_USERNAME/KAGGLE_KEY and that the notebook has internet access)") from e
+        raise ModelAccessError(
+            f"push to kaggle:{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]} (check "
+            "KAGGLE_USERNAME/KAGGLE_KEY and that the notebook has internet access)"
+        ) from e
     return f"https://www.kaggle.com/models/{owner}/{model}"
 
 
@@ -241,9 +258,11 @@ def push_folder(folder: str | Path, repo_id: str, token: str | None = None, priv
         except RepositoryNotFoundError:
             info = None
         if info is not None and not getattr(info, "private", False) and not allow_public:
-            raise ModelAccessError(f"{repo_id} exists and is public, so this upload would be public: make it private in "
-                                   f"its settings (https://huggingface.co/{repo_id}/settings), push to a new name, or "
-                                   "pass allow_public=True (CLI: --public)")
+            raise ModelAccessError(
+                f"{repo_id} exists and is public, so this upload would be public: make it private in "
+                f"its settings (https://huggingface.co/{repo_id}/settings), push to a new name, or "
+                "pass allow_public=True (CLI: --public)"
+            )
         url = (f"https://huggingface.co/{repo_id}" if info is not None
                else str(api.create_repo(repo_id, private=private, exist_ok=True)))
         api.upload_folder(repo_id=repo_id, folder_path=str(folder), allow_patterns=files,

@@ -114,9 +114,13 @@ class GRPOTrainer(TrainingLoop):
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
         unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
         if unknown:
-            raise ValueError(f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
+            raise ValueError(
+                f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}"
+            )
         if cfg.ema_reference > 0 and is_lora(model):
-            raise ValueError("GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
+            raise ValueError(
+                "GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model"
+            )
         device = next(model.parameters()).device
         if cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device):
             raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be 1 on XLA "
@@ -127,8 +131,12 @@ class GRPOTrainer(TrainingLoop):
                                   f"rewards, which are {self.reward_names}")
         sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
         if sized:  # a stream (an iterator) is checked batch by batch instead
-            check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
-                                 prompt_tokens=lambda p: prompt_tokens(tokenizer, p), max_prompt_tokens=cfg.max_prompt_tokens)
+            check_prompt_dataset(
+                prompts,
+                dict(zip(self.reward_names, self.reward_funcs, strict=True)),
+                prompt_tokens=lambda p: prompt_tokens(tokenizer, p),
+                max_prompt_tokens=cfg.max_prompt_tokens,
+            )
             check_no_overlap((row["prompt"] for row in prompts), where="the GRPO prompts")
         self.prompts = _cycle(prompts, cfg.seed) if sized else _not_held_out(prompts)
         self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
@@ -140,11 +148,14 @@ class GRPOTrainer(TrainingLoop):
         self.products = plan_products(model, reuse_sampler_head=cfg.reuse_sampler_head, cpu_bf16=cfg.cpu_bf16,
                                       entropy_coef=cfg.entropy_coef,
                                       compares_logprobs=self.reference is not None or cfg.num_iterations > 1)
-        """Whether the update reuses the sampler's LM-head moments, and the products' dtype (`logprobs.plan_products`)."""
+        """Whether the update reuses the sampler's LM-head moments, and the products' dtype
+        (`logprobs.plan_products`)."""
         self.stop_ids = stop_token_ids(tokenizer)
         self.group_prompts = GroupPrompts(tokenizer, bucket=cfg.prompt_bucket, group_size=cfg.group_size,
                                           device=self.device, max_length=cfg.max_prompt_tokens)
-        self.compile_sampler = cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device)
+        self.compile_sampler = (
+            cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device)
+        )
         manual_seed(cfg.seed, self.device)
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
@@ -157,10 +168,20 @@ class GRPOTrainer(TrainingLoop):
         cfg = self.config
         ids, mask = self.group_prompts([r["prompt"] for r in rows])
         roll = sample(
-            self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.tokenizer.pad_token_id,
-            temperature=controls["temperature"], top_k=cfg.top_k, top_p=controls["top_p"], generator=self.generator,
-            group_size=cfg.group_size, compiled=self.compile_sampler,  # each prompt is prefilled once for its group
-            head_moments=self.products.reuse_sampler_head, product_dtype=self.products.rollout_product_dtype,
+            self.model,
+            ids,
+            mask,
+            max_new_tokens=cfg.max_new_tokens,
+            stop_ids=self.stop_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=controls["temperature"],
+            top_k=cfg.top_k,
+            top_p=controls["top_p"],
+            generator=self.generator,
+            group_size=cfg.group_size,
+            compiled=self.compile_sampler,  # each prompt is prefilled once for its group
+            head_moments=self.products.reuse_sampler_head,
+            product_dtype=self.products.rollout_product_dtype,
         )
         # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
@@ -174,16 +195,29 @@ class GRPOTrainer(TrainingLoop):
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
         columns["completion_ids"] = ids_list
         weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
-        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights, on_error=self.config.reward_on_error,
-                                 timeout=self.config.reward_timeout_seconds)
+        result = compute_rewards(
+            self.reward_funcs,
+            prompts,
+            texts,
+            columns,
+            weights,
+            on_error=self.config.reward_on_error,
+            timeout=self.config.reward_timeout_seconds,
+        )
         return Scored(result, texts, prompts, lengths)
 
     # ---- 3. advantage -------------------------------------------------------------------------------
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         return compute_advantages(
-            rewards, cfg.group_size, estimator=cfg.advantage, tau=cfg.advantage_tau, clip=cfg.advantage_clip,
-            clip_high=cfg.advantage_clip_value, clip_low=cfg.advantage_clip_low, winsorize_quantile=cfg.winsorize_quantile,
+            rewards,
+            cfg.group_size,
+            estimator=cfg.advantage,
+            tau=cfg.advantage_tau,
+            clip=cfg.advantage_clip,
+            clip_high=cfg.advantage_clip_value,
+            clip_low=cfg.advantage_clip_low,
+            winsorize_quantile=cfg.winsorize_quantile,
         )
 
     def _advantage_rewards(self, result: RewardResult) -> torch.Tensor:
@@ -196,7 +230,9 @@ class GRPOTrainer(TrainingLoop):
                                      result.names.index(cfg.accuracy_reward), cfg.group_size)
 
     # ---- 4. update ----------------------------------------------------------------------------------
-    def update(self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor) -> dict[str, torch.Tensor]:
+    def update(
+        self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         cfg = self.config
         ids, attn = roll.input_ids, roll.attention_mask
         plen = roll.prompt_ids.shape[1]
@@ -207,8 +243,8 @@ class GRPOTrainer(TrainingLoop):
         total_tokens = loss_mask.sum()  # the whole batch's normalisers, also when groups are left out below
         trained = self._groups_to_train(adv, beta)
         if trained is not None:
-            roll, adv, loss_mask = roll.rows(trained), adv[trained.to(adv.device)], loss_mask[trained.to(loss_mask.device)]
-            roll = roll.trimmed()
+            roll, adv = roll.rows(trained).trimmed(), adv[trained.to(adv.device)]
+            loss_mask = loss_mask[trained.to(loss_mask.device)]
             loss_mask = loss_mask[:, : roll.completion_ids.shape[1]]
             ids, attn = roll.input_ids, roll.attention_mask
         adv = shard_batch(adv.to(self.device))
@@ -221,20 +257,22 @@ class GRPOTrainer(TrainingLoop):
 
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
             head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
-            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group, padding_free=cfg.padding_free,
-                                       entropy_grad=cfg.entropy_coef != 0, sampled=head, product_dtype=products)
+            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group,
+                                       padding_free=cfg.padding_free, entropy_grad=cfg.entropy_coef != 0, sampled=head,
+                                       product_dtype=products)
 
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
         clock = _PhaseClock()
         with torch.no_grad(), monitor.phase("logprob", **shapes):
-            old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=isinstance(beta, torch.Tensor) or beta > 0)
+            with_reference = isinstance(beta, torch.Tensor) or beta > 0
+            old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=with_reference)
         clock.lap("logprob_seconds")
         self.model.train()
         sums: dict[str, torch.Tensor | float] = {}
         grad_norms, skipped = [], torch.zeros((), device=self.device)
         for iteration in range(cfg.num_iterations):
-            # the first pass runs on the weights the rollout sampled with: the sampler's head moments stand in for the head
+            # the first pass runs on the sampling weights: the sampler's head moments stand in for the head
             sampled = iteration == 0 and roll.head_mean is not None
             with monitor.phase("train", **shapes):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -273,8 +311,15 @@ class GRPOTrainer(TrainingLoop):
         group is kept, so every trainable weight gets its (zero) gradient and the optimizer steps as it would."""
         cfg = self.config
         needs_reference = self.reference is not None and cfg.log_kl
-        if not (cfg.skip_zero_advantage_groups and host_syncs_are_cheap(self.device) and not isinstance(beta, torch.Tensor)
-                and beta == 0 and not needs_reference and cfg.entropy_coef == 0 and cfg.loss_type != "bnpo"):
+        if not (
+            cfg.skip_zero_advantage_groups
+            and host_syncs_are_cheap(self.device)
+            and not isinstance(beta, torch.Tensor)
+            and beta == 0
+            and not needs_reference
+            and cfg.entropy_coef == 0
+            and cfg.loss_type != "bnpo"
+        ):
             return None
         live = (adv.detach().view(-1, cfg.group_size) != 0).any(dim=1).cpu()
         if bool(live.all()):
@@ -314,7 +359,9 @@ class GRPOTrainer(TrainingLoop):
         warmup = min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
         for group in self.optimizer.param_groups:
             group["lr"] = controls["learning_rate"] * warmup
-        beta = self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"]
+        beta = (
+            self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"]
+        )
 
         step_controls, step_beta = controls, beta
         if not host_syncs_are_cheap(self.device):
@@ -324,17 +371,31 @@ class GRPOTrainer(TrainingLoop):
             step_controls = {**controls, "temperature": torch.tensor([float(controls["temperature"])]).to(self.device)}
             step_beta = torch.tensor([float(beta)]).to(self.device)
         sampled = self._sample_groups(controls, step_controls)  # 1-3: rollout, reward, advantage
-        roll, result, texts, prompts, lengths, adv = sampled.roll, sampled.result, sampled.texts, sampled.prompts, sampled.lengths, sampled.adv
+        roll, result, texts, prompts, lengths, adv = (
+            sampled.roll,
+            sampled.result,
+            sampled.texts,
+            sampled.prompts,
+            sampled.lengths,
+            sampled.adv,
+        )
         t_rollout, t_reward = start + sampled.rollout_seconds, start + sampled.rollout_seconds + sampled.reward_seconds
         trained = sampled.trained
-        device_stats = self.update(roll if trained is None else roll.rows(trained).trimmed(),
-                                   adv if trained is None else adv[trained.to(adv.device)], step_controls, step_beta)  # 4
+        device_stats = self.update(
+            roll if trained is None else roll.rows(trained).trimmed(),
+            adv if trained is None else adv[trained.to(adv.device)],
+            step_controls,
+            step_beta,
+        )  # 4
         self.step += 1
 
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, adv, lengths, roll))
-        row.update(rollouts=sampled.rollouts, trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size)
+        row.update(
+            rollouts=sampled.rollouts,
+            trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size,
+        )
         if self.difficulty is not None:
             row["level_pass_rates"] = self.difficulty.pass_rates()
         kl = row.get("kl")
@@ -345,9 +406,14 @@ class GRPOTrainer(TrainingLoop):
         elapsed = time.perf_counter() - start
         row.update({name: controls[name] for name in LIVE_SETTINGS})  # a column per live setting; then two as applied
         row.update(
-            step=self.step, learning_rate=controls["learning_rate"] * warmup, beta=beta, controls_version=controls["version"],
+            step=self.step,
+            learning_rate=controls["learning_rate"] * warmup,
+            beta=beta,
+            controls_version=controls["version"],
             reward_weights=dict(zip(result.names, result.weights, strict=True)),
-            step_seconds=elapsed, rollout_seconds=t_rollout - start, reward_seconds=t_reward - t_rollout,
+            step_seconds=elapsed,
+            rollout_seconds=t_rollout - start,
+            reward_seconds=t_reward - t_rollout,
             tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),
             completions=self._logged_completions(result, adv, prompts, texts),
         )
@@ -389,7 +455,10 @@ class GRPOTrainer(TrainingLoop):
             rollout_seconds, reward_seconds = rollout_seconds + t1 - t0, reward_seconds + time.perf_counter() - t1
             result = _joined_results(results)
             rewards = self._advantage_rewards(result)
-            if len(rolls) >= cfg.dynamic_sampling_rollouts or int((~zero_std_mask(rewards, g)).sum()) // g >= cfg.prompts_per_step:
+            if (
+                len(rolls) >= cfg.dynamic_sampling_rollouts
+                or int((~zero_std_mask(rewards, g)).sum()) // g >= cfg.prompts_per_step
+            ):
                 break
         roll = concat_rollouts(rolls, self.tokenizer.pad_token_id)
         adv = self.advantages(rewards)  # 3
@@ -400,15 +469,26 @@ class GRPOTrainer(TrainingLoop):
             trained = (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
             if trained.numel() == len(rewards):
                 trained = None
-        return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths), adv=adv,
-                              trained=trained, rollouts=len(rolls), rollout_seconds=rollout_seconds,
-                              reward_seconds=reward_seconds)
+        return _SampledGroups(
+            roll=roll,
+            result=result,
+            texts=texts,
+            prompts=prompts,
+            lengths=torch.cat(lengths),
+            adv=adv,
+            trained=trained,
+            rollouts=len(rolls),
+            rollout_seconds=rollout_seconds,
+            reward_seconds=reward_seconds,
+        )
 
     def _next_prompt(self) -> dict[str, Any]:
         """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""
         return next(self.prompts) if self.difficulty is None else self.difficulty.next_prompt(self.prompts)
 
-    def _logged_completions(self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]) -> list[dict[str, Any]]:
+    def _logged_completions(
+        self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]
+    ) -> list[dict[str, Any]]:
         """The first `log_completions` completions with their rewards and advantages, for the browser."""
         return [
             {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": t,

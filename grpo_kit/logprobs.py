@@ -4,7 +4,8 @@
 prompt once, or the plain one); `token_logprobs_and_entropy` applies the LM head chunk by chunk, or through
 `frozen_head_logprobs`, the fused kernel for a frozen head; `logprobs_from_head_mean` uses what the sampler kept
 of the head instead (`sampling.SampledHead`); `plan_products` decides, once per GRPO trainer, whether the update
-reuses the sampler's head and whether the products run in bf16. The losses that consume these log-probs are in `losses.py`.
+reuses the sampler's head and whether the products run in bf16. The losses that consume these log-probs are in
+`losses.py`.
 This module reads the sampler's types; the sampler never imports it.
 """
 
@@ -180,7 +181,9 @@ def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
     multiplying the logits' gradient by W takes three, plus a dozen passes over N × V logits in memory.
     Gradients reach `hidden` only. `entropy_grad=False`: H_t is returned detached."""
     if weight.requires_grad and torch.is_grad_enabled():
-        raise ValueError("frozen_head_logprobs: the LM head weight requires grad (full fine-tuning); use token_logprobs_and_entropy")
+        raise ValueError(
+            "frozen_head_logprobs: the LM head weight requires grad (full fine-tuning); use token_logprobs_and_entropy"
+        )
     logp, entropy = _FrozenHeadLogprobs.apply(hidden, weight.detach(), ids, (temperature, softcap, entropy_grad))
     return logp, entropy if entropy_grad else entropy.detach()
 
@@ -264,8 +267,18 @@ def completion_logprobs(
     hf = base_model(model)
     checkpointing = hf.training and _checkpointing(hf)
     if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
-        return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, chunk_rows=chunk_rows,
-                               group_size=group_size, entropy_grad=entropy_grad, sampled=sampled, product_dtype=product_dtype)
+        return packed_logprobs(
+            hf,
+            input_ids,
+            attention_mask,
+            prompt_len,
+            temperature=temperature,
+            chunk_rows=chunk_rows,
+            group_size=group_size,
+            entropy_grad=entropy_grad,
+            sampled=sampled,
+            product_dtype=product_dtype,
+        )
     if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
@@ -277,8 +290,15 @@ def completion_logprobs(
     if sampled is not None:
         return logprobs_from_head_mean(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], logprobs=sampled.logprobs,
                                        head_mean=sampled.head_mean, temperature=temperature), sampled.entropy
-    return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
-                                      softcap=decoder.final_softcap(hf), chunk_rows=chunk_rows, entropy_grad=entropy_grad)
+    return token_logprobs_and_entropy(
+        hidden,
+        hf.lm_head.weight,
+        input_ids[:, prompt_len:],
+        temperature,
+        softcap=decoder.final_softcap(hf),
+        chunk_rows=chunk_rows,
+        entropy_grad=entropy_grad,
+    )
 
 
 def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
@@ -298,17 +318,29 @@ def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask
         return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
 
     if sampled is not None:
-        logp = logprobs_from_head_mean(hidden, hf.lm_head.weight, targets.reshape(-1)[index],
-                                       logprobs=sampled.logprobs.reshape(-1)[index],
-                                       head_mean=sampled.head_mean.reshape(-1, hidden.shape[1])[index], temperature=temperature)
+        logp = logprobs_from_head_mean(
+            hidden,
+            hf.lm_head.weight,
+            targets.reshape(-1)[index],
+            logprobs=sampled.logprobs.reshape(-1)[index],
+            head_mean=sampled.head_mean.reshape(-1, hidden.shape[1])[index],
+            temperature=temperature,
+        )
         return unpacked(logp), sampled.entropy
     width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
     rows = -(-index.numel() // width)
     hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
     flat_targets = targets.reshape(-1)[index]
     flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
-    logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature, softcap=decoder.final_softcap(hf),
-                                               chunk_rows=chunk_rows, entropy_grad=entropy_grad)
+    logp, entropy = token_logprobs_and_entropy(
+        hidden,
+        hf.lm_head.weight,
+        flat_targets,
+        temperature,
+        softcap=decoder.final_softcap(hf),
+        chunk_rows=chunk_rows,
+        entropy_grad=entropy_grad,
+    )
     return unpacked(logp), unpacked(entropy)
 
 
@@ -329,16 +361,21 @@ def _shared_prompt_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attentio
     prompt_out = hf.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                           past_key_values=cache, use_cache=True)
     if cache.get_seq_length() != prompt_len:  # a layer refused the cache: sharing would drop the prompt
-        raise RuntimeError(f"{type(hf).__name__} did not fill the KV cache ({cache.get_seq_length()} of {prompt_len} positions); "
-                           "run with GRPOConfig.share_prompt_forward=False")
+        raise RuntimeError(
+            f"{type(hf).__name__} did not fill the KV cache ({cache.get_seq_length()} of {prompt_len} positions); "
+            "run with GRPOConfig.share_prompt_forward=False"
+        )
     last_prompt = prompt_out.last_hidden_state[:, -1:, :].repeat_interleave(group_size, 0)
     if total - prompt_len == 1:  # one completion token: the prompt's last position predicts it
         return last_prompt
     cache.batch_repeat_interleave(group_size)
     completion_out = hf.model(
-        input_ids=input_ids[:, prompt_len:-1], attention_mask=attention_mask[:, :-1],
+        input_ids=input_ids[:, prompt_len:-1],
+        attention_mask=attention_mask[:, :-1],
         position_ids=position_ids_from_mask(attention_mask)[:, prompt_len:-1],
-        past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt_len, total - 1, device=input_ids.device),
+        past_key_values=cache,
+        use_cache=True,
+        cache_position=torch.arange(prompt_len, total - 1, device=input_ids.device),
     )
     return torch.cat([last_prompt, completion_out.last_hidden_state], dim=1)
 
@@ -356,7 +393,8 @@ class ProductPlan:
 
     @property
     def rollout_product_dtype(self) -> torch.dtype | None:
-        """`sample(product_dtype=…)`: None = the device's choice (bf16 on a CPU with native bf16 products), else fp32."""
+        """`sample(product_dtype=…)`: None = the device's choice (bf16 on a CPU with native bf16 products), else
+        fp32."""
         return None if self.bf16_products else torch.float32
 
     def update_product_dtype(self, model: torch.nn.Module) -> torch.dtype | None:

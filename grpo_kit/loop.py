@@ -44,7 +44,8 @@ class TrainingLoop:
     metrics_file: str = ""
     """The metrics file's name in the output directory."""
     resume_settings: tuple[str, ...] = ()
-    """Settings a resumed run must share with its checkpoint (else it would see other data than the run it continues)."""
+    """Settings a resumed run must share with its checkpoint (else it would see other data than the run it
+    continues)."""
 
     model: torch.nn.Module
     config: Any
@@ -60,7 +61,9 @@ class TrainingLoop:
         check_writable(config.output_dir, f"{type(config).__name__}.output_dir")
         self.run_dir = claim(config.output_dir, self.kind) if config.output_dir else None
         """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
-        self.logger = MetricsLogger(self.run_dir.add(self.metrics_file) if self.run_dir else None, resume=resume_metrics)
+        self.logger = MetricsLogger(
+            self.run_dir.add(self.metrics_file) if self.run_dir else None, resume=resume_metrics
+        )
         self.step = 0
         self.step_seconds: list[float] = []
         """Wall seconds of each step this process ran (a time budget sizes the run from them)."""
@@ -96,7 +99,9 @@ class TrainingLoop:
         return Path(self.config.output_dir) / "checkpoint" if self.config.output_dir else None
 
     # ---- checkpoints --------------------------------------------------------------------------------
-    def _save(self, path: str | Path, extra: dict[str, Any], *, modules: dict[str, torch.nn.Module] | None = None) -> Path:
+    def _save(
+        self, path: str | Path, extra: dict[str, Any], *, modules: dict[str, torch.nn.Module] | None = None
+    ) -> Path:
         """Weights (or adapter), optimizer, RNG states, step, `kind`, and the trainer's `extra`."""
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step, extra={"kind": self.kind, **extra},
@@ -111,8 +116,10 @@ class TrainingLoop:
         saved = checkpoint_state(path, verify=False)[1].get("config", {})
         for name in self.resume_settings:
             if name in saved and saved[name] != getattr(self.config, name):
-                raise ConfigError(f"{type(self.config).__name__}.{name}={getattr(self.config, name)!r}: the checkpoint {path} "
-                                  f"was trained with {saved[name]!r}; resume with the same value, or start over (--no-resume)")
+                raise ConfigError(
+                    f"{type(self.config).__name__}.{name}={getattr(self.config, name)!r}: the checkpoint {path} "
+                    f"was trained with {saved[name]!r}; resume with the same value, or start over (--no-resume)"
+                )
         state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind=self.kind, modules=modules)
         self.step = state["step"]
         self.logger.truncate(self.step)
@@ -139,8 +146,10 @@ class TrainingLoop:
                     raise RuntimeError(f"this {type(self).__name__} is already training in another loop (a running "
                                        "Dashboard or thread); stop that run first (the dashboard's stop button, or "
                                        "dash.stop() then dash.wait())")
-                raise RuntimeError(f"this model is already being trained by another {type(owner[0]).__name__}'s loop (a "
-                                   "cell run again while its dashboard trains in the background?): stop that run first")
+                raise RuntimeError(
+                    f"this model is already being trained by another {type(owner[0]).__name__}'s loop (a "
+                    "cell run again while its dashboard trains in the background?): stop that run first"
+                )
             _MODELS_IN_TRAINING[self.model] = (self, me)
         if reentry:
             yield

@@ -94,7 +94,9 @@ def policy_loss(
     return loss, stats
 
 
-def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+def importance_ratio(
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
     """ρ_t = exp(log π_t − log π_old,t) per token, or per sequence (GSPO) the same for every token of row i:
     ρ_i = exp(Σ_t m_t (log π_t − log π_old,t) / Σ_t m_t). The log-ratio is clamped at 20 before exp."""
     log_ratio = logp - old_logp
@@ -104,8 +106,15 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     return torch.exp(log_ratio.clamp(max=20.0))
 
 
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *, total_sequences: int,
-                   total_tokens: torch.Tensor | float | None = None, max_completion_length: int | None = None) -> torch.Tensor:
+def aggregate_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    *,
+    total_sequences: int,
+    total_tokens: torch.Tensor | float | None = None,
+    max_completion_length: int | None = None,
+) -> torch.Tensor:
     """One (micro-)batch's share of the step loss from per-token losses ℓ (B, T); the formulas are in
     `policy_loss`. `total_tokens` None = this micro-batch's; `max_completion_length` None = T."""
     if loss_type == "grpo":

@@ -83,5 +83,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as e:
             if i < len(lines) - 1:
                 raise ValueError(f"{path}: line {number} is not JSON ({e.msg})") from None
-            warnings.warn(f"{path}: dropped the torn last line {number} (the run stopped while writing it)", stacklevel=2)
+            warnings.warn(
+                f"{path}: dropped the torn last line {number} (the run stopped while writing it)", stacklevel=2
+            )
     return rows

@@ -2,7 +2,8 @@
 
 The tiny Gemma is transformers' own `Gemma3ForCausalLM` built from a small config, with a character-level
 tokenizer that carries Gemma's special tokens and Gemma's chat template. Its config and tokenizer files
-live in `grpo_kit/assets/models/tiny-gemma/` (the tokenizer written by `scripts/make_tiny_gemma.py`); weights start from a seed.
+live in `grpo_kit/assets/models/tiny-gemma/` (the tokenizer written by `scripts/make_tiny_gemma.py`); weights start from
+a seed.
 """
 
 from __future__ import annotations

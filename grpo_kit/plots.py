@@ -33,7 +33,9 @@ def reward_function_keys(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(k for k in (rows[-1] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))
 
 
-def draw_series(ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...] | list[str], *, smoothed: bool = False) -> None:
+def draw_series(
+    ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...] | list[str], *, smoothed: bool = False
+) -> None:
     """One line per metric key against the step (memory metrics in GiB); a legend when there are several."""
     for key in keys:
         steps, values = series(rows, key)
@@ -135,7 +137,11 @@ def plot_accuracy(summary: dict[str, Any], path: str | Path) -> Path:
 
 
 STUDY_STAGES = {"sft": "SFT", "grpo": "GRPO", "control": "more SFT", "rft": "RFT"}
-STUDY_COMPARISONS = {"grpo_minus_sft_control": "GRPO − more SFT", "grpo_minus_rft": "GRPO − RFT", "grpo_minus_sft": "GRPO − SFT"}
+STUDY_COMPARISONS = {
+    "grpo_minus_sft_control": "GRPO − more SFT",
+    "grpo_minus_rft": "GRPO − RFT",
+    "grpo_minus_sft": "GRPO − SFT",
+}
 
 
 def plot_study(summary: dict[str, Any], path: str | Path) -> Path:
@@ -161,8 +167,15 @@ def plot_study(summary: dict[str, Any], path: str | Path) -> Path:
             d = summary["regimes"][r].get(key)
             if d:
                 y = i + (j - 1) * 0.25
-                diffs.errorbar(d["mean"], y, xerr=[[d["mean"] - d["low"]], [d["high"] - d["mean"]]], fmt="o", color=f"C{j}",
-                               capsize=3, label=label if i == 0 else None)
+                diffs.errorbar(
+                    d["mean"],
+                    y,
+                    xerr=[[d["mean"] - d["low"]], [d["high"] - d["mean"]]],
+                    fmt="o",
+                    color=f"C{j}",
+                    capsize=3,
+                    label=label if i == 0 else None,
+                )
     diffs.axvline(0, color="grey", linewidth=0.8)
     diffs.set_yticks(range(len(regimes)), regimes)
     diffs.set_xlabel("paired difference, points (95 % interval)")

@@ -58,7 +58,8 @@ def make_correctness_reward(
 
     - number: 1.0 for an exact string match, `numeric_credit` when both hold one number (`answer_format.parse_number`:
       "$1,350.00", "18 dollars.") and |x − y| ≤ max(abs_tol, rel_tol·|y|) (e.g. "68.0" vs "68"), else 0.0;
-    - choice, string, regex: 1.0 when `answer_format.answer_matches` says so ("(b)" for B, "the Nile." for Nile), else 0.0.
+    - choice, string, regex: 1.0 when `answer_format.answer_matches` says so ("(b)" for B, "the Nile." for Nile), else
+    0.0.
 
     Needs the dataset column `answer`.
     """
@@ -79,7 +80,9 @@ def make_correctness_reward(
             elif got == truth:
                 scores.append(1.0)
             else:
-                scores.append(numeric_credit if answer_matches(got, truth, "number", abs_tol=abs_tol, rel_tol=rel_tol) else 0.0)
+                scores.append(
+                    numeric_credit if answer_matches(got, truth, "number", abs_tol=abs_tol, rel_tol=rel_tol) else 0.0
+                )
         return scores
 
     reward.__name__ = name
@@ -153,8 +156,15 @@ class JudgeReward:
     token: r = p(Yes) / (p(Yes) + p(No)), in [0, 1]. Slower than a verifier (one forward per completion) and as
     fallible as the judge: check it on cases with `test_reward` first, and keep a verifier where one exists."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, rubric: str, *, batch_size: int = 8, name: str = "judge_reward",
-                 ) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        rubric: str,
+        *,
+        batch_size: int = 8,
+        name: str = "judge_reward",
+    ) -> None:
         self.model, self.tokenizer, self.rubric, self.batch_size = model.eval(), tokenizer, rubric, batch_size
         self.__name__ = name
         self.choices = [self._token(word) for word in ("Yes", "No")]
@@ -172,7 +182,9 @@ class JudgeReward:
         answer = extract_answer(text) or text
         ask = (f"{self.rubric}\n\nQuestion: {question}\n\nAnswer: {answer}\n\nDoes the answer meet the rubric? "
                "Reply with Yes or No.")
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": ask}], tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": ask}], tokenize=False, add_generation_prompt=True
+        )
 
     @torch.no_grad()
     def __call__(self, prompts: list, completions: list, **_: Any) -> list[float]:
@@ -210,7 +222,9 @@ def test_reward(func: RewardFunc, cases: Sequence[dict[str, Any]], *, tolerance:
         except Exception as e:  # noqa: BLE001 - the table shows it
             score = f"{type(e).__name__}: {e}"
         ok = isinstance(score, (int, float)) and abs(float(score) - float(case["expected"])) <= tolerance
-        rows.append({"case": i, "completion": str(case["completion"]), "score": score, "expected": case["expected"], "ok": ok})
+        rows.append(
+            {"case": i, "completion": str(case["completion"]), "score": score, "expected": case["expected"], "ok": ok}
+        )
     if show:
         print(f"{'case':>4}  {'completion':<44}  {'score':>8}  {'expected':>8}")
         for r in rows:
@@ -237,7 +251,11 @@ def make_length_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, name
     start = max_tokens - buffer
 
     def reward(prompts: list, completions: list, completion_ids: list | None = None, **_: Any) -> list[float]:
-        lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [len(completion_text(c)) for c in completions]
+        lengths = (
+            [len(ids) for ids in completion_ids]
+            if completion_ids is not None
+            else [len(completion_text(c)) for c in completions]
+        )
         return [0.0 if n <= start else -penalty * min(1.0, (n - start) / buffer) for n in lengths]
 
     reward.__name__ = name
@@ -272,13 +290,19 @@ class ClassifierReward:
     def __call__(self, prompts: list, completions: list, **_: Any) -> list[float]:
         texts = []
         for p, c in zip(prompts, completions, strict=True):
-            prefix = (p if isinstance(p, str) else " ".join(m["content"] for m in p)) + "\n" if self.include_prompt else ""
+            prefix = (
+                (p if isinstance(p, str) else " ".join(m["content"] for m in p)) + "\n" if self.include_prompt else ""
+            )
             texts.append(prefix + completion_text(c))
         device = next(self.model.parameters()).device
         scores: list[float] = []
         for i in range(0, len(texts), self.batch_size):
             enc = self.tokenizer(
-                texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
+                texts[i : i + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
             ).to(device)
             logits = self.model(**enc).logits.float()
             values = logits[:, self.label] if self.use_logit else logits.softmax(-1)[:, self.label]
@@ -365,7 +389,9 @@ def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: l
             value, failures = 0.0, failures + 1
         scores.append(value)
     if failures == 0 and on_error == "raise":
-        raise RewardError(f"reward {name!r} raised {type(first_error).__name__} on the batch: {first_error}") from first_error
+        raise RewardError(
+            f"reward {name!r} raised {type(first_error).__name__} on the batch: {first_error}"
+        ) from first_error
     return scores, failures
 
 
@@ -438,4 +464,8 @@ DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, answer_digits_rew
 whose answers are all wrong still says which were closer) and strict format (0.1). `arithmetic_steps_reward`
 is left out on purpose: a policy can raise it with right sums of wrongly copied digits while its answers get
 worse — the reward hack notebook 03 shows."""
-DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "answer_digits_reward": 1.0, "strict_format_reward": 0.1}
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "correctness_reward": 1.0,
+    "answer_digits_reward": 1.0,
+    "strict_format_reward": 0.1,
+}

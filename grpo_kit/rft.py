@@ -53,8 +53,9 @@ class RFTTrainer(SFTTrainer):
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
         self.stop_ids = stop_token_ids(tokenizer)
-        self.group_prompts = GroupPrompts(tokenizer, bucket=self.config.prompt_bucket, group_size=self.config.group_size,
-                                          device=self.device)
+        self.group_prompts = GroupPrompts(
+            tokenizer, bucket=self.config.prompt_bucket, group_size=self.config.group_size, device=self.device
+        )
         self._last = {"sampled_accuracy": 0.0, "accepted": 0}
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:

@@ -96,8 +96,10 @@ def _acquire(directory: Path) -> str:
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
-        raise RunDirError(f"{directory} is in use by another grpo-kit process (PID {holder}): wait for it to end or stop "
-                          "it, or choose another output directory")
+        raise RunDirError(
+            f"{directory} is in use by another grpo-kit process (PID {holder}): wait for it to end or stop "
+            "it, or choose another output directory"
+        )
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -140,7 +142,9 @@ class RunDir:
         that the kit did not write. Returns the entry's path."""
         if "/" in name or name in ("", ".", "..", MARK):
             raise ValueError(f"RunDir.add: {name!r} is not an entry name")
-        on_disk = _read_manifest(self.path)  # another RunDir of this process (a trainer inside a command) may have added
+        on_disk = _read_manifest(
+            self.path
+        )  # another RunDir of this process (a trainer inside a command) may have added
         self.entries += [e for e in (on_disk or {}).get("entries", []) if e not in self.entries]
         if name not in self.entries:
             target = self.path / name
@@ -200,15 +204,19 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> RunDi
     manifest = _read_manifest(path)
     present = sorted(p.name for p in path.iterdir() if p.name != MARK)
     if manifest is not None and manifest["kind"] != kind:
-        raise RunDirError(f"{path} holds a grpo-kit {manifest['kind']} run, not a {kind} one: choose another output directory")
+        raise RunDirError(
+            f"{path} holds a grpo-kit {manifest['kind']} run, not a {kind} one: choose another output directory"
+        )
     if manifest is None:
         if _adoptable(present, kind):
             entries = _owned(KNOWN_ENTRIES[kind], present)
             entries = [e for e in entries if e in KNOWN_ENTRIES[kind]]
         elif present and not overwrite:
             shown = ", ".join(present[:4]) + (", …" if len(present) > 4 else "")
-            raise RunDirError(f"{path} is not empty and was not written by grpo-kit ({shown}): choose another output "
-                              "directory, or pass --overwrite to write beside those files (grpo-kit removes only what it wrote)")
+            raise RunDirError(
+                f"{path} is not empty and was not written by grpo-kit ({shown}): choose another output "
+                "directory, or pass --overwrite to write beside those files (grpo-kit removes only what it wrote)"
+            )
         else:
             entries = []
     else:

@@ -79,10 +79,14 @@ class Rollout:
         width = min(self.completion_ids.shape[1], bucket_length(int(self.completion_mask.sum(1).max()), multiple))
         if width == self.completion_ids.shape[1]:
             return self
-        return replace(self, completion_ids=self.completion_ids[:, :width],
-                       completion_mask=self.completion_mask[:, :width], sampling_logprobs=self.sampling_logprobs[:, :width],
-                       head_mean=None if self.head_mean is None else self.head_mean[:, :width],
-                       entropy=None if self.entropy is None else self.entropy[:, :width])
+        return replace(
+            self,
+            completion_ids=self.completion_ids[:, :width],
+            completion_mask=self.completion_mask[:, :width],
+            sampling_logprobs=self.sampling_logprobs[:, :width],
+            head_mean=None if self.head_mean is None else self.head_mean[:, :width],
+            entropy=None if self.entropy is None else self.entropy[:, :width],
+        )
 
     @property
     def attention_mask(self) -> torch.Tensor:
@@ -118,11 +122,16 @@ def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
             padded.append(torch.nn.functional.pad(x, pad, value=value))
         return torch.cat(padded)
 
-    return Rollout(prompt_ids=joined("prompt_ids", left=True, value=pad_id), prompt_mask=joined("prompt_mask", left=True, value=0),
-                   completion_ids=joined("completion_ids", left=False, value=pad_id),
-                   completion_mask=joined("completion_mask", left=False, value=0),
-                   sampling_logprobs=joined("sampling_logprobs", left=False, value=0.0), truncated=joined("truncated", left=False, value=0),
-                   head_mean=joined("head_mean", left=False, value=0.0), entropy=joined("entropy", left=False, value=0.0))
+    return Rollout(
+        prompt_ids=joined("prompt_ids", left=True, value=pad_id),
+        prompt_mask=joined("prompt_mask", left=True, value=0),
+        completion_ids=joined("completion_ids", left=False, value=pad_id),
+        completion_mask=joined("completion_mask", left=False, value=0),
+        sampling_logprobs=joined("sampling_logprobs", left=False, value=0.0),
+        truncated=joined("truncated", left=False, value=0),
+        head_mean=joined("head_mean", left=False, value=0.0),
+        entropy=joined("entropy", left=False, value=0.0),
+    )
 
 
 COMPACT_BELOW = 0.75
@@ -138,7 +147,11 @@ def bucket_length(length: int, bucket: int) -> int:
 def render_prompt(tokenizer: Any, prompt: str | list) -> str:
     """A prompt as the model sees it: chat messages through the chat template (with the generation prompt); a
     string as it is."""
-    return prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return (
+        prompt
+        if isinstance(prompt, str)
+        else tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    )
 
 
 def prompt_tokens(tokenizer: Any, prompt: str | list) -> int:
@@ -146,7 +159,9 @@ def prompt_tokens(tokenizer: Any, prompt: str | list) -> int:
     return len(tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"])
 
 
-def encode_prompts(tokenizer: Any, prompts: list, bucket: int = 32, max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_prompts(
+    tokenizer: Any, prompts: list, bucket: int = 32, max_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Render prompts (chat messages or strings) with the chat template and left-pad them to a bucket.
 
     Returns (ids, mask) of shape (B, P) with P a multiple of `bucket`.
@@ -271,7 +286,9 @@ def choose_tokens(
         if filtered is not scaled:
             # a token of probability 0 (filtered out) can only be hit through rounding at a flat stretch of
             # the CDF; step back to the last token with mass
-            tokens = torch.where(torch.isinf(filtered.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)), filtered.argmax(-1), tokens)
+            tokens = torch.where(
+                torch.isinf(filtered.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)), filtered.argmax(-1), tokens
+            )
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -339,7 +356,9 @@ DRAW_BLOCK = 16384
 _HEAD_CASTS: dict[str, Any] = {}
 
 
-def head_casts(weight: torch.Tensor, dtype: torch.dtype, *, transposed: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def head_casts(
+    weight: torch.Tensor, dtype: torch.dtype, *, transposed: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The LM head's weight W (V, d) as `draw_from_head` multiplies it: in `dtype` (None where that is W's own) and,
     with `transposed`, also Wᵀ as a contiguous (d, V) copy in that dtype for the moments' product (else None).
     Kept for one head at a time while W is unchanged — the same tensor, storage and version (an optimizer step or
@@ -355,9 +374,17 @@ def head_casts(weight: torch.Tensor, dtype: torch.dtype, *, transposed: bool) ->
     return _HEAD_CASTS["casts"]
 
 
-def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
-                   softcap: float | None, greedy: bool, uniforms: torch.Tensor | None,
-                   moments: bool = False, weight_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+def draw_from_head(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor,
+    softcap: float | None,
+    greedy: bool,
+    uniforms: torch.Tensor | None,
+    moments: bool = False,
+    weight_t: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
     leave the cache: for each block (DRAW_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
     maximum m_b and the masses Σ exp(z − m_b) of its SAMPLE_BLOCK-entry tiles (greedy: its best entry). Then
@@ -375,7 +402,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     read in its natural layout, ~2× faster on the CPU than e W_blk, which repacks W_blk on every call; same values
     up to float summation order.
 
-    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on a CPU
+    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on a
+    CPU
     with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
     the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of its fp32 value, E
     within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32 argmax wherever
@@ -391,7 +419,9 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
         return torch.tanh(z / softcap) * (softcap / t) if softcap else z
 
-    maxima, masses, best, rows_sums = _stream_blocks(weight, xt, capped, weight_t=weight_t, greedy=greedy, moments=moments)
+    maxima, masses, best, rows_sums = _stream_blocks(
+        weight, xt, capped, weight_t=weight_t, greedy=greedy, moments=moments
+    )
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
@@ -434,8 +464,16 @@ def _stream_blocks(weight: torch.Tensor, xt: torch.Tensor, capped: Callable[[tor
     return maxima, masses, best, rows_sums
 
 
-def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor, cdf: torch.Tensor, target: torch.Tensor,
-                  top: torch.Tensor, capped: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw_in_tile(
+    weight: torch.Tensor,
+    xp: torch.Tensor,
+    *,
+    tiles: torch.Tensor,
+    cdf: torch.Tensor,
+    target: torch.Tensor,
+    top: torch.Tensor,
+    capped: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`draw_from_head`'s last step: the tile where each row's target u·Σ mass falls in the tiles' CDF, its logits
     recomputed (SAMPLE_BLOCK × d per row, in the products' dtype) and searched as `inverse_cdf` does. Returns
     each row's token and its logit z."""
@@ -540,14 +578,25 @@ class SamplerState:
 
     def keep(self, keep: torch.Tensor) -> None:
         """Only the rows at `keep` go on decoding (each drop copies their KV cache)."""
-        self.rows, self.alive, self.written, self.next_pos = self.rows[keep], self.alive[keep], self.written[keep], self.next_pos[keep]
+        self.rows, self.alive, self.written, self.next_pos = (
+            self.rows[keep],
+            self.alive[keep],
+            self.written[keep],
+            self.next_pos[keep],
+        )
         self.cache = self.cache.select_rows(keep)
         if self.uniforms is not None:
             self.uniforms = self.uniforms[keep]
 
 
-def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
-          settings: SamplingSettings, moments_of: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+def _draw(
+    logits: torch.Tensor | HeadInput,
+    *,
+    uniforms: torch.Tensor | None,
+    step_index: torch.Tensor,
+    settings: SamplingSettings,
+    moments_of: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device); with
     `moments_of` (the head's weight) also the `HeadMoments` of the full temperature-scaled distribution."""
     u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
@@ -602,8 +651,15 @@ def _record(state: SamplerState, setup: RolloutSetup) -> None:
     if state.moments is not None:  # zero after the stop token, as the log-probs are
         moments = HeadMoments(torch.where(state.alive.unsqueeze(1), state.moments.mean_row, 0.0),
                               torch.where(state.alive, state.moments.entropy, 0.0))
-    state.steps.append((state.rows, state.written, torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
-                        state.alive, moments))
+    state.steps.append(
+        (
+            state.rows,
+            state.written,
+            torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
+            state.alive,
+            moments,
+        )
+    )
     state.alive = state.alive & ~(state.token.unsqueeze(-1) == setup.stop).any(-1)  # torch.isin has no XLA lowering
 
 
@@ -721,7 +777,9 @@ def sample_hf(setup: RolloutSetup) -> dict[str, torch.Tensor]:
 
 def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """(rows, steps) U(0, 1), drawn on the generator's device (the CPU by default) and sent over once."""
-    uniforms = torch.rand((rows, steps), generator=generator, device=generator.device if generator is not None else device)
+    uniforms = torch.rand(
+        (rows, steps), generator=generator, device=generator.device if generator is not None else device
+    )
     return shard_batch(uniforms.to(device))
 
 
@@ -734,25 +792,11 @@ def _moments_weight(hf: torch.nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    max_new_tokens: int,
-    stop_ids: list[int],
-    pad_id: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-    generator: torch.Generator | None = None,
-    group_size: int = 1,
-    lean: bool | None = None,
-    compiled: bool = False,
-    head_moments: bool = False,
-    product_dtype: torch.dtype | None = None,
-) -> Rollout:
+def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+           stop_ids: list[int], pad_id: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           greedy: bool = False, generator: torch.Generator | None = None, group_size: int = 1,
+           lean: bool | None = None, compiled: bool = False, head_moments: bool = False,
+           product_dtype: torch.dtype | None = None) -> Rollout:
     """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. RolloutSetup are (B, P) left-padded; the model's device is used throughout.
 
@@ -775,18 +819,23 @@ def sample(
             raise ValueError(f"{rows_given} rows in groups of {group_size} cannot be split over the SPMD mesh: "
                              f"make prompts × group_size a multiple of {padded_rows(1, device)}")
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
-        return sample(model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                      pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                      lean=lean, compiled=compiled, head_moments=head_moments, product_dtype=product_dtype).first_rows(rows_given)
+        return sample(
+            model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
+            lean=lean, compiled=compiled, head_moments=head_moments, product_dtype=product_dtype,
+        ).first_rows(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     uniforms = None if greedy else _uniforms(ids.shape[0], max_new_tokens, generator=generator, device=device)
-    setup = RolloutSetup(model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
-                      stop=torch.tensor(stop_ids, device=device), pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
-                      settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
-                      group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
-                      moments_of=_moments_weight(hf) if head_moments else None, product_dtype=product_dtype)
+    setup = RolloutSetup(
+        model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
+        stop=torch.tensor(stop_ids, device=device),
+        pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
+        settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
+        group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
+        moments_of=_moments_weight(hf) if head_moments else None, product_dtype=product_dtype,
+    )
     was_training = model.training
     model.eval()
     try:

@@ -53,7 +53,8 @@ SCORE_SETTINGS = ScoreSettings()
 
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95 % Wilson score interval of an accuracy correct/n, in points: (p + z²/2n ± z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n).
+    """The 95 % Wilson score interval of an accuracy correct/n, in points: (p + z²/2n ± z·√(p(1−p)/n + z²/4n²)) / (1 +
+    z²/n).
     It stays inside [0, 100] and is sensible at 0 % and 100 %, where p ± 1.96·SE is not."""
     if n == 0:
         return 0.0, 0.0
@@ -84,9 +85,17 @@ def score_model(model: torch.nn.Module, tokenizer: Any, task: Any, output_dir: s
     t0 = time.perf_counter()
     greedy = evaluate(model, tokenizer, test, max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size,
                       bucket=settings.prompt_bucket, samples=len(test))
-    sampled = sampled_scores(model, tokenizer, test, k=settings.k, max_new_tokens=settings.max_new_tokens,
-                             temperature=settings.temperature, batch_size=settings.batch_size, bucket=settings.prompt_bucket,
-                             seed=settings.seed)
+    sampled = sampled_scores(
+        model,
+        tokenizer,
+        test,
+        k=settings.k,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        batch_size=settings.batch_size,
+        bucket=settings.prompt_bucket,
+        seed=settings.seed,
+    )
     n, right = greedy["n"], sum(greedy["correct"])
     score = {
         "model": model_name, "task": task_name, "split_hash": getattr(task, "split_hash", None),
@@ -156,13 +165,18 @@ asked otherwise."""
 def _refusal(score: dict[str, Any], first: dict[str, Any]) -> str | None:
     """Why `score` cannot be ranked beside `first` (another split, other harness settings), or None."""
     if score["split_hash"] != first["split_hash"]:
-        return (f"{score['path']} was scored on another held-out split than {first['path']} (hash "
-                f"{str(score['split_hash'])[:12]} vs {str(first['split_hash'])[:12]}): score both with the same --task, "
-                "--num-test and --seed")
+        return (
+            f"{score['path']} was scored on another held-out split than {first['path']} (hash "
+            f"{str(score['split_hash'])[:12]} vs {str(first['split_hash'])[:12]}): score both with the same --task, "
+            "--num-test and --seed"
+        )
     if score["settings"] != first["settings"] or score.get("instruction") != first.get("instruction"):
         mine, theirs = ({**s["settings"], "instruction": s.get("instruction")} for s in (score, first))
         changed = ", ".join(f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine if mine[k] != theirs.get(k))
-        return f"{score['path']} was scored with other harness settings than {first['path']} ({changed}): their numbers are not comparable"
+        return (
+            f"{score['path']} was scored with other harness settings than {first['path']} ({changed}): their numbers "
+            "are not comparable"
+        )
     return None
 
 
@@ -230,7 +244,9 @@ class LeaderboardView:
     entry shows its results card. A file scored on another split or with other settings than the first is listed
     under the table with the reason, not ranked. `display(view.widget)`, or end a cell with the view."""
 
-    def __init__(self, folder: str | Path | None = None, files: Sequence[str | Path] = (), *, by: str = "accuracy") -> None:
+    def __init__(
+        self, folder: str | Path | None = None, files: Sequence[str | Path] = (), *, by: str = "accuracy"
+    ) -> None:
         import ipywidgets as widgets
 
         _check_rank_by(by)
@@ -245,7 +261,9 @@ class LeaderboardView:
         self.rank_by.observe(lambda _: self.show(), names="value")
         self.entry.observe(lambda _: self.show_card(), names="value")
         self.refresh_button.on_click(lambda _: self.refresh())
-        self.widget = widgets.VBox([widgets.HBox([self.rank_by, self.refresh_button]), self.table, self.entry, self.card])
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.rank_by, self.refresh_button]), self.table, self.entry, self.card]
+        )
         self.refresh()
 
     def paths(self) -> list[Path]:
@@ -282,7 +300,9 @@ class LeaderboardView:
             body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
             self.table.value = f"<table><tr>{cells}</tr>{body}</table>"
         if self.refused:
-            self.table.value += "<p>Not ranked:</p><ul>" + "".join(f"<li>{html.escape(r)}</li>" for r in self.refused) + "</ul>"
+            self.table.value += (
+                "<p>Not ranked:</p><ul>" + "".join(f"<li>{html.escape(r)}</li>" for r in self.refused) + "</ul>"
+            )
         self.show_card()
 
     def show_card(self) -> None:

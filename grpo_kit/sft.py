@@ -36,12 +36,16 @@ def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tu
             raise DataError(f"SFT row {i}: needs columns 'prompt' and 'completion', has {sorted(row)}")
         problem = prompt_problem(row["prompt"])
         if problem or not isinstance(row["completion"], str) or not row["completion"].strip():
-            raise DataError(f"SFT row {i}: " + (f"'prompt' {problem}" if problem else "'completion' must be a non-empty string"))
+            raise DataError(
+                f"SFT row {i}: " + (f"'prompt' {problem}" if problem else "'completion' must be a non-empty string")
+            )
         prompt = render_prompt(tokenizer, row["prompt"])
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         c = tokenizer(row["completion"] + end, add_special_tokens=False)["input_ids"]
         if len(p) + len(c) > max_length:
-            raise DataError(f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row")
+            raise DataError(
+                f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row"
+            )
         examples.append((p + c, len(p)))
     if not examples:
         raise DataError("the SFT dataset is empty: it needs rows with 'prompt' and 'completion' columns")
@@ -72,7 +76,9 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
     each row; the same loss up to float order. XLA keeps the padded shape (a fixed graph per bucket)."""
     hf = base_model(model)
     ids, attn = batch["input_ids"], batch["attention_mask"]
-    hidden = hf.model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False).last_hidden_state
+    hidden = hf.model(
+        input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False
+    ).last_hidden_state
     hidden, targets, mask = hidden[:, :-1], ids[:, 1:], batch["target_mask"]
     if completion_only_head is None:
         completion_only_head = hidden.device.type != "xla"
@@ -110,8 +116,10 @@ class SFTTrainer(TrainingLoop):
             raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
         devices = data_parallel_size() if is_xla(next(model.parameters()).device) else 1
         if cfg.batch_size % devices:
-            raise ConfigError(f"SFTConfig.batch_size={cfg.batch_size} cannot be split over the {devices} devices of the SPMD "
-                              f"mesh: make it a multiple of {devices}")
+            raise ConfigError(
+                f"SFTConfig.batch_size={cfg.batch_size} cannot be split over the {devices} devices of the SPMD "
+                f"mesh: make it a multiple of {devices}"
+            )
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self._order: list[int] = []
@@ -140,7 +148,9 @@ class SFTTrainer(TrainingLoop):
         self.step += 1
         row = to_host(stats)
         row.update(self._batch_metrics())
-        row.update(step=self.step, learning_rate=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start)
+        row.update(
+            step=self.step, learning_rate=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start
+        )
         self.step_seconds.append(row["step_seconds"])
         self._count_skipped(row)
         return row

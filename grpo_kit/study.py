@@ -14,7 +14,8 @@ GRPO − continued SFT, paired problem by problem, its 95 % interval from a boot
 (`paired_difference`). Also reported per stage: sampled pass@1 (mean of k samples at GRPO's temperature), maj@k,
 pass@k and the format rate. A seed changes the problems (task seed), the SFT batch order and GRPO's samples.
 
-`run_study` runs the cells one after another (seed 0 of every regime first) in `output_dir/<regime>/seed<n>/` (an interrupted study continues where
+`run_study` runs the cells one after another (seed 0 of every regime first) in `output_dir/<regime>/seed<n>/` (an
+interrupted study continues where
 it stopped: each arc resumes) and writes `summary.json` and `study.png`; `grpo-kit study` is its command line.
 """
 
@@ -48,9 +49,20 @@ REGIME_TEXT = {
     "beyond": "worked solutions of 2-step problems only; GRPO prompts and test set 3-step",
 }
 STUDY_SETTINGS: dict[str, Any] = {
-    "control": True, "rft_control": True, "eval_pass_k": 4, "eval_batch_size": 200, "time_budget_minutes": None,
-    "sft": {"steps": 160}, "control_steps": 217, "rft_steps": 107,
-    "grpo": {"steps": 84, "gate_shaped_rewards": True, "difficulty_targeting": True, "skip_zero_advantage_groups": True},
+    "control": True,
+    "rft_control": True,
+    "eval_pass_k": 4,
+    "eval_batch_size": 200,
+    "time_budget_minutes": None,
+    "sft": {"steps": 160},
+    "control_steps": 217,
+    "rft_steps": 107,
+    "grpo": {
+        "steps": 84,
+        "gate_shaped_rewards": True,
+        "difficulty_targeting": True,
+        "skip_zero_advantage_groups": True,
+    },
 }
 """Every cell's arc: both controls, k = 4 samples per held-out problem, and each phase's steps fixed, so that every
 cell does the same work and a busy machine slows a cell without changing what it compares. The counts come from the
@@ -76,8 +88,13 @@ def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
         raise ValueError(f"unknown regime {regime!r}: one of {', '.join(REGIMES)}")
     cfg = apply_overrides(load_demo_config(preset), {**REGIMES[regime], **STUDY_SETTINGS}, f"study.{regime}")
     cfg = apply_overrides(cfg, overrides or {}, "study")
-    return dataclasses.replace(cfg, output_dir=str(output_dir), task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),
-                               sft=dataclasses.replace(cfg.sft, seed=seed), grpo=dataclasses.replace(cfg.grpo, seed=seed))
+    return dataclasses.replace(
+        cfg,
+        output_dir=str(output_dir),
+        task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),
+        sft=dataclasses.replace(cfg.sft, seed=seed),
+        grpo=dataclasses.replace(cfg.grpo, seed=seed),
+    )
 
 
 def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:
@@ -97,9 +114,17 @@ def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str,
         t0 = time.perf_counter()
         stream = arc.task.prompt_stream(seed=99)  # not GRPO's own stream (seed 0): the same kind of problem
         probe = [next(stream) for _ in range(PROBE_PROMPTS)]
-        scores = sampled_scores(arc.model, arc.tokenizer, {"prompt": [r["prompt"] for r in probe], "answer": [r["answer"] for r in probe]},
-                                k=PROBE_K, max_new_tokens=cfg.grpo.max_new_tokens, temperature=cfg.grpo.temperature,
-                                bucket=cfg.grpo.prompt_bucket, seed=cfg.grpo.seed, batch_size=cfg.eval_batch_size)
+        scores = sampled_scores(
+            arc.model,
+            arc.tokenizer,
+            {"prompt": [r["prompt"] for r in probe], "answer": [r["answer"] for r in probe]},
+            k=PROBE_K,
+            max_new_tokens=cfg.grpo.max_new_tokens,
+            temperature=cfg.grpo.temperature,
+            bucket=cfg.grpo.prompt_bucket,
+            seed=cfg.grpo.seed,
+            batch_size=cfg.eval_batch_size,
+        )
         arc.finish("sft_probe", {f"pass@{PROBE_K}": scores[f"pass@{PROBE_K}"], "pass@1": scores["pass@1"],
                                   "prompts": PROBE_PROMPTS, "seconds": time.perf_counter() - t0})
     return arc.run()
@@ -138,8 +163,13 @@ def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence[int], machine: dict[str, Any] | None = None,
-              ) -> dict[str, Any]:
+def summarize(
+    output_dir: str | Path,
+    *,
+    regimes: Sequence[str],
+    seeds: Sequence[int],
+    machine: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """`summary.json` from the cells on disk: per regime and stage each metric's mean over the finished seeds (and
     per cell), and the comparisons of COMPARISONS over the finished seeds' problems; every metric in points (%)."""
     out = Path(output_dir)
@@ -174,7 +204,8 @@ def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence
 def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma-270m",
               regimes: Sequence[str] = tuple(REGIMES), seeds: Sequence[int] = (0, 1, 2), minutes: float | None = None,
               overrides: dict[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
-    """Every (regime, seed) cell in turn (seed by seed), skipping those already finished, then `summary.json` and `study.png` in
+    """Every (regime, seed) cell in turn (seed by seed), skipping those already finished, then `summary.json` and
+    `study.png` in
     `output_dir`. `minutes`: size each cell's phases by a time budget of that many minutes instead of the fixed steps
     (a quick look on another machine; its cells are not comparable with the fixed-step ones)."""
     out = Path(output_dir)
@@ -196,7 +227,10 @@ def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma
     return summary
 
 
-REPORT_BEGIN, REPORT_END = "<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->", "<!-- end of study table -->"
+REPORT_BEGIN, REPORT_END = (
+    "<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->",
+    "<!-- end of study table -->",
+)
 """The markers in a Markdown file between which `write_report` puts the table."""
 
 
@@ -211,13 +245,24 @@ def render_markdown(summary: dict[str, Any]) -> str:
                   f"torch {machine.get('torch')} ({machine.get('cpu_capability')}, {products}).", ""]
     for regime, result in summary["regimes"].items():
         seeds = result["seeds"]
-        lines += [f"**{regime}** — {result['text']}. Seeds finished: {len(seeds)}"
-                  f"{' (' + ', '.join(map(str, seeds)) + ')' if seeds else ''}; {result['paired_problems']} paired problems.", ""]
+        lines += [
+            f"**{regime}** — {result['text']}. Seeds finished: {len(seeds)}"
+            f"{' (' + ', '.join(map(str, seeds)) + ')' if seeds else ''}; {result['paired_problems']} paired problems.",
+            "",
+        ]
         if not seeds:
             continue
         k = next((m.split("@")[1] for m in result["stages"].get("grpo", {}) if m.startswith("maj@")), "k")
-        lines += [f"| stage | greedy accuracy | sampled pass@1 | maj@{k} | pass@{k} | format |", "|---|---|---|---|---|---|"]
-        for stage, label in (("sft", "after SFT"), ("grpo", "GRPO"), ("control", "more SFT (control)"), ("rft", "RFT (control)")):
+        lines += [
+            f"| stage | greedy accuracy | sampled pass@1 | maj@{k} | pass@{k} | format |",
+            "|---|---|---|---|---|---|",
+        ]
+        for stage, label in (
+            ("sft", "after SFT"),
+            ("grpo", "GRPO"),
+            ("control", "more SFT (control)"),
+            ("rft", "RFT (control)"),
+        ):
             m = result["stages"].get(stage, {})
             cells = [m.get(x) for x in ("accuracy", "pass@1", f"maj@{k}", f"pass@{k}", "format_rate")]
             lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f} %" for v in cells) + " |")
@@ -225,7 +270,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
         for name, label in (("grpo_minus_sft_control", "GRPO − more SFT"), ("grpo_minus_rft", "GRPO − RFT"),
                             ("grpo_minus_sft", "GRPO − SFT"), ("rft_minus_sft_control", "RFT − more SFT")):
             if d := result.get(name):
-                lines.append(f"| {label} | {d['mean']:+.1f} | [{d['low']:+.1f}, {d['high']:+.1f}] | {d['fixed']} / {d['broken']} |")
+                lines.append(
+                    f"| {label} | {d['mean']:+.1f} | [{d['low']:+.1f}, {d['high']:+.1f}] | {d['fixed']} / "
+                    f"{d['broken']} |"
+                )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -141,56 +141,109 @@ class WordProblemTemplate:
 
 WORD_PROBLEMS = (
     WordProblemTemplate(
-        "{name} buys {a} boxes of {b} pencils and gives {c} pencils to friends. How many pencils does {name} have left?",
-        "a * b - c", (("{a} boxes of {b} pencils is", "a * b", "pencils"), ("After giving away {c}, {name} has", "t1 - c", "pencils")),
-        {"a": (2, 9), "b": (6, 24), "c": (1, 40)}),
+        "{name} buys {a} boxes of {b} pencils and gives {c} pencils to friends. How many pencils does {name} have "
+        "left?",
+        "a * b - c",
+        (
+            ("{a} boxes of {b} pencils is", "a * b", "pencils"),
+            ("After giving away {c}, {name} has", "t1 - c", "pencils"),
+        ),
+        {"a": (2, 9), "b": (6, 24), "c": (1, 40)},
+    ),
     WordProblemTemplate(
         "{name} earns ${a} an hour and works {b} hours a day. How many dollars does {name} earn in {c} days?",
-        "a * b * c", (("In one day {name} earns", "a * b", "dollars"), ("In {c} days that is", "t1 * c", "dollars")),
-        {"a": (8, 25), "b": (2, 8), "c": (2, 6)}),
+        "a * b * c",
+        (("In one day {name} earns", "a * b", "dollars"), ("In {c} days that is", "t1 * c", "dollars")),
+        {"a": (8, 25), "b": (2, 8), "c": (2, 6)},
+    ),
     WordProblemTemplate(
-        "Pens cost ${a} each. {name} buys {b} pens and pays with a ${c} bill. How many dollars of change does {name} get?",
-        "c - a * b", (("{b} pens cost", "a * b", "dollars"), ("The change is", "c - t1", "dollars")),
-        {"a": (2, 9), "b": (2, 9), "c": (20, 50, 100)}),
+        "Pens cost ${a} each. {name} buys {b} pens and pays with a ${c} bill. How many dollars of change does {name} "
+        "get?",
+        "c - a * b",
+        (("{b} pens cost", "a * b", "dollars"), ("The change is", "c - t1", "dollars")),
+        {"a": (2, 9), "b": (2, 9), "c": (20, 50, 100)},
+    ),
     WordProblemTemplate(
-        "{name} has {a} stickers and buys {b} packs of {c} stickers, then shares all of them equally among {d} friends. "
+        "{name} has {a} stickers and buys {b} packs of {c} stickers, then shares all of them equally among {d} "
+        "friends. "
         "How many stickers does each friend get?",
-        "(a + b * c) / d", (("The packs hold", "b * c", "stickers"), ("Together {name} has", "a + t1", "stickers"),
-                            ("Each friend gets", "t2 / d", "stickers")),
-        {"a": (1, 30), "b": (2, 9), "c": (4, 12), "d": (2, 6)}),
+        "(a + b * c) / d",
+        (
+            ("The packs hold", "b * c", "stickers"),
+            ("Together {name} has", "a + t1", "stickers"),
+            ("Each friend gets", "t2 / d", "stickers"),
+        ),
+        {"a": (1, 30), "b": (2, 9), "c": (4, 12), "d": (2, 6)},
+    ),
     WordProblemTemplate(
-        "A train goes {a} km per hour for {b} hours, then {c} km per hour for {d} hours. How many km does it go in all?",
-        "a * b + c * d", (("First it covers", "a * b", "km"), ("then", "c * d", "km"), ("In all it goes", "t1 + t2", "km")),
-        {"a": (40, 120), "b": (2, 5), "c": (30, 100), "d": (2, 5)}),
+        "A train goes {a} km per hour for {b} hours, then {c} km per hour for {d} hours. How many km does it go in "
+        "all?",
+        "a * b + c * d",
+        (("First it covers", "a * b", "km"), ("then", "c * d", "km"), ("In all it goes", "t1 + t2", "km")),
+        {"a": (40, 120), "b": (2, 5), "c": (30, 100), "d": (2, 5)},
+    ),
     WordProblemTemplate(
-        "{name} saves ${a} a week for {b} weeks, then spends ${c} on a gift and ${d} on books. How many dollars are left?",
-        "a * b - c - d", (("{name} saves", "a * b", "dollars"), ("After the gift", "t1 - c", "dollars are left"),
-                          ("After the books", "t2 - d", "dollars are left")),
-        {"a": (5, 30), "b": (3, 12), "c": (5, 40), "d": (5, 40)}),
+        "{name} saves ${a} a week for {b} weeks, then spends ${c} on a gift and ${d} on books. How many dollars are "
+        "left?",
+        "a * b - c - d",
+        (
+            ("{name} saves", "a * b", "dollars"),
+            ("After the gift", "t1 - c", "dollars are left"),
+            ("After the books", "t2 - d", "dollars are left"),
+        ),
+        {"a": (5, 30), "b": (3, 12), "c": (5, 40), "d": (5, 40)},
+    ),
     WordProblemTemplate(
-        "A baker makes {a} trays of {b} muffins, sells {c} of them and packs the rest in bags of {d}. How many bags does "
+        "A baker makes {a} trays of {b} muffins, sells {c} of them and packs the rest in bags of {d}. How many bags "
+        "does "
         "the baker fill?",
-        "(a * b - c) / d", (("The baker makes", "a * b", "muffins"), ("After selling {c}, there are", "t1 - c", "muffins"),
-                            ("They fill", "t2 / d", "bags")),
-        {"a": (2, 8), "b": (6, 24), "c": (1, 40), "d": (2, 8)}),
+        "(a * b - c) / d",
+        (
+            ("The baker makes", "a * b", "muffins"),
+            ("After selling {c}, there are", "t1 - c", "muffins"),
+            ("They fill", "t2 / d", "bags"),
+        ),
+        {"a": (2, 8), "b": (6, 24), "c": (1, 40), "d": (2, 8)},
+    ),
     WordProblemTemplate(
-        "{name} reads {a} pages on Monday and {b} times as many on Tuesday. On Wednesday {name} reads {c} pages fewer than "
+        "{name} reads {a} pages on Monday and {b} times as many on Tuesday. On Wednesday {name} reads {c} pages fewer "
+        "than "
         "on Tuesday. How many pages does {name} read over the three days?",
-        "a + a * b + (a * b - c)", (("On Tuesday {name} reads", "a * b", "pages"), ("On Wednesday", "t1 - c", "pages"),
-                                    ("Monday and Tuesday make", "a + t1", "pages"), ("With Wednesday that is", "t3 + t2", "pages")),
-        {"a": (5, 40), "b": (2, 4), "c": (1, 30)}),
+        "a + a * b + (a * b - c)",
+        (
+            ("On Tuesday {name} reads", "a * b", "pages"),
+            ("On Wednesday", "t1 - c", "pages"),
+            ("Monday and Tuesday make", "a + t1", "pages"),
+            ("With Wednesday that is", "t3 + t2", "pages"),
+        ),
+        {"a": (5, 40), "b": (2, 4), "c": (1, 30)},
+    ),
     WordProblemTemplate(
-        "A farm has {a} rows of {b} apple trees, and each tree gives {c} apples. The farmer sells {d} apples and shares "
+        "A farm has {a} rows of {b} apple trees, and each tree gives {c} apples. The farmer sells {d} apples and "
+        "shares "
         "the rest equally among {e} shops. How many apples does each shop get?",
-        "(a * b * c - d) / e", (("There are", "a * b", "trees"), ("They give", "t1 * c", "apples"),
-                                ("After selling {d}, there are", "t2 - d", "apples"), ("Each shop gets", "t3 / e", "apples")),
-        {"a": (2, 9), "b": (3, 12), "c": (5, 30), "d": (10, 200), "e": (2, 9)}),
+        "(a * b * c - d) / e",
+        (
+            ("There are", "a * b", "trees"),
+            ("They give", "t1 * c", "apples"),
+            ("After selling {d}, there are", "t2 - d", "apples"),
+            ("Each shop gets", "t3 / e", "apples"),
+        ),
+        {"a": (2, 9), "b": (3, 12), "c": (5, 30), "d": (10, 200), "e": (2, 9)},
+    ),
     WordProblemTemplate(
-        "Adult tickets cost ${a} and child tickets cost ${b}. A group buys {c} adult and {d} child tickets and pays with "
+        "Adult tickets cost ${a} and child tickets cost ${b}. A group buys {c} adult and {d} child tickets and pays "
+        "with "
         "${e}. How many dollars of change does the group get?",
-        "e - (a * c + b * d)", (("Adult tickets cost", "a * c", "dollars"), ("child tickets cost", "b * d", "dollars"),
-                                ("Together they cost", "t1 + t2", "dollars"), ("The change is", "e - t3", "dollars")),
-        {"a": (8, 30), "b": (4, 15), "c": (1, 6), "d": (1, 8), "e": (200, 300, 500)}),
+        "e - (a * c + b * d)",
+        (
+            ("Adult tickets cost", "a * c", "dollars"),
+            ("child tickets cost", "b * d", "dollars"),
+            ("Together they cost", "t1 + t2", "dollars"),
+            ("The change is", "e - t3", "dollars"),
+        ),
+        {"a": (8, 30), "b": (4, 15), "c": (1, 6), "d": (1, 8), "e": (200, 300, 500)},
+    ),
 )
 """The word-problem templates of `WordProblemTask`: three with 2 operations, four with 3 and three with 4."""
 
@@ -206,7 +259,9 @@ def evaluate_expression(expression: str, values: dict[str, Fraction]) -> Fractio
             return values[node.id]
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return Fraction(node.value)
-        raise ValueError(f"evaluate_expression: {ast.dump(node)} in {expression!r} is not +, -, *, / of names or integers")
+        raise ValueError(
+            f"evaluate_expression: {ast.dump(node)} in {expression!r} is not +, -, *, / of names or integers"
+        )
 
     return value(ast.parse(expression, mode="eval").body)
 
@@ -219,9 +274,12 @@ def template_level(template: WordProblemTemplate) -> str:
     return f"t{known[0]} ({steps})" if known else steps
 
 
-def make_word_problem(template: WordProblemTemplate, rng: random.Random, system_prompt: str | None = None) -> dict[str, Any]:
+def make_word_problem(
+    template: WordProblemTemplate, rng: random.Random, system_prompt: str | None = None
+) -> dict[str, Any]:
     """One example from `template` with values drawn from `rng` such that every step is a positive whole number
-    (prompt / answer / completion, and `operations` and `level`): the reasoning is its steps, "… 3 * 12 = 36 pencils."."""
+    (prompt / answer / completion, and `operations` and `level`): the reasoning is its steps, "… 3 * 12 = 36
+    pencils."."""
     for _ in range(1000):
         values = {k: Fraction(rng.choice(v) if len(v) != 2 else rng.randint(*v)) for k, v in template.slots.items()}
         results, sentences = dict(values), []
@@ -235,7 +293,9 @@ def make_word_problem(template: WordProblemTemplate, rng: random.Random, system_
         else:
             name, answer = rng.choice(NAMES), str(results[f"t{len(template.steps)}"])
             fill = {k: str(v) for k, v in values.items()} | {"name": name}
-            reasoning = " ".join(f"{words.format(**fill)} {shown} = {result} {unit}." for words, shown, result, unit in sentences)
+            reasoning = " ".join(
+                f"{words.format(**fill)} {shown} = {result} {unit}." for words, shown, result, unit in sentences
+            )
             return {"prompt": make_messages(template.question.format(**fill), system_prompt), "answer": answer,
                     "completion": format_completion(reasoning, answer), "operations": len(template.steps),
                     "level": template_level(template)}
@@ -256,7 +316,9 @@ class WordProblemTask:
         demo_templates = self._templates(demonstration_operations or operations, "demonstration_operations")
         self.seed, self.system_prompt = seed, system_prompt
         self._test = self._unique(num_test, seed + 2, exclude=set(), templates=self.templates)
-        self._demos = self._unique(num_demonstrations, seed + 1, exclude=self._questions(self._test), templates=demo_templates)
+        self._demos = self._unique(
+            num_demonstrations, seed + 1, exclude=self._questions(self._test), templates=demo_templates
+        )
 
     @staticmethod
     def _templates(operations: tuple[int, ...], setting: str) -> list[WordProblemTemplate]:
@@ -270,7 +332,9 @@ class WordProblemTask:
     def _questions(rows: list[dict[str, Any]]) -> set[str]:
         return {row["prompt"][-1]["content"] for row in rows}
 
-    def _unique(self, count: int, seed: int, *, exclude: set[str], templates: list[WordProblemTemplate]) -> list[dict[str, Any]]:
+    def _unique(
+        self, count: int, seed: int, *, exclude: set[str], templates: list[WordProblemTemplate]
+    ) -> list[dict[str, Any]]:
         rng, rows, seen = random.Random(seed), [], set(exclude)
         for _ in range(count * 100):
             if len(rows) == count:
@@ -340,7 +404,11 @@ def load_gsm8k(
         rows = source
     elif Path(source).exists():
         text = Path(source).read_text()
-        rows = json.loads(text) if str(source).endswith(".json") else [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = (
+            json.loads(text)
+            if str(source).endswith(".json")
+            else [json.loads(line) for line in text.splitlines() if line.strip()]
+        )
     else:
         from datasets import load_dataset
 
@@ -364,8 +432,10 @@ class GSM8KTask:
             test = load_gsm8k(source, split="test", system_prompt=system_prompt).to_list()[:num_test]
             train = load_gsm8k(source, split="train", system_prompt=system_prompt).to_list()
         if len(test) < num_test or len(train) <= num_demonstrations:
-            raise ValueError(f"GSM8KTask: {source} has {len(test) + len(train)} rows, too few for num_test={num_test} held out, "
-                             f"num_demonstrations={num_demonstrations} and GRPO prompts besides")
+            raise ValueError(
+                f"GSM8KTask: {source} has {len(test) + len(train)} rows, too few for num_test={num_test} held out, "
+                f"num_demonstrations={num_demonstrations} and GRPO prompts besides"
+            )
         self._test, self._demos, self._train = test, train[:num_demonstrations], train[num_demonstrations:]
 
     def demonstrations(self) -> Dataset:
@@ -403,7 +473,9 @@ def read_rows(source: str | Path, *, split: str = "train") -> list[dict[str, Any
             raise FileNotFoundError(f"{path}: no such file")
         return list(load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train"))
     if path.exists():
-        raise DataError(f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use one of {', '.join(FILE_FORMATS)}")
+        raise DataError(
+            f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use one of {', '.join(FILE_FORMATS)}"
+        )
     return list(load_dataset(str(source), split=split))
 
 
@@ -448,8 +520,10 @@ class DataTask:
         columns = sorted(set().union(*(r.keys() for r in rows))) if rows else []
         for role, column in (("prompt", prompt), ("answer", answer), ("solution", solution), ("system", system)):
             if column is not None and column not in columns:
-                raise DataError(f"{name}: no column {column!r} for the {role} (columns: {', '.join(columns) or 'none'}); "
-                                f"pass {role}=<the column's name>")
+                raise DataError(
+                    f"{name}: no column {column!r} for the {role} (columns: {', '.join(columns) or 'none'}); "
+                    f"pass {role}=<the column's name>"
+                )
         examples = [self._example(i, r, prompt=prompt, answer=answer, solution=solution, system=system,
                                   answer_type=answer_type, system_prompt=system_prompt) for i, r in enumerate(rows)]
         if len(examples) <= num_test:
@@ -460,20 +534,33 @@ class DataTask:
         held = {prompt_key(examples[i]["prompt"]): i for i in order[:num_test]}
         for i in sorted(order[num_test:]):  # a question asked twice would leak the held-out copy into training
             if prompt_key(examples[i]["prompt"]) in held:
-                raise DataError(f"{name} rows {held[prompt_key(examples[i]['prompt'])]} and {i} ask the same question, and "
-                                "one of them is held out: remove the duplicate so the held-out split stays unseen")
+                raise DataError(
+                    f"{name} rows {held[prompt_key(examples[i]['prompt'])]} and {i} ask the same question, and "
+                    "one of them is held out: remove the duplicate so the held-out split stays unseen"
+                )
         self._test = [examples[i] for i in sorted(order[:num_test])]
         HELD_OUT[name] = {prompt_key(r["prompt"]): f"{name} (seed {seed}, num_test {num_test})" for r in self._test}
         self._train = [examples[i] for i in sorted(order[num_test:])]
-        self.split_hash = hashlib.sha256(json.dumps([[r["prompt"][-1]["content"], r["answer"]] for r in self._test]).encode()
-                                         ).hexdigest()
+        self.split_hash = hashlib.sha256(
+            json.dumps([[r["prompt"][-1]["content"], r["answer"]] for r in self._test]).encode()
+        ).hexdigest()
         """SHA-256 of the held-out rows (question and answer, in order; the instruction apart): two scores compare only
         on the same split."""
         self.system_prompt = system_prompt
         """The instruction every question gets (recorded with each score: scores with other instructions differ)."""
 
-    def _example(self, i: int, row: dict[str, Any], *, prompt: str, answer: str, solution: str | None, system: str | None,
-                 answer_type: str, system_prompt: str | None) -> dict[str, Any]:
+    def _example(
+        self,
+        i: int,
+        row: dict[str, Any],
+        *,
+        prompt: str,
+        answer: str,
+        solution: str | None,
+        system: str | None,
+        answer_type: str,
+        system_prompt: str | None,
+    ) -> dict[str, Any]:
         where = f"{self.name} row {i}"
         question, truth = row.get(prompt), row.get(answer)
         if isinstance(question, str) and question.strip():
@@ -482,17 +569,27 @@ class DataTask:
         if problem := prompt_problem(question):
             raise DataError(f"{where}, column {prompt!r}: {problem}")
         if truth is None or isinstance(truth, (list, dict)) or not str(truth).strip():
-            raise DataError(f"{where}, column {answer!r}: needs the right final answer as text or a number, got {truth!r}")
+            raise DataError(
+                f"{where}, column {answer!r}: needs the right final answer as text or a number, got {truth!r}"
+            )
         truth = str(truth).strip()
         kind = row.get("answer_type") or answer_type  # a row's own answer_type column wins
         if kind not in ANSWER_TYPES or kind == "function":
             raise DataError(f"{where}, column 'answer_type': {kind!r} is not one of {', '.join(ANSWER_TYPES[:-1])}")
-        example = {"prompt": question, "answer": truth, "answer_type": infer_answer_type(truth) if kind == "auto" else kind}
+        example = {
+            "prompt": question,
+            "answer": truth,
+            "answer_type": infer_answer_type(truth) if kind == "auto" else kind,
+        }
         worked = row.get(solution) if solution else None
         if worked is not None and not isinstance(worked, str):
-            raise DataError(f"{where}, column {solution!r}: the worked solution must be text, got {type(worked).__name__}")
+            raise DataError(
+                f"{where}, column {solution!r}: the worked solution must be text, got {type(worked).__name__}"
+            )
         if worked and worked.strip():
-            example["completion"] = worked.strip() if ANSWER_OPEN in worked else format_completion(worked.strip(), truth)
+            example["completion"] = (
+                worked.strip() if ANSWER_OPEN in worked else format_completion(worked.strip(), truth)
+            )
         return example
 
     def demonstrations(self) -> Dataset:
@@ -540,7 +637,9 @@ def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
         return GSM8KTask(cfg.source, **common)
     if cfg.kind in ("file", "hub"):
         if cfg.kind == "file" and not Path(cfg.source).exists():
-            raise FileNotFoundError(f"TaskConfig.source={cfg.source!r}: no such file (kind 'file' reads a local data file)")
+            raise FileNotFoundError(
+                f"TaskConfig.source={cfg.source!r}: no such file (kind 'file' reads a local data file)"
+            )
         return load_task(cfg.source, prompt=cfg.prompt_column, answer=cfg.answer_column, solution=cfg.solution_column,
                          system=cfg.system_column, answer_type=cfg.answer_type, num_test=cfg.num_test, seed=cfg.seed,
                          system_prompt=cfg.system_prompt, split=cfg.split)

@@ -88,7 +88,9 @@ def _coerce(value: Any, hint: Any, setting: str) -> Any:
     if origin is tuple:
         item = args[0] if args else str
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{setting}={value!r}: expected a list of {'whole numbers' if item is int else 'strings'}")
+            raise ConfigError(
+                f"{setting}={value!r}: expected a list of {'whole numbers' if item is int else 'strings'}"
+            )
         return tuple(_coerce(v, item, f"{setting}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
@@ -165,15 +167,25 @@ tasks from a user's data have (the reward reads None without it)."""
 def prompt_problem(prompt: Any) -> str | None:
     if isinstance(prompt, str):
         return "is empty" if not prompt.strip() else None
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
+    ):
         return None
     return (f"must be a string or a non-empty list of chat messages {{'role': ..., 'content': ...}}, "
             f"got {type(prompt).__name__} {str(prompt)[:60]!r}")
 
 
-def check_prompt_dataset(rows: Any, rewards: dict[str, Callable[..., Any]], *,
-                         prompt_tokens: Callable[[Any], int] | None = None, max_prompt_tokens: int | None = None) -> None:
+def check_prompt_dataset(
+    rows: Any,
+    rewards: dict[str, Callable[..., Any]],
+    *,
+    prompt_tokens: Callable[[Any], int] | None = None,
+    max_prompt_tokens: int | None = None,
+) -> None:
     """Before the first GRPO step: the dataset (a `datasets.Dataset` or a list of dicts) has rows, a `prompt`
     column, every column a reward reads (`reward_columns`) with a value in every row, well-formed prompts, and
     none longer than `max_prompt_tokens` (counted by `prompt_tokens`). DataError names the row or column."""
@@ -218,6 +230,9 @@ def check_skipped_in_a_row(count: int, limit: int, *, row: dict, setting: str) -
     """Raise TrainingDiverged once `count` consecutive steps were skipped (`limit` is the config's setting)."""
     if limit and count >= limit:
         raise TrainingDiverged(
-            f"{count} steps in a row had a non-finite loss or gradient (last: loss {row.get('loss', row.get('policy_loss'))}, "
-            f"grad norm {row.get('grad_norm')}); the run is diverging: lower the learning rate (now {row.get('learning_rate')}), "
-            f"check the data and rewards, or raise {setting}")
+            f"{count} steps in a row had a non-finite loss or gradient (last: loss "
+            f"{row.get('loss', row.get('policy_loss'))}, "
+            f"grad norm {row.get('grad_norm')}); the run is diverging: lower the learning rate (now "
+            f"{row.get('learning_rate')}), "
+            f"check the data and rewards, or raise {setting}"
+        )

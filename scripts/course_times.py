@@ -1,5 +1,6 @@
 """Time every notebook of the course with the tiny Gemma on this machine in full mode (exercises solved; 08 and 09
-train a real Gemma for their preset's time budget and are left out), write `grpo_kit/assets/course_minutes.json`, keep the
+train a real Gemma for their preset's time budget and are left out), write `grpo_kit/assets/course_minutes.json`, keep
+the
 executed notebooks in runs/course-times/ (the guided experiments' verdicts are in their outputs), and put each
 notebook's time header (`course.header`) into its first cell. `make course-times`; nothing else running (two torch
 processes on 2 cores slow each other many times over).

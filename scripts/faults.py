@@ -109,7 +109,12 @@ def full_disk_during_save(work: Path) -> str:
     namespace = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
     done = subprocess.run([*namespace, "sh", "-c", DISK_INNER, "inner", str(mount), config, str(report)], env=env,
                           capture_output=True, text=True, timeout=600) if shutil.which("unshare") else None
-    if done is None or "mount" in done.stderr and not (report / "exit").exists() and not (report / "after.json").exists():
+    if (
+        done is None
+        or "mount" in done.stderr
+        and not (report / "exit").exists()
+        and not (report / "after.json").exists()
+    ):
         return rlimit_stand_in(work, config, why=(done.stderr.strip()[-200:] if done else "no unshare here"))
     expect(done.returncode == 0, f"the check inside the namespace failed: {done.stderr[-800:]}")
     code = (report / "exit").read_text().strip() if (report / "exit").exists() else "0"
@@ -135,8 +140,20 @@ def rlimit_stand_in(work: Path, config: str, why: str) -> str:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    done = run_kit("train", "--preset", "cpu-tiny-quick", "--config", config, "--output-dir", str(out), "--device", "cpu",
-                   "--quiet", cwd=work, preexec_fn=limit)
+    done = run_kit(
+        "train",
+        "--preset",
+        "cpu-tiny-quick",
+        "--config",
+        config,
+        "--output-dir",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+        cwd=work,
+        preexec_fn=limit,
+    )
     line = done.stderr.strip().splitlines()[-1]
     expect(done.returncode == 2 and "previous checkpoint is kept" in line, f"exit {done.returncode}: {line}")
     return f"no private tmpfs ({why}); RLIMIT_FSIZE stood in: exit 2; {line[:200]}"
@@ -153,16 +170,41 @@ def second_trainer_refused(work: Path) -> str:
         while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
             expect(first.poll() is None and time.monotonic() < deadline, "the first trainer made no step")
             time.sleep(0.05)
-        second = run_kit("train", "--preset", "cpu-tiny-quick", "--config", config, "--output-dir", str(out), "--device",
-                         "cpu", "--quiet", cwd=work)
+        second = run_kit(
+            "train",
+            "--preset",
+            "cpu-tiny-quick",
+            "--config",
+            config,
+            "--output-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--quiet",
+            cwd=work,
+        )
         line = second.stderr.strip().splitlines()[-1] if second.stderr.strip() else ""
-        expect(second.returncode == 2 and f"PID {first.pid}" in line, f"second trainer: exit {second.returncode}: {line}")
+        expect(
+            second.returncode == 2 and f"PID {first.pid}" in line, f"second trainer: exit {second.returncode}: {line}"
+        )
         expect(first.poll() is None, "the first trainer stopped")
     finally:
         first.kill()
         first.wait()
-    third = run_kit("train", "--preset", "cpu-tiny-quick", "--config", settings(work, "grpo: {steps: 1}"), "--output-dir",
-                    str(out), "--device", "cpu", "--quiet", "--overwrite", cwd=work)
+    third = run_kit(
+        "train",
+        "--preset",
+        "cpu-tiny-quick",
+        "--config",
+        settings(work, "grpo: {steps: 1}"),
+        "--output-dir",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+        "--overwrite",
+        cwd=work,
+    )
     expect(third.returncode == 0, f"after the first was killed the directory stayed locked: {third.stderr[-300:]}")
     return f"second refused ({line[:140]}); after SIGKILL of the first, a third ran there"
 
@@ -241,8 +283,12 @@ def main() -> int:
         except (Failed, subprocess.TimeoutExpired) as e:
             detail, ok = str(e), False
         failed += not ok
-        print(json.dumps({"scenario": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - start, 1)}),
-              flush=True)
+        print(
+            json.dumps(
+                {"scenario": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - start, 1)}
+            ),
+            flush=True,
+        )
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 

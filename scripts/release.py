@@ -76,8 +76,10 @@ def constraints_text() -> str:
     if missing:
         raise SystemExit(f"release: {', '.join(missing)} not in {LOCK.relative_to(ROOT)}: regenerate the lock first")
     lines = [f"{name}=={pins[name]}" for name in sorted(dependency_tree())]
-    header = ("# The versions grpo-kit was tested with, for what a hosted runtime lacks (the notebooks' install cell).\n"
-              "# Generated from requirements/lock.txt by `python scripts/release.py constraints`: do not edit.\n")
+    header = (
+        "# The versions grpo-kit was tested with, for what a hosted runtime lacks (the notebooks' install cell).\n"
+        "# Generated from requirements/lock.txt by `python scripts/release.py constraints`: do not edit.\n"
+    )
     return header + "\n".join(lines) + "\n"
 
 
@@ -122,7 +124,9 @@ def check() -> list[str]:
     if stale:
         problems.append(f"README.md names {', '.join(stale)}, not {tag}")
     if CONSTRAINTS.read_text() != constraints_text():
-        problems.append(f"{CONSTRAINTS.relative_to(ROOT)} does not match the lock: python scripts/release.py constraints")
+        problems.append(
+            f"{CONSTRAINTS.relative_to(ROOT)} does not match the lock: python scripts/release.py constraints"
+        )
     return problems
 
 

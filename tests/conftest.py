@@ -59,7 +59,9 @@ def sft_state(task):
     from grpo_kit.sft import SFTTrainer
 
     model, tok = load_model(ModelConfig(), torch.device("cpu"))
-    SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=150, batch_size=32, output_dir=None)).train(progress=False)
+    SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=150, batch_size=32, output_dir=None)).train(
+        progress=False
+    )
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 

@@ -18,7 +18,8 @@ def test_the_type_is_inferred_from_the_right_answer(truth, kind):
     ("1350", "1,350"), ("$1,350.00", "1350"), ("18 dollars.", "18"), (" 42 ", "42"), ("0.5 kg", "0.5"),
     ("B", "B"), ("(b)", "B"), ("b)", "B"), ("The answer is B.", "B"), ("I pick (c) because it fits", "C"),
     ("Option D", "D"), ("answer: e", "E"),
-    ("paris", "Paris"), ("  The Eiffel Tower. ", "Eiffel Tower"), ('"blue whale"', "Blue   Whale"), ("an apple!", "apple"),
+    ("paris", "Paris"), ("  The Eiffel Tower. ", "Eiffel Tower"), ('"blue whale"', "Blue   Whale"), ("an "
+                                                                                                     "apple!", "apple"),
 ])
 def test_right_answers_match_whatever_their_surface(predicted, truth):
     assert answer_matches(predicted, truth)
@@ -35,7 +36,9 @@ def test_wrong_or_ambiguous_answers_do_not_match(predicted, truth):
 
 def test_the_explicit_types_and_tolerance():
     assert answer_matches("3.14", "3.14159", "number", abs_tol=0.01) and not answer_matches("3.14", "3.14159", "number")
-    assert answer_matches("3.2", "3.0", "number", rel_tol=0.1) and not answer_matches("3.4", "3.0", "number", rel_tol=0.1)
+    assert answer_matches("3.2", "3.0", "number", rel_tol=0.1) and not answer_matches(
+        "3.4", "3.0", "number", rel_tol=0.1
+    )
     assert answer_matches("colour", r"colou?r", "regex") and answer_matches(" COLOR ", r"colou?r", "regex")
     assert not answer_matches("colours", r"colou?r", "regex")
     assert answer_matches("42", "42.0", "string") is False  # a string compares text, not value

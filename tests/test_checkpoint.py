@@ -98,7 +98,9 @@ def test_missing_files_are_named_and_a_resume_without_optimizer_state_is_refused
         load_checkpoint(tmp_path / "c", model)
     save_checkpoint(tmp_path / "weights-only", model, None, 1)
     assert load_checkpoint(tmp_path / "weights-only", model)["step"] == 1  # weights alone: --init-from
-    with pytest.raises(ValueError, match="has no optimizer.pt; it was saved without optimizer state: start from its weights"):
+    with pytest.raises(
+        ValueError, match="has no optimizer.pt; it was saved without optimizer state: start from its weights"
+    ):
         load_checkpoint(tmp_path / "weights-only", model, torch.optim.AdamW(model.parameters()))
 
 

@@ -74,7 +74,21 @@ def test_cli_quick_sft_train_eval(tmp_path, capsys):
     assert main(["sft", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet"]) == 0
     sft = json.loads(capsys.readouterr().out)
     assert Path(sft["checkpoint"]).is_dir() and sft["steps"] == 40
-    assert main(["train", "--preset", "cpu-tiny-quick", "--init-from", sft["checkpoint"], "--output-dir", str(tmp_path / "g"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "cpu-tiny-quick",
+                "--init-from",
+                sft["checkpoint"],
+                "--output-dir",
+                str(tmp_path / "g"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     train = json.loads(capsys.readouterr().out)
     assert train["steps"] == 6 and (tmp_path / "g" / "metrics.jsonl").exists()
     assert main(["eval", "--preset", "cpu-tiny-quick", "--checkpoint", train["checkpoint"], "--quiet"]) == 0
@@ -83,8 +97,21 @@ def test_cli_quick_sft_train_eval(tmp_path, capsys):
     assert "not a grpo_kit checkpoint" in capsys.readouterr().err
 
     # export: the trained weights as a transformers directory that reloads to the same greedy completions
-    assert main(["export", "--preset", "cpu-tiny-quick", "--checkpoint", train["checkpoint"], "--out", str(tmp_path / "x"),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--preset",
+                "cpu-tiny-quick",
+                "--checkpoint",
+                train["checkpoint"],
+                "--out",
+                str(tmp_path / "x"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     exported = json.loads(capsys.readouterr().out)["exported"]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,8 +141,11 @@ def test_environment_yml_agrees_with_pyproject_and_lock():
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     pinned = {_name(p): p.split("==")[1] for p in pip if "==" in p}
     assert set(pinned) == wanted
-    lock = {_name(line): line.split("==")[1].strip() for line in (ROOT / "requirements/lock.txt").read_text().splitlines()
-            if "==" in line and not line.startswith("#")}
+    lock = {
+        _name(line): line.split("==")[1].strip()
+        for line in (ROOT / "requirements/lock.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
     for name, version in pinned.items():
         assert lock.get(name) == version, f"{name}: environment.yml {version}, lock {lock.get(name)}"
     assert lock["torch"] == "2.9.0" and lock["torch-xla"] == "2.9.0"
@@ -147,8 +177,10 @@ def test_an_unexpected_error_is_one_line_that_says_how_to_see_the_traceback(tmp_
     monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("grpo-kit eval: error: CUDA out of memory. Tried to allocate 2.00 GiB (RuntimeError; GRPO_KIT_DEBUG=1 "
-                   "shows the traceback)"), err
+    assert err == (
+        "grpo-kit eval: error: CUDA out of memory. Tried to allocate 2.00 GiB (RuntimeError; GRPO_KIT_DEBUG=1 "
+        "shows the traceback)"
+    ), err
     monkeypatch.setenv(cli.DEBUG_VARIABLE, "1")
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         cli.main(argv)
@@ -163,4 +195,6 @@ def test_messages_never_show_a_credential():
 
     assert redact("401 for hf_SENTINEL_abcdef at https://me:hf_SENTINEL_abcdef@host/x", ["hf_SENTINEL_abcdef"]) == \
         "401 for *** at https://me:***@host/x"
-    assert redact("git+https://oauth2:ghp_0123456789@github.com/o/r@v1", []) == "git+https://oauth2:***@github.com/o/r@v1"
+    assert (
+        redact("git+https://oauth2:ghp_0123456789@github.com/o/r@v1", []) == "git+https://oauth2:***@github.com/o/r@v1"
+    )

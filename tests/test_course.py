@@ -37,7 +37,9 @@ def test_a_missing_checkpoint_is_rebuilt_once_then_loaded(monkeypatch, tmp_path,
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     untrained, _ = load_model(cfg.model, torch.device("cpu"))
-    assert any(not torch.equal(a, b) for a, b in zip(untrained.state_dict().values(), again.state_dict().values(), strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(untrained.state_dict().values(), again.state_dict().values(), strict=True)
+    )
 
 
 def test_lora_grpo_stands_on_the_sft_model_and_loads_back_the_same(monkeypatch, tmp_path):
@@ -68,7 +70,9 @@ def test_lora_grpo_stands_on_the_sft_model_and_loads_back_the_same(monkeypatch, 
     assert not torch.allclose(reference, logits(base), atol=1e-3)  # the SFT adapter was trained, and merged
 
 
-def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtual_tpu_devices(monkeypatch, tmp_path, capsys):
+def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtual_tpu_devices(
+    monkeypatch, tmp_path, capsys
+):
     """Gemma 3 1B out of reach on a TPU board: Gemma 3 270M from PyPI, unless the board is several XLA CPU devices
     sharing the host's memory (the kaggle-tpu replica), where the tiny Gemma runs the notebook, announced."""
     from grpo_kit import device
@@ -76,7 +80,9 @@ def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtua
     monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
     monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
     monkeypatch.setattr(device, "detect_accelerator", lambda: "v5e-8")
-    monkeypatch.setattr(nbk, "model_access", lambda name, token=None: (name != "google/gemma-3-1b-it", "gated on the hub"))
+    monkeypatch.setattr(
+        nbk, "model_access", lambda name, token=None: (name != "google/gemma-3-1b-it", "gated on the hub")
+    )
     monkeypatch.setattr(device, "virtual_tpu_devices", lambda: 1)
     cfg, preset = nbk.capstone_config()
     assert (preset, cfg.model.name, cfg.task.kind) == ("cpu-gemma-270m", "gemma-3-270m-offline", "word_problems")
@@ -114,7 +120,9 @@ def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path,
     assert uploads[0][0] == "me/my-run" and ".grpo_kit/lock" in uploads[0][2]
     later = tmp_path / "session2" / "your_task"
     nbk.restore_run("me/my-run", later)
-    assert (later / "sft" / "weights.safetensors").read_bytes() == b"w" and "steps" in (later / "progress.json").read_text()
+    assert (later / "sft" / "weights.safetensors").read_bytes() == b"w" and "steps" in (
+        later / "progress.json"
+    ).read_text()
     (later / "progress.json").write_text("{}")  # this session's own progress: never overwritten by a restore
     nbk.restore_run("me/my-run", later)
     assert (later / "progress.json").read_text() == "{}" and "kept as it is" in capsys.readouterr().out
@@ -143,10 +151,16 @@ def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monk
     assert minutes == -(-expected // 60) and basis.startswith("estimate")
     gemma.announce("05")
     said = capsys.readouterr().out
-    assert f"{gemma.grpo_steps} GRPO steps" in said and f"≈ {minutes:g} min (estimate" in said and "short version" in said
+    assert (
+        f"{gemma.grpo_steps} GRPO steps" in said and f"≈ {minutes:g} min (estimate" in said and "short version" in said
+    )
     short = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1", short=True)
-    assert [short.steps(k) for k in ("grpo", "experiment", "test")] == [12, 3, 48] and short.minutes("05")[0] < minutes / 2
-    monkeypatch.setenv("GRPO_KIT_QUICK", "1")  # read when the mode is made; the headers ask for full mode whatever it is
+    assert [short.steps(k) for k in ("grpo", "experiment", "test")] == [12, 3, 48] and short.minutes("05")[
+        0
+    ] < minutes / 2
+    monkeypatch.setenv(
+        "GRPO_KIT_QUICK", "1"
+    )  # read when the mode is made; the headers ask for full mode whatever it is
     quick = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1")
     assert [quick.steps(k) for k in ("sft", "grpo", "experiment", "test")] == [40, 4, 3, 48]
     assert gemma.minutes("05") == (minutes, basis)

@@ -248,14 +248,17 @@ def test_experiment_moves_the_slider_between_two_runs(dashboard):
     assert [r["step"] for r in before] == [1, 2] and [r["step"] for r in after] == [3, 4]
     assert dashboard.sliders["temperature"].value == pytest.approx(0.3)
     assert all(r["temperature"] == pytest.approx(GRPOConfig().temperature) != 0.3 for r in before)
-    assert all(r["temperature"] == pytest.approx(0.3) and r["reward_weights"]["strict_format_reward"] == 0.0 for r in after)
+    assert all(
+        r["temperature"] == pytest.approx(0.3) and r["reward_weights"]["strict_format_reward"] == 0.0 for r in after
+    )
     with pytest.raises(ValueError, match="no control named 'bogus'"):
         dashboard.experiment({"bogus": 1.0}, steps=0)
 
 
 def _notebook_trainer(tiny, task, monkeypatch, **changes):
     """Notebook 05's trainer under CI's quick mode: the course's settings and controls, a fourth reward at weight 0
-    (the notebook's thorough_reward; here the step-arithmetic one); 4 prompts × 4 a step and no warm-up (the recorded learning rate is then the control's) to keep it fast."""
+    (the notebook's thorough_reward; here the step-arithmetic one); 4 prompts × 4 a step and no warm-up (the recorded
+    learning rate is then the control's) to keep it fast."""
     import dataclasses
 
     from grpo_kit import notebook as nbk
@@ -302,7 +305,9 @@ def test_with_two_passes_the_epsilon_slider_is_shown_and_narrowing_it_clips_more
     assert "epsilon" in dash.sliders
     dash.move(epsilon=0.5)
     before, after = dash.experiment({"epsilon": 0.02}, steps=3)
-    assert all(r["epsilon"] == pytest.approx(0.5) for r in before) and all(r["epsilon"] == pytest.approx(0.02) for r in after)
+    assert all(r["epsilon"] == pytest.approx(0.5) for r in before) and all(
+        r["epsilon"] == pytest.approx(0.02) for r in after
+    )
     assert nbk.expect(before, after, ("clip_high", "clip_low"), "rises")
 
 

@@ -44,7 +44,10 @@ def test_a_jsonl_file_gives_a_frozen_split_typed_answers_and_sft_rows(tmp_path):
     held = {r["prompt"][-1]["content"] for r in test}
     stream = task.prompt_stream()
     drawn = [next(stream) for _ in range(60)]
-    assert not held & {r["prompt"][-1]["content"] for r in drawn} and len({r["prompt"][-1]["content"] for r in drawn}) == 20
+    assert (
+        not held & {r["prompt"][-1]["content"] for r in drawn}
+        and len({r["prompt"][-1]["content"] for r in drawn}) == 20
+    )
     with pytest.raises(DataError, match="row 0 is a held-out question"):
         check_no_overlap([test[0]["prompt"]] + [r["prompt"] for r in drawn], test)
     check_no_overlap([r["prompt"] for r in drawn], test)
@@ -67,9 +70,12 @@ def test_csv_and_parquet_read_the_same_and_a_row_may_set_its_type(tmp_path):
 
 
 def test_the_correctness_reward_and_evaluation_use_each_rows_type(tmp_path):
-    assert correctness_reward([None] * 4, ["<answer>The answer is b</answer>", "<answer>1,350</answer>",
-                                      "<answer> the Nile. </answer>", "no tags"],
-                         answer=["B", "1350", "Nile", "4"], answer_type=["choice", "number", "string", "number"]) == [1, 1, 1, 0]
+    assert correctness_reward(
+        [None] * 4,
+        ["<answer>The answer is b</answer>", "<answer>1,350</answer>", "<answer> the Nile. </answer>", "no tags"],
+        answer=["B", "1350", "Nile", "4"],
+        answer_type=["choice", "number", "string", "number"],
+    ) == [1, 1, 1, 0]
     assert correctness_reward([None], ["<answer>3.0</answer>"], answer=["3"]) == [1.0]  # no type column: inferred
 
     class Echo:  # a "model" whose completions are scripted through generate_completions
@@ -90,14 +96,18 @@ def test_the_correctness_reward_and_evaluation_use_each_rows_type(tmp_path):
     assert result["accuracy"] == 1.0  # "B." for B, "12." for 12, upper-cased text for text: each under its type
 
 
+ONE_TEST_ROW = {"prompt": "q", "answer": "a", "num_test": 1}
+
+
 @pytest.mark.parametrize(("rows", "kwargs", "message"), [
     ([{"q": "x", "a": "1"}] * 5, {}, "no column 'prompt' for the prompt (columns: a, q); pass prompt="),
     ([{"q": "x", "a": "1"}] * 5, {"prompt": "q", "answer": "a", "solution": "s"}, "no column 's' for the solution"),
-    ([{"q": "x", "a": "1"}] * 4 + [{"q": "", "a": "1"}], {"prompt": "q", "answer": "a", "num_test": 1}, "row 4, column 'q': is empty"),
-    ([{"q": "x", "a": "1"}] * 3 + [{"q": "y", "a": " "}], {"prompt": "q", "answer": "a", "num_test": 1}, "row 3, column 'a': needs the right final answer"),
-    ([{"q": "x", "a": "1", "answer_type": "fuzzy"}] * 3, {"prompt": "q", "answer": "a", "num_test": 1}, "row 0, column 'answer_type': 'fuzzy'"),
+    ([{"q": "x", "a": "1"}] * 4 + [{"q": "", "a": "1"}], ONE_TEST_ROW, "row 4, column 'q': is empty"),
+    ([{"q": "x", "a": "1"}] * 3 + [{"q": "y", "a": " "}], ONE_TEST_ROW,
+     "row 3, column 'a': needs the right final answer"),
+    ([{"q": "x", "a": "1", "answer_type": "fuzzy"}] * 3, ONE_TEST_ROW, "row 0, column 'answer_type': 'fuzzy'"),
     ([{"q": "x", "a": "1"}] * 3, {"prompt": "q", "answer": "a", "num_test": 3}, "3 rows, but num_test=3"),
-    ([{"q": "x", "a": "1"}] * 3, {"prompt": "q", "answer": "a", "num_test": 1, "answer_type": "fuzzy"}, "answer_type='fuzzy'"),
+    ([{"q": "x", "a": "1"}] * 3, {**ONE_TEST_ROW, "answer_type": "fuzzy"}, "answer_type='fuzzy'"),
 ])
 def test_bad_data_is_refused_in_one_line_naming_row_and_column(tmp_path, rows, kwargs, message):
     path = _jsonl(tmp_path / "bad.jsonl", rows)
@@ -107,7 +117,9 @@ def test_bad_data_is_refused_in_one_line_naming_row_and_column(tmp_path, rows, k
 
 
 def test_a_task_without_solutions_says_so_when_asked_for_sft_rows(tmp_path):
-    task = load_task(_jsonl(tmp_path / "qa.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)]), num_test=2)
+    task = load_task(
+        _jsonl(tmp_path / "qa.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)]), num_test=2
+    )
     with pytest.raises(DataError, match="no training row has a worked solution"):
         task.demonstrations()
     with pytest.raises(FileNotFoundError, match="missing.jsonl: no such file"):
@@ -123,8 +135,17 @@ def test_a_task_config_of_kind_file_reads_the_file_with_its_column_names(tmp_pat
     from grpo_kit.validation import ConfigError
 
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
-    task = make_task(TaskConfig(kind="file", source=str(path), prompt_column="q", answer_column="a", solution_column="why",
-                                num_test=10, seed=7))
+    task = make_task(
+        TaskConfig(
+            kind="file",
+            source=str(path),
+            prompt_column="q",
+            answer_column="a",
+            solution_column="why",
+            num_test=10,
+            seed=7,
+        )
+    )
     assert task.split_hash == load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7).split_hash
     with pytest.raises(FileNotFoundError, match="TaskConfig.source='nowhere.jsonl': no such file"):
         make_task(TaskConfig(kind="file", source="nowhere.jsonl"))
@@ -154,7 +175,9 @@ def test_the_trainers_refuse_a_held_out_row_handed_to_them_directly(tmp_path, ti
     demos = list(task.demonstrations())
     sft = SFTConfig(steps=1, batch_size=2)
     SFTTrainer(model, tokenizer, demos, sft)  # the training rows pass
-    with pytest.raises(DataError, match=r"the SFT dataset row 2 is a held-out question of .*mine.jsonl \(seed 7, num_test 10\)"):
+    with pytest.raises(
+        DataError, match=r"the SFT dataset row 2 is a held-out question of .*mine.jsonl \(seed 7, num_test 10\)"
+    ):
         SFTTrainer(model, tokenizer, [*demos[:2], {**leaked, "completion": "<answer>x</answer>"}], sft)
     train = [next(task.prompt_stream()) for _ in range(1)]
     grpo = GRPOConfig(steps=1)

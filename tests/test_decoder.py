@@ -38,8 +38,19 @@ def gemma3_sliding(window: int = 6, vocab_size: int | None = None) -> torch.nn.M
 
 
 def gemma2_softcapped() -> torch.nn.Module:
-    config = Gemma2Config(vocab_size=106, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=16, sliding_window=6, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config = Gemma2Config(
+        vocab_size=106,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=6,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
@@ -109,7 +120,9 @@ def test_lean_prefill_logits_equal_hf_forward(name):
         cache = decoder.KVCache.empty(hf, prompt_ids.shape[0], prompt_ids.shape[1] + 4,
                                       torch.cat([prompt_mask, torch.ones(prompt_ids.shape[0], 4, dtype=torch.long)], 1))
         consts = decoder.Constants.build(hf, prompt_ids.shape[1] + 4)
-        lean = decoder.forward(hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), consts, logits_for_last=False)
+        lean = decoder.forward(
+            hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), consts, logits_for_last=False
+        )
     real = prompt_mask.bool()
     assert (lean[real] - ref[real]).abs().max() < 1e-5
 
@@ -119,8 +132,20 @@ def test_lean_sampler_equals_hf_sampler(name):
     """Same noise, same tokens and log-probs through the lean forward and through HF's StaticCache forward."""
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
-    rolls = [sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
-                    lean=lean) for lean in (True, False)]
+    rolls = [
+        sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            16,
+            [1],
+            0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(3),
+            lean=lean,
+        )
+        for lean in (True, False)
+    ]
     assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
     assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
 
@@ -134,8 +159,21 @@ def test_finished_rows_leaving_the_batch_change_nothing(name):
     stops = list(range(1, 20))
     vocab = base_of(model).config.vocab_size
     stops += list(range(106, vocab, 4))  # a large vocabulary: every 4th token stops too, so rows still finish early
-    rolls = [sample(model, prompt_ids, prompt_mask, 24, stops, 0, temperature=1.0, generator=torch.Generator().manual_seed(4),
-                    group_size=4, lean=lean) for lean in (True, False)]
+    rolls = [
+        sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            24,
+            stops,
+            0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(4),
+            group_size=4,
+            lean=lean,
+        )
+        for lean in (True, False)
+    ]
     lengths = rolls[1].completion_mask.sum(1)
     assert (lengths <= 3).float().mean() >= 0.25 and lengths.max() > 6  # rows did leave while others ran on
     for field in ("completion_ids", "completion_mask", "truncated"):
@@ -148,8 +186,11 @@ def lora_variant(variant: str) -> torch.nn.Module:
     if variant == "dora":
         from peft import LoraConfig, get_peft_model
 
-        return working_lora(get_peft_model(gemma3_sliding(), LoraConfig(r=4, target_modules=["q_proj", "o_proj", "up_proj"],
-                                                                        use_dora=True)))
+        return working_lora(
+            get_peft_model(
+                gemma3_sliding(), LoraConfig(r=4, target_modules=["q_proj", "o_proj", "up_proj"], use_dora=True)
+            )
+        )
     model = lora_gemma3()
     if variant == "merged":
         model.merge_adapter()
@@ -172,8 +213,21 @@ def test_rollout_lora_parts_follow_peft(variant):
         else:
             assert id(attn) in consts.fused_qkv and len(consts.linears) == 7 * len(hf.model.layers)
             assert (consts.fused_qkv[id(attn)][0][2] is not None) == (variant == "active")
-        rolls = [sample(model, prompt_ids, prompt_mask, 12, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(6),
-                        group_size=4, lean=lean) for lean in (True, False)]
+        rolls = [
+            sample(
+                model,
+                prompt_ids,
+                prompt_mask,
+                12,
+                [1],
+                0,
+                temperature=1.0,
+                generator=torch.Generator().manual_seed(6),
+                group_size=4,
+                lean=lean,
+            )
+            for lean in (True, False)
+        ]
     assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
     assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
 
@@ -186,8 +240,21 @@ def test_common_left_padding_and_a_window_the_rollout_outgrows():
     prompt_ids, prompt_mask, _, _ = grouped_batch()  # 20 columns, 11 to 20 real tokens
     padding = torch.zeros(prompt_ids.shape[0], 5, dtype=torch.long)
     prompt_ids, prompt_mask = torch.cat([padding, prompt_ids], 1), torch.cat([padding, prompt_mask], 1)
-    rolls = [sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(5),
-                    group_size=4, lean=lean) for lean in (True, False)]
+    rolls = [
+        sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            16,
+            [1],
+            0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(5),
+            group_size=4,
+            lean=lean,
+        )
+        for lean in (True, False)
+    ]
     assert torch.equal(rolls[0].prompt_ids, prompt_ids) and torch.equal(rolls[0].prompt_mask, prompt_mask)
     for field in ("completion_ids", "completion_mask", "truncated"):
         assert torch.equal(getattr(rolls[0], field), getattr(rolls[1], field)), field
@@ -199,13 +266,26 @@ def test_common_left_padding_and_a_window_the_rollout_outgrows():
 def test_group_prefill_equals_per_row_prefill(name):
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
-    a, b = (sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
-                   group_size=g) for g in (1, 4))
+    a, b = (
+        sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            16,
+            [1],
+            0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(3),
+            group_size=g,
+        )
+        for g in (1, 4)
+    )
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
     assert (a.sampling_logprobs - b.sampling_logprobs).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("stops", [[1], list(range(1, 20))])  # rows run to the end; rows leave (the prefix is copied out)
+# rows run to the end; rows leave (the prefix is copied out)
+@pytest.mark.parametrize("stops", [[1], list(range(1, 20))])
 def test_prompt_cache_kept_once_per_group_equals_a_copy_per_row(monkeypatch, stops):
     """The eager CPU sampler keeps each group's prompt keys and values once (`KVCache.share_prefix`): same tokens,
     log-probs, head moments and masks as with the prompt's cache copied to every row of the group."""
@@ -301,8 +381,19 @@ def test_grpo_step_same_with_and_without_prompt_sharing_and_padding(sft_state, t
     for share, packed in ((True, True), (True, False), (False, False)):
         model, tok = load_model(ModelConfig(), torch.device("cpu"))
         model.load_state_dict(sft_state)
-        cfg = GRPOConfig(prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=24, beta=0.04, log_kl=True,
-                         share_prompt_forward=share, padding_free=packed, output_dir=None, log_completions=0, reward_weights=DEFAULT_WEIGHTS)
+        cfg = GRPOConfig(
+            prompts_per_step=4,
+            group_size=4,
+            micro_batch_size=8,
+            max_new_tokens=24,
+            beta=0.04,
+            log_kl=True,
+            share_prompt_forward=share,
+            padding_free=packed,
+            output_dir=None,
+            log_completions=0,
+            reward_weights=DEFAULT_WEIGHTS,
+        )
         trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=5), cfg)
         rows.append([trainer.train_step() for _ in range(2)])
     for packed, shared, plain in zip(*rows, strict=True):
@@ -326,8 +417,21 @@ def test_compiled_sampler_equals_eager(sft_model, task):
     model, tok = sft_model
     ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:2]), bucket=16)
     ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
-    eager, compiled = (sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=1.0,
-                              generator=torch.Generator().manual_seed(0), group_size=4, compiled=c) for c in (False, True))
+    eager, compiled = (
+        sample(
+            model,
+            ids,
+            mask,
+            12,
+            stop_token_ids(tok),
+            tok.pad_token_id,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(0),
+            group_size=4,
+            compiled=c,
+        )
+        for c in (False, True)
+    )
     assert torch.equal(eager.completion_ids, compiled.completion_ids)
     assert (eager.sampling_logprobs - compiled.sampling_logprobs).abs().max() < 1e-4
 
@@ -365,14 +469,28 @@ def lora_gemma3_streamed_vocabulary() -> torch.nn.Module:
     return working_lora(add_lora(model, ModelConfig(lora=True)))
 
 
-def rollout_with_early_stops(model: torch.nn.Module, *, top_p: float = 1.0, product_dtype: torch.dtype | None = None) -> object:
+def rollout_with_early_stops(
+    model: torch.nn.Module, *, top_p: float = 1.0, product_dtype: torch.dtype | None = None
+) -> object:
     """A grouped rollout with head moments in which some rows stop early: tokens that a first rollout drew midway
     through rows 1 and 6 are made stop tokens, and the same draws (same seed) end those rows there."""
     prompt_ids, prompt_mask, _, _ = grouped_batch()
 
     def draw(stops: list[int]) -> object:
-        return sample(model, prompt_ids, prompt_mask, 12, stops, 0, temperature=0.9, top_p=top_p,
-                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True, product_dtype=product_dtype)
+        return sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            12,
+            stops,
+            0,
+            temperature=0.9,
+            top_p=top_p,
+            generator=torch.Generator().manual_seed(3),
+            group_size=4,
+            head_moments=True,
+            product_dtype=product_dtype,
+        )
 
     first = draw([])
     return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
@@ -396,7 +514,10 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model, top_p=top_p)
     mask = roll.completion_mask.bool()
-    assert 0 < int(mask.sum()) < mask.numel() and roll.head_mean.shape == (*mask.shape, base_of(model).config.hidden_size)
+    assert 0 < int(mask.sum()) < mask.numel() and roll.head_mean.shape == (
+        *mask.shape,
+        base_of(model).config.hidden_size,
+    )
     hf = base_of(model)
     logits = completion_logits(hf, roll)
     want = head_moments(logits, hf.lm_head.weight.double(), 0.9)
@@ -466,11 +587,15 @@ def test_logprobs_from_the_samplers_head_moments_have_the_recomputed_heads_gradi
     (lp, en, grads), (lp_s, en_s, grads_s) = results
     real = roll.completion_mask.bool()
     assert (lp - lp_s)[real].abs().max() < 1e-4 and (en - en_s)[real].abs().max() < 1e-4
-    for a, b in zip(grads, grads_s, strict=True):  # float rounding moves them by ~1e-4 of their norm; a 1 % error in E by ~1e-2
+    for a, b in zip(
+        grads, grads_s, strict=True
+    ):  # float rounding moves them by ~1e-4 of their norm; a 1 % error in E by ~1e-2
         assert (a - b).norm() <= 1e-3 * a.norm() + 1e-7
 
 
-def streamed_vocabulary_trainer(tok: object, reward: object, task: object, **overrides: object) -> tuple[torch.nn.Module, GRPOTrainer]:
+def streamed_vocabulary_trainer(
+    tok: object, reward: object, task: object, **overrides: object
+) -> tuple[torch.nn.Module, GRPOTrainer]:
     """A fresh `lora_gemma3_streamed_vocabulary` and a one-reward trainer on it: 2 prompts × G 4, 10 tokens, lr 1e-3."""
     model = lora_gemma3_streamed_vocabulary()
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, micro_batch_size=4, max_new_tokens=10, temperature=0.9,
@@ -638,14 +763,24 @@ def test_concat_rollouts_pads_prompts_left_and_completions_right():
 
     def roll(rows: int, prompt: int, new: int, seed: int) -> Rollout:
         gen = torch.Generator().manual_seed(seed)
-        return Rollout(prompt_ids=torch.randint(1, 50, (rows, prompt), generator=gen), prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
-                       completion_ids=torch.randint(1, 50, (rows, new), generator=gen), completion_mask=torch.ones(rows, new, dtype=torch.long),
-                       sampling_logprobs=-torch.rand(rows, new, generator=gen), truncated=torch.ones(rows, dtype=torch.bool),
-                       head_mean=torch.randn(rows, new, 3, generator=gen), entropy=torch.rand(rows, new, generator=gen))
+        return Rollout(
+            prompt_ids=torch.randint(1, 50, (rows, prompt), generator=gen),
+            prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
+            completion_ids=torch.randint(1, 50, (rows, new), generator=gen),
+            completion_mask=torch.ones(rows, new, dtype=torch.long),
+            sampling_logprobs=-torch.rand(rows, new, generator=gen),
+            truncated=torch.ones(rows, dtype=torch.bool),
+            head_mean=torch.randn(rows, new, 3, generator=gen),
+            entropy=torch.rand(rows, new, generator=gen),
+        )
 
     a, b = roll(2, 5, 8, 0), roll(4, 7, 6, 1)
     joined = concat_rollouts([a, b], pad_id=0)
-    assert joined.prompt_ids.shape == (6, 7) and joined.completion_ids.shape == (6, 8) and joined.head_mean.shape == (6, 8, 3)
+    assert (
+        joined.prompt_ids.shape == (6, 7)
+        and joined.completion_ids.shape == (6, 8)
+        and joined.head_mean.shape == (6, 8, 3)
+    )
     assert torch.equal(joined.prompt_ids[:2, 2:], a.prompt_ids) and not joined.prompt_ids[:2, :2].any()
     assert not joined.prompt_mask[:2, :2].any() and torch.equal(joined.prompt_ids[2:], b.prompt_ids)
     assert torch.equal(joined.completion_ids[2:, :6], b.completion_ids) and not joined.completion_mask[2:, 6:].any()

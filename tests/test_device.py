@@ -28,7 +28,8 @@ def fake_versions(monkeypatch, **versions):
 
 @pytest.mark.parametrize(("installed", "starts", "also"), [
     (None, "torch_xla is not installed: run  %pip install 'torch_xla[tpu]~=2.9.0'", "restart"),
-    ("2.8.0", "torch_xla 2.8.0 does not match torch 2.9.0: run  %pip install 'torch_xla[tpu]~=2.9.0'", "install torch 2.8"),
+    ("2.8.0", "torch_xla 2.8.0 does not match torch 2.9.0: run  %pip install "
+              "'torch_xla[tpu]~=2.9.0'", "install torch 2.8"),
 ])
 def test_a_missing_or_mismatched_torch_xla_is_named_with_its_fix(monkeypatch, installed, starts, also):
     monkeypatch.setattr(torch, "__version__", "2.9.0+cpu")
@@ -45,7 +46,9 @@ def test_a_mismatched_pair_stops_the_import_of_the_kit(monkeypatch):
 
     monkeypatch.setattr(torch, "__version__", "2.8.0+cpu")
     fake_versions(monkeypatch, torch_xla="2.9.0")
-    with pytest.raises(SetupError, match=r"^torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla\[tpu\]~=2.8.0'"):
+    with pytest.raises(
+        SetupError, match=r"^torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla\[tpu\]~=2.8.0'"
+    ):
         importlib.reload(grpo_kit)
     fake_versions(monkeypatch, torch_xla=None)
     assert device_module.torch_xla_mismatch() is None
@@ -56,7 +59,9 @@ def test_a_tpu_runtime_without_torch_xla_is_an_error_not_the_host_cpu(monkeypatc
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
     monkeypatch.delenv("GRPO_KIT_DEVICE", raising=False)
     monkeypatch.setattr(device_module, "xla_problem", lambda: "torch_xla is not installed: run  %pip install 'x'")
-    with pytest.raises(SetupError, match=r"^this is a TPU runtime, but torch_xla is not installed: run  %pip install 'x'$"):
+    with pytest.raises(
+        SetupError, match=r"^this is a TPU runtime, but torch_xla is not installed: run  %pip install 'x'$"
+    ):
         get_device()
     with pytest.raises(SetupError, match="device 'xla' asked for, but torch_xla is not installed"):
         get_device("xla")

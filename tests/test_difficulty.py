@@ -40,7 +40,9 @@ def test_kept_prompts_come_from_levels_in_proportion_to_p_times_one_minus_p():
         targeting.next_prompt(iter([{"prompt": "x"}]))
 
 
-def test_the_trainer_draws_more_prompts_from_the_level_whose_groups_differ_and_resumes_the_same(sft_model, task, tmp_path):
+def test_the_trainer_draws_more_prompts_from_the_level_whose_groups_differ_and_resumes_the_same(
+    sft_model, task, tmp_path
+):
     """A reward that is always right on one level and right half the time on the other: after the first steps the
     trainer keeps mostly prompts of the second; a resumed run draws the same prompts as the uninterrupted one."""
     model, tok = sft_model

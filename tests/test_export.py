@@ -47,10 +47,16 @@ def test_export_reloads_with_plain_transformers(tmp_path, cpu, lora):
     expected, mask = _logits(model, tokenizer)
     got, _ = _logits(reloaded, reloaded_tokenizer)
     assert (expected - got)[mask].abs().max() < 1e-4
-    assert reloaded_tokenizer.apply_chat_template(PROMPTS[0], tokenize=False) == tokenizer.apply_chat_template(PROMPTS[0], tokenize=False)
+    assert reloaded_tokenizer.apply_chat_template(PROMPTS[0], tokenize=False) == tokenizer.apply_chat_template(
+        PROMPTS[0], tokenize=False
+    )
     assert reloaded.generation_config.eos_token_id == [1, 5]  # <eos> and <end_of_turn>
     card = (out / "README.md").read_text()
-    assert "base_model: tiny-gemma" in card and "| accuracy | 0.5 |" in card and card.rstrip().endswith("greedy accuracy 42.0 %")
+    assert (
+        "base_model: tiny-gemma" in card
+        and "| accuracy | 0.5 |" in card
+        and card.rstrip().endswith("greedy accuracy 42.0 %")
+    )
     if lora:  # the trained model keeps its adapter (export merged a copy)
         assert hasattr(model, "peft_config")
 

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_every_fault_scenario_passes():
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "faults.py")], capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "faults.py")], capture_output=True, text=True, timeout=1500
+    )
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["scenario"] for r in results] == ["demo-keeps-sft-run", "full-disk-during-save", "second-trainer-refused",
                                                 "push-sends-only-export"], done.stdout + done.stderr[-2000:]

@@ -17,7 +17,9 @@ def test_token_logprobs_match_log_softmax_and_chunking():
     p = torch.softmax(logits, -1)
     assert torch.allclose(logp, ref, atol=1e-5)
     assert torch.allclose(ent, -(p * torch.log_softmax(logits, -1)).sum(-1), atol=1e-4)
-    no_ent_logp, no_ent = LP.token_logprobs_and_entropy(hidden, weight, ids, temperature=0.7, chunk_rows=2, with_entropy=False)
+    no_ent_logp, no_ent = LP.token_logprobs_and_entropy(
+        hidden, weight, ids, temperature=0.7, chunk_rows=2, with_entropy=False
+    )
     assert torch.equal(no_ent_logp, logp) and torch.equal(no_ent, torch.zeros_like(logp))
     capped, _ = LP.token_logprobs_and_entropy(hidden, weight, ids, softcap=3.0)
     z = 3.0 * torch.tanh((hidden @ weight.T) / 3.0)
@@ -66,12 +68,18 @@ def _backward_ops(t: torch.Tensor, depth: int = 3) -> set[str]:
 
 
 def test_the_fused_head_skips_the_entropy_gradient_when_told_and_is_picked_only_for_a_frozen_large_head():
-    hidden, weight, ids = torch.randn(2, 5, 8, requires_grad=True), torch.randn(40_000, 8), torch.randint(0, 40_000, (2, 5))
+    hidden, weight, ids = (
+        torch.randn(2, 5, 8, requires_grad=True),
+        torch.randn(40_000, 8),
+        torch.randint(0, 40_000, (2, 5)),
+    )
     logp, ent = LP.token_logprobs_and_entropy(hidden, weight, ids, entropy_grad=False)
     assert "_FrozenHeadLogprobsBackward" in _backward_ops(logp) and ent.grad_fn is None
     logp.sum().backward()
     trainable = torch.randn(40_000, 8, requires_grad=True)
-    assert "_FrozenHeadLogprobsBackward" not in _backward_ops(LP.token_logprobs_and_entropy(hidden, trainable, ids)[0], depth=8)
+    assert "_FrozenHeadLogprobsBackward" not in _backward_ops(
+        LP.token_logprobs_and_entropy(hidden, trainable, ids)[0], depth=8
+    )
     with pytest.raises(ValueError, match="LM head weight requires grad"):
         LP.frozen_head_logprobs(hidden.view(-1, 8), trainable, ids.view(-1))
 

@@ -30,7 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_committed_tiny_gemma_files_match_the_script(tmp_path):
-    subprocess.run([sys.executable, "-c", f"from grpo_kit.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"], check=True)
+    subprocess.run(
+        [sys.executable, "-c", f"from grpo_kit.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"],
+        check=True,
+    )
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_text() == (MODEL_SHAPES / "tiny-gemma" / name).read_text(), name
     assert json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text()) == TINY_CONFIG
@@ -86,7 +89,9 @@ def test_stop_tokens_mask_everything_after(tiny, task):
     # make <end_of_turn> likely so some rows stop early
     with torch.no_grad():
         model.lm_head.weight[stops[1]] += 0.3 * model.lm_head.weight.mean(0)
-    roll = sample(model, ids, mask, 20, stops, tok.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    roll = sample(
+        model, ids, mask, 20, stops, tok.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0)
+    )
     for row in range(8):
         comp, m = roll.completion_ids[row], roll.completion_mask[row]
         hits = [i for i, t in enumerate(comp.tolist()) if t in stops]

@@ -32,7 +32,9 @@ def test_objectives_and_a_checked_exercise(path):
     nb = nbformat.read(path, as_version=4)
     assert "You will learn" in nb.cells[0].source, f"{path.name}: the first cell states the learning objectives"
     text = "\n".join(c.source for c in nb.cells)
-    assert "### Exercise" in text and "nbk.check_exercise(" in text, f"{path.name}: needs an exercise and a cell that checks it"
+    assert "### Exercise" in text and "nbk.check_exercise(" in text, (
+        f"{path.name}: needs an exercise and a cell that checks it"
+    )
 
 
 def install_cell(path: Path) -> str:
@@ -56,14 +58,18 @@ def test_the_install_cell_installs_the_commit_of_this_release_with_the_notebooks
     release, commit = re.search(r'KIT_RELEASE, KIT_COMMIT = "(v[^"]+)", "([0-9a-f]*)"', install).groups()
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert release == f"v{version}" and re.fullmatch(r"[0-9a-f]{40}", commit), (release, commit)
-    default = install.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0].replace("{KIT_COMMIT}", commit)
+    default = (
+        install.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0].replace("{KIT_COMMIT}", commit)
+    )
     requirement = Requirement("grpo-kit @ " + default)
     assert requirement.url == f"git+https://github.com/grpo-kit/grpo_kit@{commit}"
     assert 'pip("--no-deps", f"grpo-kit @ {KIT}")' in install and '"grpo-kit[notebooks]")' in install
     if (ROOT / ".git").exists():
         known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
         assert known.returncode == 0, f"the install cell pins {commit}, which is not a commit of this repository"
-    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "release.py"), "check"], capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "release.py"), "check"], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -145,7 +151,12 @@ def test_each_notebook_opens_on_its_runtime_with_its_own_badges(path):
     intro = nb.cells[0].source
     assert f"(https://colab.research.google.com/github/{at_tag})" in intro
     assert f"(https://kaggle.com/kernels/welcome?src=https://github.com/{at_tag})" in intro
-    uses_device = any(word in c.source for c in nb.cells if c.cell_type == "code" for word in ("get_device", "xla-check", "choose_config", "capstone_config", "your_task_config"))
+    uses_device = any(
+        word in c.source
+        for c in nb.cells
+        if c.cell_type == "code"
+        for word in ("get_device", "xla-check", "choose_config", "capstone_config", "your_task_config")
+    )
     assert uses_device == (path.name[:2] in TRAINS_ON_THE_DEVICE)
     if uses_device:
         assert nb.metadata["accelerator"] == "TPU" and nb.metadata["colab"]["gpuType"] == "V5E1"
@@ -163,7 +174,9 @@ def test_the_setup_notebook_shows_no_hub_token(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", secret)
     monkeypatch.setenv("GRPO_KIT_SOLUTIONS", "1")  # its exercise solved, as in `make test`
     nb = nbformat.read(NOTEBOOKS[0], as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
+    ).execute()
     shown = nbformat.writes(nb)
     assert "preset " in shown  # the cells ran and printed the chosen settings
     assert secret not in shown

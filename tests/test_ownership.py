@@ -266,7 +266,10 @@ def test_two_claims_in_one_process_share_one_manifest(tmp_path):
     command, trainer = rundir.claim(tmp_path / "run", "grpo"), rundir.claim(tmp_path / "run", "grpo")
     trainer.add("metrics.jsonl")
     command.add("checkpoint")
-    assert json.loads((tmp_path / "run" / ".grpo_kit" / "run.json").read_text())["entries"] == ["metrics.jsonl", "checkpoint"]
+    assert json.loads((tmp_path / "run" / ".grpo_kit" / "run.json").read_text())["entries"] == [
+        "metrics.jsonl",
+        "checkpoint",
+    ]
     command.release()
     trainer.release()
 
@@ -285,13 +288,19 @@ def kaggle(monkeypatch):
 
     def model_upload(handle, local_model_dir, license_name=None, version_notes="", ignore_patterns=None):
         patterns = normalize_patterns(default=DEFAULT_IGNORE_PATTERNS, additional=ignore_patterns)
-        sent = sorted(str(Path(root, f).relative_to(local_model_dir))
-                      for root, _, files in filtered_walk(base_dir=local_model_dir, ignore_patterns=patterns) for f in files)
+        sent = sorted(
+            str(Path(root, f).relative_to(local_model_dir))
+            for root, _, files in filtered_walk(base_dir=local_model_dir, ignore_patterns=patterns)
+            for f in files
+        )
         record["calls"].append(("model_upload", handle, sent, version_notes))
 
     monkeypatch.setattr(kagglehub, "model_upload", model_upload)
-    monkeypatch.setattr(export, "kaggle_visibility", lambda owner, model: record["calls"].append(("visibility", owner, model))
-                        or record["visibility"])
+    monkeypatch.setattr(
+        export,
+        "kaggle_visibility",
+        lambda owner, model: record["calls"].append(("visibility", owner, model)) or record["visibility"],
+    )
     monkeypatch.setenv("KAGGLE_USERNAME", "me")
     monkeypatch.setenv("KAGGLE_KEY", "kaggle_test_key")
     return record

@@ -21,7 +21,11 @@ def test_correctness_exact_and_numeric():
     comps = [GOOD, "<answer>85.0</answer>", "<answer> 85 </answer>", "<answer>84</answer>", "no answer"]
     assert R.correctness_reward(None, comps, answer=["85"] * 5) == [1.0, 1.0, 1.0, 0.0, 0.0]
     half = R.make_correctness_reward(numeric_credit=0.5, rel_tol=0.02, name="lenient")
-    assert half(None, ["<answer>85.0</answer>", "<answer>86</answer>", "<answer>90</answer>"], answer=["85"] * 3) == [0.5, 0.5, 0.0]
+    assert half(None, ["<answer>85.0</answer>", "<answer>86</answer>", "<answer>90</answer>"], answer=["85"] * 3) == [
+        0.5,
+        0.5,
+        0.0,
+    ]
     assert half.__name__ == "lenient"
     with pytest.raises(ValueError, match="answer"):
         R.correctness_reward(None, [GOOD])
@@ -40,7 +44,13 @@ def test_answer_digits_reward_gives_partial_credit_from_the_right():
 
 
 def test_arithmetic_steps_reward():
-    comps = [GOOD, "<reasoning>6+0=7, 1+8=9</reasoning>", "<reasoning>no steps</reasoning>", "7+8=15", "<reasoning>2*3+4=10, 9-4=5</reasoning>"]
+    comps = [
+        GOOD,
+        "<reasoning>6+0=7, 1+8=9</reasoning>",
+        "<reasoning>no steps</reasoning>",
+        "7+8=15",
+        "<reasoning>2*3+4=10, 9-4=5</reasoning>",
+    ]
     assert R.arithmetic_steps_reward(None, comps) == [1.0, 0.5, 0.0, 0.0, 1.0]
 
 
@@ -118,7 +128,9 @@ def test_a_reward_that_hangs_stops_the_run_naming_it():
 
     for on_error in ("raise", "zero"):
         with pytest.raises(R.RewardError, match=r"reward 'stuck_reward' did not return within 0.2 s on a batch of 2"):
-            R.compute_rewards([R.strict_format_reward, stuck_reward], ["p", "p"], [GOOD, "x"], on_error=on_error, timeout=0.2)
+            R.compute_rewards(
+                [R.strict_format_reward, stuck_reward], ["p", "p"], [GOOD, "x"], on_error=on_error, timeout=0.2
+            )
         assert not release.is_set()  # it returned while the reward was still stuck
     release.set()
     assert R.compute_rewards([stuck_reward], ["p"], ["x"], timeout=5.0).total.tolist() == [1.0]
@@ -175,5 +187,6 @@ def test_a_judge_reward_is_a_probability_per_completion_from_the_judges_yes_and_
     scores = judge(prompts, completions)
     assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)
     assert judge(prompts[:1], completions[:1]) == pytest.approx(scores[:1], abs=1e-5)  # batching changes nothing
-    assert "Answer: blue\n" in judge.prompt(prompts[0], completions[0]) and "The answer names a colour." in judge.prompt(
-        prompts[0], completions[0])
+    assert "Answer: blue\n" in judge.prompt(
+        prompts[0], completions[0]
+    ) and "The answer names a colour." in judge.prompt(prompts[0], completions[0])

@@ -67,8 +67,26 @@ def test_a_refused_download_and_a_refused_push_never_show_the_token(hub, tmp_pat
     runs = []
 
     # a gated model from the stand-in hub: refused, with the token echoed back in the error page
-    runs.append(_cli(["train", "--preset", "cpu-tiny-quick", "--model", "google/gemma-3-1b-it", "--config", str(settings),
-                      "--output-dir", str(tmp_path / "refused"), "--device", "cpu", "--quiet"], endpoint, tmp_path))
+    runs.append(
+        _cli(
+            [
+                "train",
+                "--preset",
+                "cpu-tiny-quick",
+                "--model",
+                "google/gemma-3-1b-it",
+                "--config",
+                str(settings),
+                "--output-dir",
+                str(tmp_path / "refused"),
+                "--device",
+                "cpu",
+                "--quiet",
+            ],
+            endpoint,
+            tmp_path,
+        )
+    )
     assert runs[-1].returncode == 2, runs[-1].stderr[-2000:]
     assert "cannot load 'google/gemma-3-1b-it'" in runs[-1].stderr
     # … and explained by what the hub answered, also where huggingface_hub wraps the answer as "not in the cache"

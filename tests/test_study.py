@@ -22,7 +22,11 @@ def test_the_paired_difference_counts_fixed_and_broken_problems_and_its_interval
     first = [[True, False, False, True], [False, False, True, True]]
     second = [[True, True, False, False], [True, True, True, True]]
     d = paired_difference(first, second)
-    assert d["mean"] == pytest.approx(100 * (3 - 1) / 8) and (d["fixed"], d["broken"], d["paired_problems"]) == (3, 1, 8)
+    assert d["mean"] == pytest.approx(100 * (3 - 1) / 8) and (d["fixed"], d["broken"], d["paired_problems"]) == (
+        3,
+        1,
+        8,
+    )
     assert d["low"] < d["mean"] < d["high"]
     assert paired_difference(first, second) == d  # seeded
     sure = paired_difference([[False] * 50], [[True] * 50])
@@ -55,32 +59,53 @@ def _write_cell(root, regime, seed, correct, *, finished=True):
 
 def test_the_summary_pools_finished_seeds_and_leaves_unfinished_ones_out(tmp_path):
     t, f = True, False
-    _write_cell(tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]})
-    _write_cell(tmp_path, "scarce", 1, {"sft": [f, t, f, f], "grpo": [t, t, t, f], "control": [f, t, f, f], "rft": [f, f, f, f]})
+    _write_cell(
+        tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]}
+    )
+    _write_cell(
+        tmp_path, "scarce", 1, {"sft": [f, t, f, f], "grpo": [t, t, t, f], "control": [f, t, f, f], "rft": [f, f, f, f]}
+    )
     _write_cell(tmp_path, "scarce", 2, {"sft": [t, t, t, t], "grpo": [], "control": [], "rft": []}, finished=False)
     summary = summarize(tmp_path, regimes=["scarce", "beyond"], seeds=[0, 1, 2])
     scarce = summary["regimes"]["scarce"]
     assert scarce["seeds"] == [0, 1] and scarce["paired_problems"] == 8
     assert scarce["grpo_minus_sft_control"]["mean"] == pytest.approx(100 * 3 / 8)  # 5 right vs 2 of 8
     assert scarce["grpo_minus_rft"]["mean"] == pytest.approx(100 * 2 / 8)
-    assert scarce["stages"]["grpo"] == {"accuracy": 62.5, "format_rate": 100.0, "pass@1": 50.0, "maj@4": 25.0, "pass@4": 75.0}
-    assert [c["finished"] for c in scarce["cells"]] == [True, True, False] and scarce["cells"][2]["sft_accuracy"] == 100.0
+    assert scarce["stages"]["grpo"] == {
+        "accuracy": 62.5,
+        "format_rate": 100.0,
+        "pass@1": 50.0,
+        "maj@4": 25.0,
+        "pass@4": 75.0,
+    }
+    assert [c["finished"] for c in scarce["cells"]] == [True, True, False] and scarce["cells"][2][
+        "sft_accuracy"
+    ] == 100.0
     assert summary["regimes"]["beyond"]["seeds"] == [] and "grpo_minus_sft_control" not in summary["regimes"]["beyond"]
     assert summary["primary_metric"].startswith("greedy accuracy")
 
 
 def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     t, f = True, False
-    _write_cell(tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]})
+    _write_cell(
+        tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]}
+    )
     summary = summarize(tmp_path, regimes=["scarce", "beyond"], seeds=[0])
     doc = tmp_path / "capstone.md"
     doc.write_text(f"# Title\n\nMine.\n\n{REPORT_BEGIN}\nold table\n{REPORT_END}\n\nAlso mine.\n")
     write_report(summary, doc)
     text = doc.read_text()
-    assert text.startswith("# Title\n\nMine.\n\n") and text.endswith(f"{REPORT_END}\n\nAlso mine.\n") and "old table" not in text
+    assert (
+        text.startswith("# Title\n\nMine.\n\n")
+        and text.endswith(f"{REPORT_END}\n\nAlso mine.\n")
+        and "old table" not in text
+    )
     assert "| GRPO | 50.0 % | 50.0 % | 25.0 % | 75.0 % | 100.0 % |" in text
     assert "| GRPO − more SFT | +25.0 | [" in text and "Seeds finished: 1 (0); 4 paired problems" in text
-    assert "**beyond** — worked solutions of 2-step problems only; GRPO prompts and test set 3-step. Seeds finished: 0;" in text
+    assert (
+        "**beyond** — worked solutions of 2-step problems only; GRPO prompts and test set 3-step. Seeds finished: 0;"
+        in text
+    )
     write_report(summary, doc)
     assert doc.read_text() == text  # writing again changes nothing
     plain = tmp_path / "plain.md"
@@ -97,7 +122,12 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed():
     assert cfg.grpo.gate_shaped_rewards and cfg.grpo.difficulty_targeting and cfg.grpo.learning_rate == 2e-5
     assert cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task.num_demonstrations == 32
     # the same work in every cell, whatever else the machine does: steps fixed, no time budget
-    assert cfg.time_budget_minutes is None and (cfg.sft.steps, cfg.grpo.steps, cfg.control_steps, cfg.rft_steps) == (160, 84, 217, 107)
+    assert cfg.time_budget_minutes is None and (cfg.sft.steps, cfg.grpo.steps, cfg.control_steps, cfg.rft_steps) == (
+        160,
+        84,
+        217,
+        107,
+    )
     assert set(REGIMES) == {"plentiful", "scarce", "beyond"}
     with pytest.raises(ValueError, match="unknown regime 'easy'"):
         cell_config("cpu-gemma-270m", "easy", 0, "runs/x")

@@ -64,7 +64,10 @@ def test_xla_matches_eager_cpu(one_device):
 def test_graph_count_does_not_grow_with_max_new_tokens(one_device):
     longer = xla_check("--devices", "1", "--steps", "3", "--max-new-tokens", "32")
     assert longer["returncode"] == 0, longer
-    assert longer["total_graphs"] == one_device["total_graphs"], (longer["graphs_per_phase"], one_device["graphs_per_phase"])
+    assert longer["total_graphs"] == one_device["total_graphs"], (
+        longer["graphs_per_phase"],
+        one_device["graphs_per_phase"],
+    )
 
 
 def test_spmd_8_devices_matches_1_device(one_device):
@@ -148,7 +151,9 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     counts, fallbacks_before = [], fallbacks()
     for _ in range(2):
         before = compiles()
-        roll = sample(model, ids, mask, *args, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=4)
+        roll = sample(
+            model, ids, mask, *args, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=4
+        )
         tokens, logprobs = roll.completion_ids.cpu(), roll.sampling_logprobs.cpu()
         counts.append(compiles() - before)
     assert counts[0] > 0 and counts[1] == 0, counts
@@ -252,8 +257,9 @@ def test_sft_under_spmd_splits_its_batch_over_the_devices_and_matches_one_device
     runs = {}
     for devices in (1, 8):
         env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices)}
-        proc = subprocess.run([sys.executable, "-c", SFT_ON_MESH, str(devices)], capture_output=True, text=True, env=env,
-                              timeout=900)
+        proc = subprocess.run(
+            [sys.executable, "-c", SFT_ON_MESH, str(devices)], capture_output=True, text=True, env=env, timeout=900
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[devices] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "devices=[8,1]" in runs[8]["spec"], runs[8]["spec"]
@@ -277,9 +283,9 @@ w = weight.to(xla).requires_grad_()
 logp, entropy = token_logprobs_and_entropy(h, w, ids.to(xla), temperature=0.9, chunk_rows=1)
 ((logp * coef.to(xla)).sum() + entropy.sum()).backward()
 mark_step(xla)
-print(json.dumps({k: v.detach().cpu().tolist() for k, v in
-                  {"logp": logp, "entropy": entropy, "grad_hidden": h.grad, "grad_weight_rows": w.grad.cpu()[ids.flatten()],
-                   "grad_weight_norm": w.grad.norm()}.items()}))
+values = {"logp": logp, "entropy": entropy, "grad_hidden": h.grad, "grad_weight_rows": w.grad.cpu()[ids.flatten()],
+          "grad_weight_norm": w.grad.norm()}
+print(json.dumps({k: v.detach().cpu().tolist() for k, v in values.items()}))
 """
 
 
@@ -291,7 +297,9 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     from grpo_kit.logprobs import token_logprobs_and_entropy
 
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
-    proc = subprocess.run([sys.executable, "-c", LOGPROBS_ON_MESH], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOGPROBS_ON_MESH], capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {k: torch.tensor(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
     gen = torch.Generator().manual_seed(0)
@@ -300,8 +308,13 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     hidden.requires_grad_(), weight.requires_grad_()
     logp, entropy = token_logprobs_and_entropy(hidden, weight, ids, temperature=0.9, chunk_rows=1)
     ((logp * coef).sum() + entropy.sum()).backward()
-    want = {"logp": logp, "entropy": entropy, "grad_hidden": hidden.grad, "grad_weight_rows": weight.grad[ids.flatten()],
-            "grad_weight_norm": weight.grad.norm()}
+    want = {
+        "logp": logp,
+        "entropy": entropy,
+        "grad_hidden": hidden.grad,
+        "grad_weight_rows": weight.grad[ids.flatten()],
+        "grad_weight_norm": weight.grad.norm(),
+    }
     for name, value in want.items():  # the norm sums 1.3M squares: XLA's order and exp differ in the 4th digit
         rtol = 1e-3 if name == "grad_weight_norm" else 1e-4
         assert torch.allclose(got[name], value.detach(), atol=1e-4, rtol=rtol), (name, (got[name] - value).abs().max())

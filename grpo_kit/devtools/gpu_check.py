@@ -31,8 +31,9 @@ PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
 def gemma_270m_shaped(device: torch.device) -> torch.nn.Module:
     shapes = json.loads((MODEL_SHAPES / "gemma-3-270m" / "config.json").read_text())
     shapes = {k: v for k, v in shapes.items() if k not in ("architectures", "model_type")}
-    config = Gemma3TextConfig(**shapes, sliding_window=512, max_position_embeddings=32768, pad_token_id=0, eos_token_id=1,
-                              bos_token_id=2)
+    config = Gemma3TextConfig(
+        **shapes, sliding_window=512, max_position_embeddings=32768, pad_token_id=0, eos_token_id=1, bos_token_id=2
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).to(device, torch.bfloat16).eval()
@@ -74,8 +75,21 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     device = next(model.parameters()).device
     ids, mask = grouped_prompts(model.config.vocab_size, device)
     ids, mask = ids[:32], mask[:32]
-    rolls = [sample(model, ids, mask, max_new_tokens=24, stop_ids=list(range(1, 20)), pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(4),
-                    group_size=GROUP, lean=lean) for lean in (True, False)]
+    rolls = [
+        sample(
+            model,
+            ids,
+            mask,
+            max_new_tokens=24,
+            stop_ids=list(range(1, 20)),
+            pad_id=0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(4),
+            group_size=GROUP,
+            lean=lean,
+        )
+        for lean in (True, False)
+    ]
     out = {"sampler_same_tokens": float(torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)),
            "sampler_logprob_max_diff": float((rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max()),
            "sampler_rows_finished_by_token_3": float((rolls[1].completion_mask.sum(1) <= 3).float().mean())}
@@ -86,13 +100,17 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     params = [p for p in model.parameters() if p.requires_grad]
     results = {}
     for group, packed in ((1, False), (GROUP, True)):
-        logp, _ = completion_logprobs(model, full_ids, full_mask, ids.shape[1], 0.7, group_size=group, padding_free=packed)
+        logp, _ = completion_logprobs(
+            model, full_ids, full_mask, ids.shape[1], 0.7, group_size=group, padding_free=packed
+        )
         results[packed] = (logp.detach(), torch.autograd.grad((logp * weights).sum(), params))
     model.eval()
     real = roll.completion_mask.bool()
     (plain_lp, plain_g), (packed_lp, packed_g) = results[False], results[True]
     out["padding_free_logprob_max_diff"] = float((plain_lp - packed_lp)[real].abs().max())
-    out["padding_free_grad_max_rel_diff"] = max(float((a - b).norm() / (a.norm() + 1e-12)) for a, b in zip(plain_g, packed_g, strict=True))
+    out["padding_free_grad_max_rel_diff"] = max(
+        float((a - b).norm() / (a.norm() + 1e-12)) for a, b in zip(plain_g, packed_g, strict=True)
+    )
     return out
 
 
@@ -115,12 +133,31 @@ def lora_checks(model: torch.nn.Module) -> dict[str, float]:
     try:
         device = next(model.parameters()).device
         ids, mask = grouped_prompts(model.config.vocab_size, device)
-        greedy = [sample(model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, greedy=True, group_size=GROUP, lean=lean) for lean in (True, False)]
-        roll = sample(model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP)
+        greedy = [
+            sample(
+                model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, greedy=True, group_size=GROUP, lean=lean
+            )
+            for lean in (True, False)
+        ]
+        roll = sample(
+            model,
+            ids,
+            mask,
+            max_new_tokens=16,
+            stop_ids=[1],
+            pad_id=0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(0),
+            group_size=GROUP,
+        )
         with torch.no_grad():
             scored, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1])
-        return {"greedy_same_tokens": float(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
-                "sampled_logprob_vs_scored_max_diff": float(((roll.sampling_logprobs - scored) * roll.completion_mask).abs().max())}
+        return {
+            "greedy_same_tokens": float(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
+            "sampled_logprob_vs_scored_max_diff": float(
+                ((roll.sampling_logprobs - scored) * roll.completion_mask).abs().max()
+            ),
+        }
     finally:
         torch.set_float32_matmul_precision(precision)
 
@@ -131,8 +168,18 @@ def rollout_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     tokens = ids.shape[0] * NEW
 
     def kit(compiled: bool = False) -> None:
-        sample(model, ids, mask, max_new_tokens=NEW, stop_ids=[], pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=GROUP,
-               compiled=compiled)
+        sample(
+            model,
+            ids,
+            mask,
+            max_new_tokens=NEW,
+            stop_ids=[],
+            pad_id=0,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(0),
+            group_size=GROUP,
+            compiled=compiled,
+        )
 
     def hf() -> None:
         model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
@@ -154,14 +201,28 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     """Forward + backward of the log-prob forward on sampled completions (mean length as sampled), per mode."""
     device = next(model.parameters()).device
     ids, mask = grouped_prompts(model.config.vocab_size, device)
-    roll = sample(model, ids, mask, max_new_tokens=NEW, stop_ids=list(range(1, 40)), pad_id=0, temperature=1.0, generator=torch.Generator().manual_seed(1),
-                  group_size=GROUP).trimmed()
+    roll = sample(
+        model,
+        ids,
+        mask,
+        max_new_tokens=NEW,
+        stop_ids=list(range(1, 40)),
+        pad_id=0,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(1),
+        group_size=GROUP,
+    ).trimmed()
     full_ids, full_mask = roll.input_ids, roll.attention_mask
     model.train()
-    out = {"completion_length_mean": float(roll.completion_mask.sum(1).float().mean()), "width": roll.completion_ids.shape[1]}
+    out = {
+        "completion_length_mean": float(roll.completion_mask.sum(1).float().mean()),
+        "width": roll.completion_ids.shape[1],
+    }
     for name, group, packed in (("plain", 1, False), ("shared", GROUP, False), ("padding_free", GROUP, True)):
         def step(group: int = group, packed: bool = packed) -> None:
-            logp, _ = completion_logprobs(model, full_ids, full_mask, ids.shape[1], 1.0, group_size=group, padding_free=packed)
+            logp, _ = completion_logprobs(
+                model, full_ids, full_mask, ids.shape[1], 1.0, group_size=group, padding_free=packed
+            )
             logp.sum().backward()
             model.zero_grad(set_to_none=True)
 
@@ -184,8 +245,12 @@ def trainer_steps(steps: int) -> dict[str, object]:
     grpo.output_dir, grpo.log_completions, grpo.reward_weights = None, 0, grpo.reward_weights or DEFAULT_WEIGHTS
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, ArithmeticTask().prompt_stream(seed=1), grpo)
     rows = [trainer.train_step() for _ in range(steps)]
-    return {"compile_sampler": trainer.compile_sampler, "step_s": [round(r["step_seconds"], 3) for r in rows],
-            "rollout_s": [round(r["rollout_seconds"], 3) for r in rows], "reward_mean": [round(r["reward_mean"], 3) for r in rows]}
+    return {
+        "compile_sampler": trainer.compile_sampler,
+        "step_s": [round(r["step_seconds"], 3) for r in rows],
+        "rollout_s": [round(r["rollout_seconds"], 3) for r in rows],
+        "reward_mean": [round(r["reward_mean"], 3) for r in rows],
+    }
 
 
 def main() -> None:
@@ -197,13 +262,27 @@ def main() -> None:
     device = torch.device("cuda")
     tiny, _ = load_model(ModelConfig(), device)
     big = gemma_270m_shaped(device)
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "tiny": {"dtype": str(tiny.dtype), "checks_fp32": correctness(copy.deepcopy(tiny).float()), "checks": correctness(tiny), "rollouts": rollout_speed(tiny, args.repeats), "update": update_speed(tiny, args.repeats)},
-              "trainer": trainer_steps(args.trainer_steps),
-              "gemma_270m_shaped_bf16": {"rollouts": rollout_speed(big, args.repeats), "update": update_speed(big, args.repeats)}}
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "tiny": {
+            "dtype": str(tiny.dtype),
+            "checks_fp32": correctness(copy.deepcopy(tiny).float()),
+            "checks": correctness(tiny),
+            "rollouts": rollout_speed(tiny, args.repeats),
+            "update": update_speed(tiny, args.repeats),
+        },
+        "trainer": trainer_steps(args.trainer_steps),
+        "gemma_270m_shaped_bf16": {
+            "rollouts": rollout_speed(big, args.repeats),
+            "update": update_speed(big, args.repeats),
+        },
+    }
     del big
-    result["gemma_270m_shaped_lora"] = {"checks_fp32": lora_checks(with_lora(gemma_270m_shaped(device).float())),
-                                        "rollouts_bf16": rollout_speed(with_lora(gemma_270m_shaped(device)), args.repeats)}
+    result["gemma_270m_shaped_lora"] = {
+        "checks_fp32": lora_checks(with_lora(gemma_270m_shaped(device).float())),
+        "rollouts_bf16": rollout_speed(with_lora(gemma_270m_shaped(device)), args.repeats),
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -61,7 +61,9 @@ def measure(model: str, lora: bool, *, prompts: int, group: int, micro: int, max
     # Large blocks through mmap, returned to the OS when freed: RSS then follows live tensors the way a device
     # allocator does, instead of keeping every phase's high-water mark in glibc's arenas.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, check=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -119,7 +119,9 @@ def _lockstep(eager: Any, xla: Any, steps: int) -> tuple[list[dict], list[dict],
     return eager_rows, xla_rows, agreement
 
 
-def run_xla_check(devices: int = 1, steps: int = 20, max_new_tokens: int = 16, tolerance: float = 1e-4) -> dict[str, Any]:
+def run_xla_check(
+    devices: int = 1, steps: int = 20, max_new_tokens: int = 16, tolerance: float = 1e-4
+) -> dict[str, Any]:
     """Run the check and return its report (see the module docstring). `prepare_environment` first."""
     import torch
 
@@ -161,7 +163,9 @@ def run_xla_check(devices: int = 1, steps: int = 20, max_new_tokens: int = 16, t
     after = [r["step_seconds"] for r in xla_rows[warm:]]
     report = {
         "devices": devices,
-        "backend": "tpu" if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" else os.environ.get("PJRT_DEVICE", "CPU").lower(),
+        "backend": "tpu"
+        if os.environ.get("PJRT_DEVICE", "").upper() == "TPU"
+        else os.environ.get("PJRT_DEVICE", "CPU").lower(),
         "spmd": devices > 1,
         "steps": len(xla_rows),
         "max_new_tokens": max_new_tokens,

@@ -56,9 +56,18 @@ class JupyterLab:
 
     @staticmethod
     def command(port: int, root: Path) -> list[str]:
-        return ["-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
-                f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}", "--LabApp.expose_app_in_browser=True",
-                "--LabServerApp.extension_manager=readonly"]
+        return [
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--allow-root",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--ServerApp.root_dir={root}",
+            f"--IdentityProvider.token={TOKEN}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabServerApp.extension_manager=readonly",
+        ]
 
     @staticmethod
     def prepare(root: Path, env: dict[str, str]) -> None:
@@ -73,10 +82,14 @@ class JupyterLab:
         env.update(JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(root / ".workspaces"))
 
     url = "/lab/tree/{notebook}?token={token}"
-    ready = ("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.context"
-             " && window.jupyterapp.shell.currentWidget.context.isReady && window.jupyterapp.shell.currentWidget.sessionContext"
-             ".session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-             " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'")
+    ready = (
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+        "window.jupyterapp.shell.currentWidget.context"
+        " && window.jupyterapp.shell.currentWidget.context.isReady && "
+        "window.jupyterapp.shell.currentWidget.sessionContext"
+        ".session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"
+    )
     # Not returned: the command's promise resolves only when every cell has run, and evaluate() would wait for it.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
     idle = """() => {
@@ -105,8 +118,11 @@ class ClassicNotebook:
         pass
 
     url = "/notebooks/{notebook}?token={token}"
-    ready = ("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded && Jupyter.notebook.kernel"
-             " && Jupyter.notebook.kernel.is_connected() && document.querySelector('#kernel_indicator_icon.kernel_idle_icon')")
+    ready = (
+        "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded && Jupyter.notebook.kernel"
+        " && Jupyter.notebook.kernel.is_connected() && "
+        "document.querySelector('#kernel_indicator_icon.kernel_idle_icon')"
+    )
     run_all = "() => { Jupyter.notebook.execute_all_cells(); }"
     idle = """() => {
         const busy = [...document.querySelectorAll('.input_prompt')].some(p => p.textContent.includes('*'));
@@ -256,7 +272,9 @@ def test_training_notebook_under_run_all(server):
                     shots.append(shot)
 
             # Drag the β slider's handle to about a fifth of its track (0 … 1 → ≈ 0.2).
-            slider = page.locator(".widget-slider, .widget-hslider", has=page.locator("label", has_text=BETA_LABEL)).first
+            slider = page.locator(
+                ".widget-slider, .widget-hslider", has=page.locator("label", has_text=BETA_LABEL)
+            ).first
             track, handle = slider.locator(frontend.slider_track).first, slider.locator(frontend.slider_handle).first
             box, hbox = track.bounding_box(), handle.bounding_box()
             page.mouse.move(hbox["x"] + hbox["width"] / 2, hbox["y"] + hbox["height"] / 2)
@@ -362,7 +380,9 @@ def test_a_learner_answers_an_exercise_and_a_quiz_by_typing_in_classic_notebook(
                 page.keyboard.press("Shift+Enter")  # runs the exercise cell and selects the check cell
                 page.keyboard.press("Shift+Enter")
                 page.wait_for_function(frontend.idle, timeout=120_000, polling=500)
-                return page.locator("#notebook-container > .cell").nth(exercise + 1).locator(".output_area").inner_text()
+                return (
+                    page.locator("#notebook-container > .cell").nth(exercise + 1).locator(".output_area").inner_text()
+                )
 
             wrong = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / 0.433")
             right = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / ((0.75**2 + 3 * 0.25**2) / 3) ** 0.5")
