@@ -43,6 +43,7 @@ class RFTTrainer(SFTTrainer):
     already drawn are skipped on resume."""
 
     kind = "rft"
+    metrics_file = "rft_metrics.jsonl"
     resume_settings = ("prompts_per_step", "group_size", "seed")
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, prompts: Iterable[dict[str, Any]],

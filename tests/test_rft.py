@@ -88,6 +88,7 @@ def test_a_resumed_rft_run_ends_with_the_weights_of_an_uninterrupted_one(tiny, s
         assert torch.allclose(p, whole[name], atol=1e-6), name
     rows = resumed.logger.rows
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (tmp_path / "cut").glob("*.jsonl")) == ["rft_metrics.jsonl"]  # not SFT's file
     other = RFTTrainer(model, tok, _stream(task), cfg.__class__(**{**cfg.__dict__, "output_dir": str(tmp_path / "cut"),
                                                                     "group_size": 4}), resume_metrics=True)
     with pytest.raises(ConfigError, match="RFTConfig.group_size=4: the checkpoint .* was trained with 2"):
