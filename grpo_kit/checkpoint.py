@@ -140,8 +140,7 @@ def save_checkpoint(
         torch.save(rng, tmp / "rng.pt")
         files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(
-            json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str)
-        )
+            json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)
@@ -176,8 +175,7 @@ def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, di
     if not _is_checkpoint(path) and _is_checkpoint(previous_path(path)):
         warnings.warn(
             f"{path} is missing (a save was interrupted): loading the previous checkpoint {previous_path(path)}",
-            stacklevel=2,
-        )
+            stacklevel=2)
         path = previous_path(path)
     if not _is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
@@ -273,8 +271,7 @@ def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
     missing = [m for m in missing if "lm_head" not in m]
     if missing or unexpected:
         raise ValueError(
-            f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
+            f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
 def _as_tuples(value: Any) -> Any:

@@ -58,10 +58,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, time_budget_minutes=args.time_budget)
     summary = run_demo(cfg, args.device, progress=not args.quiet, resume=not args.overwrite)
     _print({k: v for k, v in summary.items() if k not in ("samples_after_grpo", "plan")})
-    print(
-        f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)",
-        file=sys.stderr,
-    )
+    print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)",
+          file=sys.stderr)
     return 0
 
 
@@ -167,13 +165,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     run_dir = claim(cfg.output_dir, "sft", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="sft", steps=cfg.sft.steps)
     cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg)
-    trainer = SFTTrainer(
-        model,
-        tokenizer,
-        task.demonstrations(),
-        dataclasses.replace(cfg.sft, output_dir=cfg.output_dir),
-        resume_metrics=resume is not None,
-    )
+    trainer = SFTTrainer(model, tokenizer, task.demonstrations(),
+                         dataclasses.replace(cfg.sft, output_dir=cfg.output_dir), resume_metrics=resume is not None)
     _load_resume_point(args, trainer, resume)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
@@ -186,12 +179,8 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any,
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
     result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     _print(
-        {
-            "checkpoint": str(ckpt),
-            "steps": trainer.step,
-            "accuracy": result["accuracy"],
-            "format_rate": result["format_rate"],
-        }
+        {"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"],
+         "format_rate": result["format_rate"]}
     )
     return 0
 
@@ -211,8 +200,7 @@ def _resume_point(args: argparse.Namespace, cfg: RunConfig, *, section: str, ste
         except FileNotFoundError:
             return None
         raise ValueError(
-            f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir"
-        )
+            f"{cfg.output_dir} holds a run already: pass --overwrite to start it over, or another --output-dir")
     auto = args.resume == "auto"
     try:
         path, state = checkpoint_state(own if auto else Path(args.resume), verify=False)  # loading verifies the files
@@ -339,8 +327,7 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
         why = []
         if report["recompiles_after_warmup"]:
             why.append(
-                f"{report['recompiles_after_warmup']} recompilation(s) after warm-up: {report['recompile_warnings']}"
-            )
+                f"{report['recompiles_after_warmup']} recompilation(s) after warm-up: {report['recompile_warnings']}")
         if report["cpu_fallback_ops"]:
             why.append(f"ops fell back to the CPU (phase:op → count): {report['cpu_fallback_ops']}")
         if report["max_abs_diff_vs_eager"] > args.tolerance:
@@ -437,11 +424,8 @@ def _resume_options(p: argparse.ArgumentParser, kind: str) -> None:
         help=f"{kind} checkpoint to resume (weights, optimizer, RNG, step); default "
         "auto: the output directory's checkpoint/ when there is one",
     )
-    p.add_argument(
-        "--no-resume",
-        action="store_true",
-        help="start from the beginning; refused where the output directory holds a run, unless --overwrite",
-    )
+    p.add_argument("--no-resume", action="store_true",
+                   help="start from the beginning; refused where the output directory holds a run, unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="start over in an output directory that holds a run (only "
                    "the files the run wrote are removed), or write beside files grpo-kit did not write")
 
@@ -460,8 +444,7 @@ def _export_parser(sub: Any) -> None:
         "--push-to",
         default=None,
         help="upload the exported files to a Hugging Face repo id, or to Kaggle Models "
-        "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless "
-        "--public)",
+        "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless --public)",
     )
     p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
     p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score) to end the "
@@ -514,10 +497,8 @@ def _study_parser(sub: Any) -> None:
         "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)",
     )
     p.add_argument(
-        "--output-dir",
-        default="runs/study",
-        help="where the cells and the summary go (default runs/study); running again continues an interrupted study",
-    )
+        "--output-dir", default="runs/study",
+        help="where the cells and the summary go (default runs/study); running again continues an interrupted study")
     p.add_argument("--preset", default="cpu-gemma-270m", choices=sorted(PRESETS), help="the arc each cell runs")
     p.add_argument("--regimes", nargs="+", default=None, metavar="REGIME",
                    help="plentiful, scarce, beyond (default: all three)")

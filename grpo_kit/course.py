@@ -93,11 +93,8 @@ class CourseMode:
         times = PRESET_TIMES.get(self.preset)
         if not times or notebook not in TRAINING_NOTEBOOKS:
             return None, "not measured"
-        sft, grpo, evals = (
-            times.get("sft_step_seconds", 0.0),
-            times["grpo_step_seconds"],
-            times.get("eval_seconds", 0.0),
-        )
+        sft, grpo, evals = (times.get("sft_step_seconds", 0.0), times["grpo_step_seconds"],
+                            times.get("eval_seconds", 0.0))
         tests = self.steps("test") / 200
         seconds = {"02": self.steps("sft") * sft + 2 * evals * tests,
                    "05": (self.steps("grpo") + 6 * self.steps("experiment") + 1) * grpo + 2 * evals * tests,
@@ -138,8 +135,7 @@ def course_mode(cfg: RunConfig, *, short: bool = False, hardware: str | None = N
 
     hardware = hardware or detect_accelerator()
     preset = {"tiny-gemma": "cpu-tiny", "gemma-3-270m-offline": "cpu-gemma-270m"}.get(cfg.model.name) or auto_preset(
-        hardware
-    )
+        hardware)
     name = MODEL_NAMES.get(cfg.model.name, cfg.model.name)
     where = {"cpu": "CPU", "cuda": "GPU"}.get(hardware, f"TPU {hardware}")
     return CourseMode(preset=preset, model=name, hardware=where, sft_steps=cfg.sft.steps, grpo_steps=cfg.grpo.steps,

@@ -169,21 +169,11 @@ class Dashboard:
                 )
             else:
                 self.sliders[name] = w.FloatSlider(min=setting.low, max=setting.high, **common)
-        weights = {
-            **{n: 1.0 for n in self.trainer.reward_names},
-            **(self.trainer.config.reward_weights or {}),
-            **c["reward_weights"],
-        }
+        weights = {**{n: 1.0 for n in self.trainer.reward_names}, **(self.trainer.config.reward_weights or {}),
+                   **c["reward_weights"]}
         self.weight_sliders = {
-            name: w.FloatSlider(
-                value=weights[name],
-                min=0.0,
-                max=2.0,
-                step=0.05,
-                description=name.removesuffix("_reward"),
-                style=style,
-                layout=layout,
-            )
+            name: w.FloatSlider(value=weights[name], min=0.0, max=2.0, step=0.05,
+                                description=name.removesuffix("_reward"), style=style, layout=layout)
             for name in self.trainer.reward_names
         }
         for name, slider in self.sliders.items():

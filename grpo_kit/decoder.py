@@ -44,8 +44,7 @@ def supports(hf: torch.nn.Module) -> bool:
     """True for a transformers Gemma 2 / Gemma 3 causal LM (text), the layers this module knows."""
     layers = getattr(getattr(hf, "model", None), "layers", None)
     return (
-        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head")
-    )
+        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head"))
 
 
 @dataclasses.dataclass
@@ -131,8 +130,7 @@ class KVCache:
         return KVCache(
             [torch.cat([pk.repeat_interleave(g, 0), k], 2) for pk, k in zip(p.keys, self.keys, strict=True)],
             [torch.cat([pv.repeat_interleave(g, 0), v], 2) for pv, v in zip(p.values, self.values, strict=True)],
-            torch.cat([p.mask.repeat_interleave(g, 0), self.key_mask], 1),
-        )
+            torch.cat([p.mask.repeat_interleave(g, 0), self.key_mask], 1))
 
 
 def shares_prefix(hf: torch.nn.Module, length: int) -> bool:
@@ -235,8 +233,7 @@ def _stacked(parts: list[LinearParts]) -> LinearParts:
     lora_dtype = next(p[2].dtype for p in parts if p[2] is not None)  # W may be cast to bf16, LoRA is not
     a = torch.cat([p[2] if p[2] is not None else p[0].new_zeros(0, p[0].shape[1], dtype=lora_dtype) for p in parts])
     b = torch.block_diag(
-        *[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0, dtype=lora_dtype) for p in parts]
-    )
+        *[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0, dtype=lora_dtype) for p in parts])
     return weight, bias, a, b
 
 
@@ -309,10 +306,8 @@ class Constants:
                     continue
                 qk_scale = None
                 if q_norm is not None:
-                    heads, kv_heads = (
-                        attn.q_proj.out_features // attn.head_dim,
-                        attn.k_proj.out_features // attn.head_dim,
-                    )
+                    heads, kv_heads = (attn.q_proj.out_features // attn.head_dim,
+                                       attn.k_proj.out_features // attn.head_dim)
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
         return cls(scales, tables, linears, fused, fused_mlp)
@@ -408,12 +403,9 @@ def _attend(
         # one query per row (decode steps on the CPU): the scaling and the bias ride on the score matmul
         # (`baddbmm`); measured ~15 % faster attention here, no gain on an H100
         rows = batch * kv_heads
-        scores = torch.baddbmm(
-            bias.expand(batch, kv_heads, 1, -1).reshape(rows, 1, -1),
-            q.reshape(rows, heads // kv_heads, head_dim),
-            keys.reshape(rows, -1, head_dim).transpose(1, 2),
-            alpha=attn.scaling,
-        )
+        scores = torch.baddbmm(bias.expand(batch, kv_heads, 1, -1).reshape(rows, 1, -1),
+                               q.reshape(rows, heads // kv_heads, head_dim),
+                               keys.reshape(rows, -1, head_dim).transpose(1, 2), alpha=attn.scaling)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.bmm(weights, values.reshape(rows, -1, head_dim)).view(batch, 1, heads * head_dim)
     q = q.reshape(batch, kv_heads, heads // kv_heads * length, head_dim)
@@ -446,14 +438,12 @@ def _attend_shared(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, v
 
     rows_q = q.reshape(batch * kv_heads, per, head_dim)
     bias = (
-        prefix.bias[:, None, None, :].expand(groups, kv_heads, 1, prompt_len).reshape(groups * kv_heads, 1, prompt_len)
-    )
+        prefix.bias[:, None, None, :].expand(groups, kv_heads, 1, prompt_len).reshape(groups * kv_heads, 1, prompt_len))
     prompt_keys = prefix.keys[index].reshape(groups * kv_heads, prompt_len, head_dim)
     prompt_scores = torch.baddbmm(bias, to_groups(rows_q), prompt_keys.transpose(1, 2), alpha=attn.scaling)
     own_scores = torch.bmm(rows_q, keys.reshape(batch * kv_heads, -1, head_dim).transpose(1, 2)) * attn.scaling
     weights = torch.softmax(torch.cat([to_rows(prompt_scores), own_scores], -1), dim=-1, dtype=torch.float32).to(
-        q.dtype
-    )
+        q.dtype)
     out = to_rows(torch.bmm(to_groups(weights[..., :prompt_len]),
                             prefix.values[index].reshape(groups * kv_heads, prompt_len, head_dim)))
     out = out + torch.bmm(weights[..., prompt_len:], values.reshape(batch * kv_heads, -1, head_dim))
@@ -483,18 +473,9 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
-def _attention(
-    layer: torch.nn.Module,
-    h: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    *,
-    cache: KVCache,
-    index: int,
-    slots: torch.Tensor,
-    bias: torch.Tensor | None,
-    consts: Constants,
-    visible: int | None,
-) -> torch.Tensor:
+def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
+               index: int, slots: torch.Tensor, bias: torch.Tensor | None, consts: Constants,
+               visible: int | None) -> torch.Tensor:
     """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
     attention over the first `visible` slots (all when None). The cache and the attention products stay in the
     model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
@@ -562,17 +543,8 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
     layers = model.layers
     for index in range(cfg.num_hidden_layers):
         layer = layers[index]
-        attended = _attention(
-            layer,
-            _norm(layer.input_layernorm, h, consts),
-            tables[kinds[index]],
-            cache=cache,
-            index=index,
-            slots=slots,
-            bias=biases[kinds[index]],
-            consts=consts,
-            visible=visible,
-        )
+        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), tables[kinds[index]], cache=cache,
+                              index=index, slots=slots, bias=biases[kinds[index]], consts=consts, visible=visible)
         h = h + _norm(layer.post_attention_layernorm, attended, consts)
         h = h + _norm(layer.post_feedforward_layernorm,
                       _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
@@ -626,16 +598,12 @@ class _Packing:
         prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)
         input_index = input_mask.reshape(-1).nonzero().squeeze(1)
         tokens = torch.cat(
-            [
-                input_ids[::g, :prompt_len].reshape(-1)[prompt_index],
-                input_ids[:, prompt_len:-1].reshape(-1)[input_index],
-            ]
+            [input_ids[::g, :prompt_len].reshape(-1)[prompt_index],
+             input_ids[:, prompt_len:-1].reshape(-1)[input_index]]
         )
         token_pos = torch.cat(
-            [
-                positions[::g, :prompt_len].reshape(-1)[prompt_index],
-                positions[:, prompt_len:-1].reshape(-1)[input_index],
-            ]
+            [positions[::g, :prompt_len].reshape(-1)[prompt_index],
+             positions[:, prompt_len:-1].reshape(-1)[input_index]]
         )
         return cls(prompt_mask=prompt_mask, input_mask=input_mask, target_mask=target_mask, prompt_index=prompt_index,
                    input_index=input_index, tokens=tokens, positions=token_pos, group_size=g)
@@ -686,15 +654,9 @@ def _packed_attention(attn: torch.nn.Module, qkv: tuple[torch.Tensor, ...], pack
     return torch.cat(out)
 
 
-def packed_completion_hidden(
-    hf: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_len: int,
-    group_size: int = 1,
-    *,
-    product_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                             prompt_len: int, group_size: int = 1, *,
+                             product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
 
     Rows are (B, P + N): left-padded prompts, then completions whose mask is 1 up to and including the stop
@@ -728,10 +690,8 @@ def packed_completion_hidden(
     for layer, kind in zip(model.layers[: cfg.num_hidden_layers], kinds, strict=True):
         attn = layer.self_attn
         qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
-        h = h + _norm(
-            layer.post_attention_layernorm,
-            _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts),
-        )
+        h = h + _norm(layer.post_attention_layernorm,
+                      _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts))
         h = h + _norm(
             layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h), consts)
         )

@@ -207,22 +207,11 @@ class Arc:
         self.hold(stage)
         t0 = time.perf_counter()
         g = self.cfg.grpo
-        result = evaluate(
-            self.model,
-            self.tokenizer,
-            self.test,
-            max_new_tokens=g.max_new_tokens,
-            bucket=g.prompt_bucket,
-            batch_size=self.cfg.eval_batch_size,
-        )
-        record = {
-            "accuracy": result["accuracy"],
-            "format_rate": result["format_rate"],
-            "n": result["n"],
-            "correct": result["correct"],
-            "samples": result["samples"][:4],
-            "greedy_seconds": time.perf_counter() - t0,
-        }
+        result = evaluate(self.model, self.tokenizer, self.test, max_new_tokens=g.max_new_tokens,
+                          bucket=g.prompt_bucket, batch_size=self.cfg.eval_batch_size)
+        record = {"accuracy": result["accuracy"], "format_rate": result["format_rate"], "n": result["n"],
+                  "correct": result["correct"], "samples": result["samples"][:4],
+                  "greedy_seconds": time.perf_counter() - t0}
         if self.cfg.eval_pass_k and stage != "base":
             record.update(sampled_scores(self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k,
                                          max_new_tokens=g.max_new_tokens, temperature=g.temperature,
@@ -359,13 +348,8 @@ class Arc:
             trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
             trainer.set_steps(
-                self._size_after_probe(
-                    "rft",
-                    seconds=grpo["seconds"],
-                    step_seconds=plan["rft_probe_step_seconds"],
-                    started=t0,
-                    step=trainer.step,
-                )
+                self._size_after_probe("rft", seconds=grpo["seconds"], step_seconds=plan["rft_probe_step_seconds"],
+                                       started=t0, step=trainer.step)
             )
         trainer.train(progress=self.progress)
         trainer.save(self.out / "rft" / "final")

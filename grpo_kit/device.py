@@ -295,10 +295,8 @@ def memory_stats(device: torch.device) -> dict[str, Any]:
     device = torch.device(device)
     out: dict[str, Any] = {}
     if device.type == "cuda":
-        out = {
-            "bytes_in_use": torch.cuda.memory_allocated(device),
-            "peak_bytes": torch.cuda.max_memory_allocated(device),
-        }
+        out = {"bytes_in_use": torch.cuda.memory_allocated(device),
+               "peak_bytes": torch.cuda.max_memory_allocated(device)}
     elif device.type == "xla":
         import torch_xla.core.xla_model as xm
 
@@ -439,8 +437,7 @@ class CompileMonitor:
             for op, count in after["fallbacks"].items():
                 if count - before["fallbacks"].get(op, 0):
                     self.fallbacks[f"{name}:{op}"] = (
-                        self.fallbacks.get(f"{name}:{op}", 0) + count - before["fallbacks"].get(op, 0)
-                    )
+                        self.fallbacks.get(f"{name}:{op}", 0) + count - before["fallbacks"].get(op, 0))
             self.compiles[name] = self.compiles.get(name, 0) + new
             self.seconds[name] = self.seconds.get(name, 0.0) + after["compile_seconds"] - before["compile_seconds"]
             key = tuple(sorted(shape.items()))
@@ -454,8 +451,8 @@ class CompileMonitor:
                     else "the same shapes (something else changed: a Python value baked into the graph?)"
                 )
                 message = (
-                    f"XLA recompiled {new} graph(s) after warm-up in phase '{name}' with {dict(key)} — {changed}; seen "
-                    f"before: {old}"
+                    f"XLA recompiled {new} graph(s) after warm-up in phase '{name}' with {dict(key)} — {changed}; "
+                    f"seen before: {old}"
                 )
                 self.warnings.append(message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)

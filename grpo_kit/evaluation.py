@@ -33,19 +33,8 @@ def generate_completions(
         real = len(chunk)
         chunk = chunk + [chunk[-1]] * (batch_size - real) if len(prompts) > batch_size else chunk
         ids, mask = encode_prompts(tokenizer, chunk, bucket)
-        roll = sample(
-            model,
-            ids,
-            mask,
-            max_new_tokens=max_new_tokens,
-            stop_ids=stops,
-            pad_id=pad,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            greedy=greedy,
-            generator=generator,
-        )
+        roll = sample(model, ids, mask, max_new_tokens=max_new_tokens, stop_ids=stops, pad_id=pad,
+                      temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
         comp = roll.completion_ids.cpu()
         texts += tokenizer.batch_decode(comp[:real], skip_special_tokens=True)
     return texts
@@ -119,8 +108,7 @@ def sampled_scores(
         counts.append(sum(1 for j in group if correct[j]))
         votes = Counter(a for j in group if (a := extract_answer(completion_text(completions[j]))) is not None)
         majority.append(
-            f"{ANSWER_OPEN}{votes.most_common(1)[0][0]}{ANSWER_CLOSE}" if votes else ""
-        )  # no answer: never right
+            f"{ANSWER_OPEN}{votes.most_common(1)[0][0]}{ANSWER_CLOSE}" if votes else "")  # no answer: never right
     majority_right = [bool(c) for c in _correct(dataset, [None] * len(answers), majority, answers, repeat=1)]
     n = max(len(prompts), 1)
     return {"pass@1": sum(counts) / (n * k), f"maj@{k}": sum(majority_right) / n,
@@ -143,13 +131,8 @@ BOOTSTRAP_SAMPLES = 10_000
 """Bootstrap resamples behind a paired difference's interval (its ends move by < 0.1 point between seeds)."""
 
 
-def paired_difference(
-    first: Sequence[Sequence[bool]],
-    second: Sequence[Sequence[bool]],
-    *,
-    samples: int = BOOTSTRAP_SAMPLES,
-    seed: int = 0,
-) -> dict[str, Any]:
+def paired_difference(first: Sequence[Sequence[bool]], second: Sequence[Sequence[bool]], *,
+                      samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict[str, Any]:
     """second − first in points of accuracy, over problems paired within each seed (`first[s][i]`: problem i of
     seed s solved by the first model). The 95 % interval is the 2.5th–97.5th percentile of the difference over
     `samples` bootstrap resamples of each seed's problems (with replacement, seeds kept apart)."""

@@ -61,8 +61,7 @@ def _call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
     except NotImplementedError as e:
         raise Blank(
-            f"`{getattr(func, '__name__', 'the function')}` still raises NotImplementedError: write its body"
-        ) from e
+            f"`{getattr(func, '__name__', 'the function')}` still raises NotImplementedError: write its body") from e
 
 
 # -- 00 · setup ----------------------------------------------------------------------------------------------------
@@ -209,12 +208,8 @@ _01_2 = Exercise(
 
 # -- 02 · SFT ------------------------------------------------------------------------------------------------------
 def _check_02_1(ns: dict[str, Any]) -> str | None:
-    trained, batch, tokenizer, task = (
-        value(ns, "trained"),
-        value(ns, "batch"),
-        value(ns, "tokenizer"),
-        value(ns, "task"),
-    )
+    trained, batch, tokenizer, task = (value(ns, "trained"), value(ns, "batch"), value(ns, "tokenizer"),
+                                       value(ns, "task"))
     if not isinstance(trained, int) or isinstance(trained, bool):
         return f"`trained` must be a whole number (int(...)), got {trained!r}"
     truth = len(tokenizer(task.demonstrations()[0]["completion"], add_special_tokens=False)["input_ids"]) + 1
@@ -222,8 +217,8 @@ def _check_02_1(ns: dict[str, Any]) -> str | None:
         return None
     if trained == int(batch["attention_mask"][0].sum()):
         return (
-            "that counts the prompt's tokens too (attention_mask is 1 on prompt and completion); the loss only sees "
-            "the completion"
+            "that counts the prompt's tokens too (attention_mask is 1 on prompt and completion); "
+            "the loss only sees the completion"
         )
     if trained == batch["input_ids"].shape[1]:
         return "that is row 0's whole length, padding included"
@@ -275,8 +270,8 @@ def _check_02_2(ns: dict[str, Any]) -> str | None:
         return None
     if math.isclose(share, (1 - p) ** g, abs_tol=1e-6):
         return (
-            "that counts the groups where every answer is wrong; a group where every answer is right has zero spread "
-            "too"
+            "that counts the groups where every answer is wrong; "
+            "a group where every answer is right has zero spread too"
         )
     if math.isclose(share, 1 - p, abs_tol=1e-6):
         return f"that is one answer being wrong; a group is G = {g} answers that must all agree"
@@ -734,8 +729,7 @@ _09_1 = Exercise(
 
 
 EXERCISES: dict[str, Exercise] = {
-    e.id: e for e in (_00_1, _01_1, _01_2, _02_1, _02_2, _03_1, _03_2, _04_1, _04_2, _05_1, _06_1, _07_1, _08_1, _09_1)
-}
+    e.id: e for e in (_00_1, _01_1, _01_2, _02_1, _02_2, _03_1, _03_2, _04_1, _04_2, _05_1, _06_1, _07_1, _08_1, _09_1)}
 """Every exercise of the course by id ("03.1": notebook 03's first)."""
 
 

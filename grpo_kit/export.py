@@ -117,8 +117,7 @@ def kaggle_model_handle(name: str) -> str:
     if len(parts) == 4 and all(parts):
         return "/".join(parts)
     raise ValueError(
-        f"kaggle:{name}: expected kaggle:<owner>/<model> or kaggle:<owner>/<model>/<framework>/<variation>"
-    )
+        f"kaggle:{name}: expected kaggle:<owner>/<model> or kaggle:<owner>/<model>/<framework>/<variation>")
 
 
 def kaggle_visibility(owner: str, model: str) -> str:

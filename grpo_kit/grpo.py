@@ -115,12 +115,10 @@ class GRPOTrainer(TrainingLoop):
         unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
         if unknown:
             raise ValueError(
-                f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}"
-            )
+                f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
         if cfg.ema_reference > 0 and is_lora(model):
             raise ValueError(
-                "GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model"
-            )
+                "GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
         device = next(model.parameters()).device
         if cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device):
             raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be 1 on XLA "
@@ -131,12 +129,9 @@ class GRPOTrainer(TrainingLoop):
                                   f"rewards, which are {self.reward_names}")
         sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
         if sized:  # a stream (an iterator) is checked batch by batch instead
-            check_prompt_dataset(
-                prompts,
-                dict(zip(self.reward_names, self.reward_funcs, strict=True)),
-                prompt_tokens=lambda p: prompt_tokens(tokenizer, p),
-                max_prompt_tokens=cfg.max_prompt_tokens,
-            )
+            check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
+                                 prompt_tokens=lambda p: prompt_tokens(tokenizer, p),
+                                 max_prompt_tokens=cfg.max_prompt_tokens)
             check_no_overlap((row["prompt"] for row in prompts), where="the GRPO prompts")
         self.prompts = _cycle(prompts, cfg.seed) if sized else _not_held_out(prompts)
         self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
@@ -154,8 +149,7 @@ class GRPOTrainer(TrainingLoop):
         self.group_prompts = GroupPrompts(tokenizer, bucket=cfg.prompt_bucket, group_size=cfg.group_size,
                                           device=self.device, max_length=cfg.max_prompt_tokens)
         self.compile_sampler = (
-            cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device)
-        )
+            cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device))
         manual_seed(cfg.seed, self.device)
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
@@ -195,15 +189,8 @@ class GRPOTrainer(TrainingLoop):
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
         columns["completion_ids"] = ids_list
         weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
-        result = compute_rewards(
-            self.reward_funcs,
-            prompts,
-            texts,
-            columns,
-            weights,
-            on_error=self.config.reward_on_error,
-            timeout=self.config.reward_timeout_seconds,
-        )
+        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights,
+                                 on_error=self.config.reward_on_error, timeout=self.config.reward_timeout_seconds)
         return Scored(result, texts, prompts, lengths)
 
     # ---- 3. advantage -------------------------------------------------------------------------------
@@ -360,8 +347,7 @@ class GRPOTrainer(TrainingLoop):
         for group in self.optimizer.param_groups:
             group["lr"] = controls["learning_rate"] * warmup
         beta = (
-            self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"]
-        )
+            self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"])
 
         step_controls, step_beta = controls, beta
         if not host_syncs_are_cheap(self.device):
@@ -371,31 +357,20 @@ class GRPOTrainer(TrainingLoop):
             step_controls = {**controls, "temperature": torch.tensor([float(controls["temperature"])]).to(self.device)}
             step_beta = torch.tensor([float(beta)]).to(self.device)
         sampled = self._sample_groups(controls, step_controls)  # 1-3: rollout, reward, advantage
-        roll, result, texts, prompts, lengths, adv = (
-            sampled.roll,
-            sampled.result,
-            sampled.texts,
-            sampled.prompts,
-            sampled.lengths,
-            sampled.adv,
-        )
+        roll, result, texts, prompts, lengths, adv = (sampled.roll, sampled.result, sampled.texts, sampled.prompts,
+                                                      sampled.lengths, sampled.adv)
         t_rollout, t_reward = start + sampled.rollout_seconds, start + sampled.rollout_seconds + sampled.reward_seconds
         trained = sampled.trained
-        device_stats = self.update(
-            roll if trained is None else roll.rows(trained).trimmed(),
-            adv if trained is None else adv[trained.to(adv.device)],
-            step_controls,
-            step_beta,
-        )  # 4
+        device_stats = self.update(roll if trained is None else roll.rows(trained).trimmed(),
+                                   adv if trained is None else adv[trained.to(adv.device)], step_controls,
+                                   step_beta)  # 4
         self.step += 1
 
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, adv, lengths, roll))
-        row.update(
-            rollouts=sampled.rollouts,
-            trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size,
-        )
+        row.update(rollouts=sampled.rollouts,
+                   trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size)
         if self.difficulty is not None:
             row["level_pass_rates"] = self.difficulty.pass_rates()
         kl = row.get("kl")
@@ -469,18 +444,9 @@ class GRPOTrainer(TrainingLoop):
             trained = (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
             if trained.numel() == len(rewards):
                 trained = None
-        return _SampledGroups(
-            roll=roll,
-            result=result,
-            texts=texts,
-            prompts=prompts,
-            lengths=torch.cat(lengths),
-            adv=adv,
-            trained=trained,
-            rollouts=len(rolls),
-            rollout_seconds=rollout_seconds,
-            reward_seconds=reward_seconds,
-        )
+        return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths),
+                              adv=adv, trained=trained, rollouts=len(rolls), rollout_seconds=rollout_seconds,
+                              reward_seconds=reward_seconds)
 
     def _next_prompt(self) -> dict[str, Any]:
         """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""

@@ -176,8 +176,7 @@ def explain_hub_error(error: BaseException, repo_id: str, token: str | None, *, 
     first_line = str(error).splitlines()[0][:200] if str(error) else ""
     return redact(
         f"{repo_id} could not be {'uploaded' if writing else 'downloaded'}: {type(error).__name__}: {first_line}",
-        known_secrets(token),
-    )
+        known_secrets(token))
 
 
 
@@ -284,8 +283,7 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
         import gguf  # noqa: F401 - transformers' GGUF reader
     except ImportError as e:
         raise ModelAccessError(
-            "reading the gemma-3-270m GGUF needs the gguf package: pip install 'grpo-kit[gemma-offline]'"
-        ) from e
+            "reading the gemma-3-270m GGUF needs the gguf package: pip install 'grpo-kit[gemma-offline]'") from e
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -335,8 +333,7 @@ def gemma_tokenizer_from_gguf(gguf_path: str | Path) -> Any:
 
     fields = GGUFReader(str(gguf_path)).fields
     tokens = [
-        "\u2581" * len(t) if " " in t and not t.strip() else t for t in fields["tokenizer.ggml.tokens"].contents()
-    ]
+        "\u2581" * len(t) if " " in t and not t.strip() else t for t in fields["tokenizer.ggml.tokens"].contents()]
     kinds = fields["tokenizer.ggml.token_type"].contents()
     vocab = {token: index for index, token in enumerate(tokens)}
     merges = generate_merges(vocab, {token: -index for index, token in enumerate(tokens)})
@@ -349,8 +346,7 @@ def gemma_tokenizer_from_gguf(gguf_path: str | Path) -> Any:
     ]
     tokenizer.add_special_tokens({"additional_special_tokens": control}, replace_extra_special_tokens=False)
     tokenizer.add_tokens(
-        [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, kinds, strict=True) if kind == 4]
-    )
+        [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, kinds, strict=True) if kind == 4])
     if len(tokenizer) != len(tokens):
         raise ModelAccessError(
             f"the gemma-3-270m GGUF's tokenizer has {len(tokens)} tokens, but {len(tokenizer)} were built "

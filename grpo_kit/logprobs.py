@@ -182,8 +182,7 @@ def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
     Gradients reach `hidden` only. `entropy_grad=False`: H_t is returned detached."""
     if weight.requires_grad and torch.is_grad_enabled():
         raise ValueError(
-            "frozen_head_logprobs: the LM head weight requires grad (full fine-tuning); use token_logprobs_and_entropy"
-        )
+            "frozen_head_logprobs: the LM head weight requires grad (full fine-tuning); use token_logprobs_and_entropy")
     logp, entropy = _FrozenHeadLogprobs.apply(hidden, weight.detach(), ids, (temperature, softcap, entropy_grad))
     return logp, entropy if entropy_grad else entropy.detach()
 
@@ -267,18 +266,9 @@ def completion_logprobs(
     hf = base_model(model)
     checkpointing = hf.training and _checkpointing(hf)
     if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
-        return packed_logprobs(
-            hf,
-            input_ids,
-            attention_mask,
-            prompt_len,
-            temperature=temperature,
-            chunk_rows=chunk_rows,
-            group_size=group_size,
-            entropy_grad=entropy_grad,
-            sampled=sampled,
-            product_dtype=product_dtype,
-        )
+        return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature,
+                               chunk_rows=chunk_rows, group_size=group_size, entropy_grad=entropy_grad, sampled=sampled,
+                               product_dtype=product_dtype)
     if group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
     else:
@@ -290,15 +280,9 @@ def completion_logprobs(
     if sampled is not None:
         return logprobs_from_head_mean(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], logprobs=sampled.logprobs,
                                        head_mean=sampled.head_mean, temperature=temperature), sampled.entropy
-    return token_logprobs_and_entropy(
-        hidden,
-        hf.lm_head.weight,
-        input_ids[:, prompt_len:],
-        temperature,
-        softcap=decoder.final_softcap(hf),
-        chunk_rows=chunk_rows,
-        entropy_grad=entropy_grad,
-    )
+    return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
+                                      softcap=decoder.final_softcap(hf), chunk_rows=chunk_rows,
+                                      entropy_grad=entropy_grad)
 
 
 def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
@@ -319,28 +303,17 @@ def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask
 
     if sampled is not None:
         logp = logprobs_from_head_mean(
-            hidden,
-            hf.lm_head.weight,
-            targets.reshape(-1)[index],
-            logprobs=sampled.logprobs.reshape(-1)[index],
-            head_mean=sampled.head_mean.reshape(-1, hidden.shape[1])[index],
-            temperature=temperature,
-        )
+            hidden, hf.lm_head.weight, targets.reshape(-1)[index], logprobs=sampled.logprobs.reshape(-1)[index],
+            head_mean=sampled.head_mean.reshape(-1, hidden.shape[1])[index], temperature=temperature)
         return unpacked(logp), sampled.entropy
     width = targets.shape[1]  # LM-head chunks of `width` real tokens, sized as for the padded forward
     rows = -(-index.numel() // width)
     hidden = torch.cat([hidden, hidden.new_zeros(rows * width - index.numel(), hidden.shape[1])]).view(rows, width, -1)
     flat_targets = targets.reshape(-1)[index]
     flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
-    logp, entropy = token_logprobs_and_entropy(
-        hidden,
-        hf.lm_head.weight,
-        flat_targets,
-        temperature,
-        softcap=decoder.final_softcap(hf),
-        chunk_rows=chunk_rows,
-        entropy_grad=entropy_grad,
-    )
+    logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature,
+                                               softcap=decoder.final_softcap(hf), chunk_rows=chunk_rows,
+                                               entropy_grad=entropy_grad)
     return unpacked(logp), unpacked(entropy)
 
 

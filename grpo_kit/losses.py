@@ -106,15 +106,9 @@ def importance_ratio(
     return torch.exp(log_ratio.clamp(max=20.0))
 
 
-def aggregate_loss(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    loss_type: str,
-    *,
-    total_sequences: int,
-    total_tokens: torch.Tensor | float | None = None,
-    max_completion_length: int | None = None,
-) -> torch.Tensor:
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *, total_sequences: int,
+                   total_tokens: torch.Tensor | float | None = None,
+                   max_completion_length: int | None = None) -> torch.Tensor:
     """One (micro-)batch's share of the step loss from per-token losses ℓ (B, T); the formulas are in
     `policy_loss`. `total_tokens` None = this micro-batch's; `max_completion_length` None = T."""
     if loss_type == "grpo":

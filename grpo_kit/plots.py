@@ -137,11 +137,8 @@ def plot_accuracy(summary: dict[str, Any], path: str | Path) -> Path:
 
 
 STUDY_STAGES = {"sft": "SFT", "grpo": "GRPO", "control": "more SFT", "rft": "RFT"}
-STUDY_COMPARISONS = {
-    "grpo_minus_sft_control": "GRPO − more SFT",
-    "grpo_minus_rft": "GRPO − RFT",
-    "grpo_minus_sft": "GRPO − SFT",
-}
+STUDY_COMPARISONS = {"grpo_minus_sft_control": "GRPO − more SFT", "grpo_minus_rft": "GRPO − RFT",
+                     "grpo_minus_sft": "GRPO − SFT"}
 
 
 def plot_study(summary: dict[str, Any], path: str | Path) -> Path:
@@ -167,15 +164,8 @@ def plot_study(summary: dict[str, Any], path: str | Path) -> Path:
             d = summary["regimes"][r].get(key)
             if d:
                 y = i + (j - 1) * 0.25
-                diffs.errorbar(
-                    d["mean"],
-                    y,
-                    xerr=[[d["mean"] - d["low"]], [d["high"] - d["mean"]]],
-                    fmt="o",
-                    color=f"C{j}",
-                    capsize=3,
-                    label=label if i == 0 else None,
-                )
+                diffs.errorbar(d["mean"], y, xerr=[[d["mean"] - d["low"]], [d["high"] - d["mean"]]], fmt="o",
+                               color=f"C{j}", capsize=3, label=label if i == 0 else None)
     diffs.axvline(0, color="grey", linewidth=0.8)
     diffs.set_yticks(range(len(regimes)), regimes)
     diffs.set_xlabel("paired difference, points (95 % interval)")

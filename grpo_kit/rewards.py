@@ -81,8 +81,7 @@ def make_correctness_reward(
                 scores.append(1.0)
             else:
                 scores.append(
-                    numeric_credit if answer_matches(got, truth, "number", abs_tol=abs_tol, rel_tol=rel_tol) else 0.0
-                )
+                    numeric_credit if answer_matches(got, truth, "number", abs_tol=abs_tol, rel_tol=rel_tol) else 0.0)
         return scores
 
     reward.__name__ = name
@@ -156,15 +155,8 @@ class JudgeReward:
     token: r = p(Yes) / (p(Yes) + p(No)), in [0, 1]. Slower than a verifier (one forward per completion) and as
     fallible as the judge: check it on cases with `test_reward` first, and keep a verifier where one exists."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        rubric: str,
-        *,
-        batch_size: int = 8,
-        name: str = "judge_reward",
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, rubric: str, *, batch_size: int = 8,
+                 name: str = "judge_reward") -> None:
         self.model, self.tokenizer, self.rubric, self.batch_size = model.eval(), tokenizer, rubric, batch_size
         self.__name__ = name
         self.choices = [self._token(word) for word in ("Yes", "No")]
@@ -223,8 +215,7 @@ def test_reward(func: RewardFunc, cases: Sequence[dict[str, Any]], *, tolerance:
             score = f"{type(e).__name__}: {e}"
         ok = isinstance(score, (int, float)) and abs(float(score) - float(case["expected"])) <= tolerance
         rows.append(
-            {"case": i, "completion": str(case["completion"]), "score": score, "expected": case["expected"], "ok": ok}
-        )
+            {"case": i, "completion": str(case["completion"]), "score": score, "expected": case["expected"], "ok": ok})
     if show:
         print(f"{'case':>4}  {'completion':<44}  {'score':>8}  {'expected':>8}")
         for r in rows:
@@ -291,8 +282,7 @@ class ClassifierReward:
         texts = []
         for p, c in zip(prompts, completions, strict=True):
             prefix = (
-                (p if isinstance(p, str) else " ".join(m["content"] for m in p)) + "\n" if self.include_prompt else ""
-            )
+                (p if isinstance(p, str) else " ".join(m["content"] for m in p)) + "\n" if self.include_prompt else "")
             texts.append(prefix + completion_text(c))
         device = next(self.model.parameters()).device
         scores: list[float] = []
@@ -390,8 +380,7 @@ def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: l
         scores.append(value)
     if failures == 0 and on_error == "raise":
         raise RewardError(
-            f"reward {name!r} raised {type(first_error).__name__} on the batch: {first_error}"
-        ) from first_error
+            f"reward {name!r} raised {type(first_error).__name__} on the batch: {first_error}") from first_error
     return scores, failures
 
 
@@ -464,8 +453,5 @@ DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, answer_digits_rew
 whose answers are all wrong still says which were closer) and strict format (0.1). `arithmetic_steps_reward`
 is left out on purpose: a policy can raise it with right sums of wrongly copied digits while its answers get
 worse — the reward hack notebook 03 shows."""
-DEFAULT_WEIGHTS: dict[str, float] = {
-    "correctness_reward": 1.0,
-    "answer_digits_reward": 1.0,
-    "strict_format_reward": 0.1,
-}
+DEFAULT_WEIGHTS: dict[str, float] = {"correctness_reward": 1.0, "answer_digits_reward": 1.0,
+                                     "strict_format_reward": 0.1}

@@ -143,8 +143,7 @@ class RunDir:
         if "/" in name or name in ("", ".", "..", MARK):
             raise ValueError(f"RunDir.add: {name!r} is not an entry name")
         on_disk = _read_manifest(
-            self.path
-        )  # another RunDir of this process (a trainer inside a command) may have added
+            self.path)  # another RunDir of this process (a trainer inside a command) may have added
         self.entries += [e for e in (on_disk or {}).get("entries", []) if e not in self.entries]
         if name not in self.entries:
             target = self.path / name
@@ -205,8 +204,7 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> RunDi
     present = sorted(p.name for p in path.iterdir() if p.name != MARK)
     if manifest is not None and manifest["kind"] != kind:
         raise RunDirError(
-            f"{path} holds a grpo-kit {manifest['kind']} run, not a {kind} one: choose another output directory"
-        )
+            f"{path} holds a grpo-kit {manifest['kind']} run, not a {kind} one: choose another output directory")
     if manifest is None:
         if _adoptable(present, kind):
             entries = _owned(KNOWN_ENTRIES[kind], present)

@@ -79,14 +79,11 @@ class Rollout:
         width = min(self.completion_ids.shape[1], bucket_length(int(self.completion_mask.sum(1).max()), multiple))
         if width == self.completion_ids.shape[1]:
             return self
-        return replace(
-            self,
-            completion_ids=self.completion_ids[:, :width],
-            completion_mask=self.completion_mask[:, :width],
-            sampling_logprobs=self.sampling_logprobs[:, :width],
-            head_mean=None if self.head_mean is None else self.head_mean[:, :width],
-            entropy=None if self.entropy is None else self.entropy[:, :width],
-        )
+        return replace(self, completion_ids=self.completion_ids[:, :width],
+                       completion_mask=self.completion_mask[:, :width],
+                       sampling_logprobs=self.sampling_logprobs[:, :width],
+                       head_mean=None if self.head_mean is None else self.head_mean[:, :width],
+                       entropy=None if self.entropy is None else self.entropy[:, :width])
 
     @property
     def attention_mask(self) -> torch.Tensor:
@@ -123,15 +120,12 @@ def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
         return torch.cat(padded)
 
     return Rollout(
-        prompt_ids=joined("prompt_ids", left=True, value=pad_id),
-        prompt_mask=joined("prompt_mask", left=True, value=0),
+        prompt_ids=joined("prompt_ids", left=True, value=pad_id), prompt_mask=joined("prompt_mask", left=True, value=0),
         completion_ids=joined("completion_ids", left=False, value=pad_id),
         completion_mask=joined("completion_mask", left=False, value=0),
         sampling_logprobs=joined("sampling_logprobs", left=False, value=0.0),
-        truncated=joined("truncated", left=False, value=0),
-        head_mean=joined("head_mean", left=False, value=0.0),
-        entropy=joined("entropy", left=False, value=0.0),
-    )
+        truncated=joined("truncated", left=False, value=0), head_mean=joined("head_mean", left=False, value=0.0),
+        entropy=joined("entropy", left=False, value=0.0))
 
 
 COMPACT_BELOW = 0.75
@@ -374,17 +368,9 @@ def head_casts(
     return _HEAD_CASTS["casts"]
 
 
-def draw_from_head(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    temperature: float | torch.Tensor,
-    softcap: float | None,
-    greedy: bool,
-    uniforms: torch.Tensor | None,
-    moments: bool = False,
-    weight_t: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
+                   softcap: float | None, greedy: bool, uniforms: torch.Tensor | None, moments: bool = False,
+                   weight_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
     leave the cache: for each block (DRAW_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
     maximum m_b and the masses Σ exp(z − m_b) of its SAMPLE_BLOCK-entry tiles (greedy: its best entry). Then
@@ -464,16 +450,9 @@ def _stream_blocks(weight: torch.Tensor, xt: torch.Tensor, capped: Callable[[tor
     return maxima, masses, best, rows_sums
 
 
-def _draw_in_tile(
-    weight: torch.Tensor,
-    xp: torch.Tensor,
-    *,
-    tiles: torch.Tensor,
-    cdf: torch.Tensor,
-    target: torch.Tensor,
-    top: torch.Tensor,
-    capped: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor, cdf: torch.Tensor,
+                  target: torch.Tensor, top: torch.Tensor,
+                  capped: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """`draw_from_head`'s last step: the tile where each row's target u·Σ mass falls in the tiles' CDF, its logits
     recomputed (SAMPLE_BLOCK × d per row, in the products' dtype) and searched as `inverse_cdf` does. Returns
     each row's token and its logit z."""
@@ -578,25 +557,16 @@ class SamplerState:
 
     def keep(self, keep: torch.Tensor) -> None:
         """Only the rows at `keep` go on decoding (each drop copies their KV cache)."""
-        self.rows, self.alive, self.written, self.next_pos = (
-            self.rows[keep],
-            self.alive[keep],
-            self.written[keep],
-            self.next_pos[keep],
-        )
+        self.rows, self.alive, self.written, self.next_pos = (self.rows[keep], self.alive[keep], self.written[keep],
+                                                              self.next_pos[keep])
         self.cache = self.cache.select_rows(keep)
         if self.uniforms is not None:
             self.uniforms = self.uniforms[keep]
 
 
-def _draw(
-    logits: torch.Tensor | HeadInput,
-    *,
-    uniforms: torch.Tensor | None,
-    step_index: torch.Tensor,
-    settings: SamplingSettings,
-    moments_of: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
+          settings: SamplingSettings,
+          moments_of: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device); with
     `moments_of` (the head's weight) also the `HeadMoments` of the full temperature-scaled distribution."""
     u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
@@ -652,13 +622,8 @@ def _record(state: SamplerState, setup: RolloutSetup) -> None:
         moments = HeadMoments(torch.where(state.alive.unsqueeze(1), state.moments.mean_row, 0.0),
                               torch.where(state.alive, state.moments.entropy, 0.0))
     state.steps.append(
-        (
-            state.rows,
-            state.written,
-            torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
-            state.alive,
-            moments,
-        )
+        (state.rows, state.written, torch.where(state.alive, state.logprob, torch.zeros_like(state.logprob)),
+         state.alive, moments)
     )
     state.alive = state.alive & ~(state.token.unsqueeze(-1) == setup.stop).any(-1)  # torch.isin has no XLA lowering
 

@@ -85,17 +85,9 @@ def score_model(model: torch.nn.Module, tokenizer: Any, task: Any, output_dir: s
     t0 = time.perf_counter()
     greedy = evaluate(model, tokenizer, test, max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size,
                       bucket=settings.prompt_bucket, samples=len(test))
-    sampled = sampled_scores(
-        model,
-        tokenizer,
-        test,
-        k=settings.k,
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        batch_size=settings.batch_size,
-        bucket=settings.prompt_bucket,
-        seed=settings.seed,
-    )
+    sampled = sampled_scores(model, tokenizer, test, k=settings.k, max_new_tokens=settings.max_new_tokens,
+                             temperature=settings.temperature, batch_size=settings.batch_size,
+                             bucket=settings.prompt_bucket, seed=settings.seed)
     n, right = greedy["n"], sum(greedy["correct"])
     score = {
         "model": model_name, "task": task_name, "split_hash": getattr(task, "split_hash", None),
@@ -262,8 +254,7 @@ class LeaderboardView:
         self.entry.observe(lambda _: self.show_card(), names="value")
         self.refresh_button.on_click(lambda _: self.refresh())
         self.widget = widgets.VBox(
-            [widgets.HBox([self.rank_by, self.refresh_button]), self.table, self.entry, self.card]
-        )
+            [widgets.HBox([self.rank_by, self.refresh_button]), self.table, self.entry, self.card])
         self.refresh()
 
     def paths(self) -> list[Path]:
@@ -301,8 +292,7 @@ class LeaderboardView:
             self.table.value = f"<table><tr>{cells}</tr>{body}</table>"
         if self.refused:
             self.table.value += (
-                "<p>Not ranked:</p><ul>" + "".join(f"<li>{html.escape(r)}</li>" for r in self.refused) + "</ul>"
-            )
+                "<p>Not ranked:</p><ul>" + "".join(f"<li>{html.escape(r)}</li>" for r in self.refused) + "</ul>")
         self.show_card()
 
     def show_card(self) -> None:

@@ -37,15 +37,13 @@ def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tu
         problem = prompt_problem(row["prompt"])
         if problem or not isinstance(row["completion"], str) or not row["completion"].strip():
             raise DataError(
-                f"SFT row {i}: " + (f"'prompt' {problem}" if problem else "'completion' must be a non-empty string")
-            )
+                f"SFT row {i}: " + (f"'prompt' {problem}" if problem else "'completion' must be a non-empty string"))
         prompt = render_prompt(tokenizer, row["prompt"])
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         c = tokenizer(row["completion"] + end, add_special_tokens=False)["input_ids"]
         if len(p) + len(c) > max_length:
             raise DataError(
-                f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row"
-            )
+                f"SFT row {i}: {len(p) + len(c)} tokens exceed max_length={max_length}; raise it or shorten the row")
         examples.append((p + c, len(p)))
     if not examples:
         raise DataError("the SFT dataset is empty: it needs rows with 'prompt' and 'completion' columns")

@@ -57,12 +57,8 @@ STUDY_SETTINGS: dict[str, Any] = {
     "sft": {"steps": 160},
     "control_steps": 217,
     "rft_steps": 107,
-    "grpo": {
-        "steps": 84,
-        "gate_shaped_rewards": True,
-        "difficulty_targeting": True,
-        "skip_zero_advantage_groups": True,
-    },
+    "grpo": {"steps": 84, "gate_shaped_rewards": True, "difficulty_targeting": True,
+             "skip_zero_advantage_groups": True},
 }
 """Every cell's arc: both controls, k = 4 samples per held-out problem, and each phase's steps fixed, so that every
 cell does the same work and a busy machine slows a cell without changing what it compares. The counts come from the
@@ -89,12 +85,8 @@ def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
     cfg = apply_overrides(load_demo_config(preset), {**REGIMES[regime], **STUDY_SETTINGS}, f"study.{regime}")
     cfg = apply_overrides(cfg, overrides or {}, "study")
     return dataclasses.replace(
-        cfg,
-        output_dir=str(output_dir),
-        task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),
-        sft=dataclasses.replace(cfg.sft, seed=seed),
-        grpo=dataclasses.replace(cfg.grpo, seed=seed),
-    )
+        cfg, output_dir=str(output_dir), task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),
+        sft=dataclasses.replace(cfg.sft, seed=seed), grpo=dataclasses.replace(cfg.grpo, seed=seed))
 
 
 def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:
@@ -114,17 +106,10 @@ def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str,
         t0 = time.perf_counter()
         stream = arc.task.prompt_stream(seed=99)  # not GRPO's own stream (seed 0): the same kind of problem
         probe = [next(stream) for _ in range(PROBE_PROMPTS)]
-        scores = sampled_scores(
-            arc.model,
-            arc.tokenizer,
-            {"prompt": [r["prompt"] for r in probe], "answer": [r["answer"] for r in probe]},
-            k=PROBE_K,
-            max_new_tokens=cfg.grpo.max_new_tokens,
-            temperature=cfg.grpo.temperature,
-            bucket=cfg.grpo.prompt_bucket,
-            seed=cfg.grpo.seed,
-            batch_size=cfg.eval_batch_size,
-        )
+        scores = sampled_scores(arc.model, arc.tokenizer,
+                                {"prompt": [r["prompt"] for r in probe], "answer": [r["answer"] for r in probe]},
+                                k=PROBE_K, max_new_tokens=cfg.grpo.max_new_tokens, temperature=cfg.grpo.temperature,
+                                bucket=cfg.grpo.prompt_bucket, seed=cfg.grpo.seed, batch_size=cfg.eval_batch_size)
         arc.finish("sft_probe", {f"pass@{PROBE_K}": scores[f"pass@{PROBE_K}"], "pass@1": scores["pass@1"],
                                   "prompts": PROBE_PROMPTS, "seconds": time.perf_counter() - t0})
     return arc.run()
@@ -163,13 +148,8 @@ def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def summarize(
-    output_dir: str | Path,
-    *,
-    regimes: Sequence[str],
-    seeds: Sequence[int],
-    machine: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence[int],
+              machine: dict[str, Any] | None = None) -> dict[str, Any]:
     """`summary.json` from the cells on disk: per regime and stage each metric's mean over the finished seeds (and
     per cell), and the comparisons of COMPARISONS over the finished seeds' problems; every metric in points (%)."""
     out = Path(output_dir)
@@ -227,10 +207,8 @@ def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma
     return summary
 
 
-REPORT_BEGIN, REPORT_END = (
-    "<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->",
-    "<!-- end of study table -->",
-)
+REPORT_BEGIN, REPORT_END = ("<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->",
+                            "<!-- end of study table -->")
 """The markers in a Markdown file between which `write_report` puts the table."""
 
 
@@ -253,16 +231,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
         if not seeds:
             continue
         k = next((m.split("@")[1] for m in result["stages"].get("grpo", {}) if m.startswith("maj@")), "k")
-        lines += [
-            f"| stage | greedy accuracy | sampled pass@1 | maj@{k} | pass@{k} | format |",
-            "|---|---|---|---|---|---|",
-        ]
-        for stage, label in (
-            ("sft", "after SFT"),
-            ("grpo", "GRPO"),
-            ("control", "more SFT (control)"),
-            ("rft", "RFT (control)"),
-        ):
+        lines += [f"| stage | greedy accuracy | sampled pass@1 | maj@{k} | pass@{k} | format |",
+                  "|---|---|---|---|---|---|"]
+        for stage, label in (("sft", "after SFT"), ("grpo", "GRPO"), ("control", "more SFT (control)"),
+                             ("rft", "RFT (control)")):
             m = result["stages"].get(stage, {})
             cells = [m.get(x) for x in ("accuracy", "pass@1", f"maj@{k}", f"pass@{k}", "format_rate")]
             lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f} %" for v in cells) + " |")

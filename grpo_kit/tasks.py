@@ -141,13 +141,11 @@ class WordProblemTemplate:
 
 WORD_PROBLEMS = (
     WordProblemTemplate(
-        "{name} buys {a} boxes of {b} pencils and gives {c} pencils to friends. How many pencils does {name} have "
-        "left?",
+        "{name} buys {a} boxes of {b} pencils and gives {c} pencils to friends. "
+        "How many pencils does {name} have left?",
         "a * b - c",
-        (
-            ("{a} boxes of {b} pencils is", "a * b", "pencils"),
-            ("After giving away {c}, {name} has", "t1 - c", "pencils"),
-        ),
+        (("{a} boxes of {b} pencils is", "a * b", "pencils"),
+         ("After giving away {c}, {name} has", "t1 - c", "pencils")),
         {"a": (2, 9), "b": (6, 24), "c": (1, 40)},
     ),
     WordProblemTemplate(
@@ -157,91 +155,65 @@ WORD_PROBLEMS = (
         {"a": (8, 25), "b": (2, 8), "c": (2, 6)},
     ),
     WordProblemTemplate(
-        "Pens cost ${a} each. {name} buys {b} pens and pays with a ${c} bill. How many dollars of change does {name} "
-        "get?",
+        "Pens cost ${a} each. {name} buys {b} pens and pays with a ${c} bill. "
+        "How many dollars of change does {name} get?",
         "c - a * b",
         (("{b} pens cost", "a * b", "dollars"), ("The change is", "c - t1", "dollars")),
         {"a": (2, 9), "b": (2, 9), "c": (20, 50, 100)},
     ),
     WordProblemTemplate(
-        "{name} has {a} stickers and buys {b} packs of {c} stickers, then shares all of them equally among {d} "
-        "friends. "
-        "How many stickers does each friend get?",
+        "{name} has {a} stickers and buys {b} packs of {c} stickers, "
+        "then shares all of them equally among {d} friends. How many stickers does each friend get?",
         "(a + b * c) / d",
-        (
-            ("The packs hold", "b * c", "stickers"),
-            ("Together {name} has", "a + t1", "stickers"),
-            ("Each friend gets", "t2 / d", "stickers"),
-        ),
+        (("The packs hold", "b * c", "stickers"), ("Together {name} has", "a + t1", "stickers"),
+         ("Each friend gets", "t2 / d", "stickers")),
         {"a": (1, 30), "b": (2, 9), "c": (4, 12), "d": (2, 6)},
     ),
     WordProblemTemplate(
-        "A train goes {a} km per hour for {b} hours, then {c} km per hour for {d} hours. How many km does it go in "
-        "all?",
+        "A train goes {a} km per hour for {b} hours, then {c} km per hour for {d} hours. "
+        "How many km does it go in all?",
         "a * b + c * d",
         (("First it covers", "a * b", "km"), ("then", "c * d", "km"), ("In all it goes", "t1 + t2", "km")),
         {"a": (40, 120), "b": (2, 5), "c": (30, 100), "d": (2, 5)},
     ),
     WordProblemTemplate(
-        "{name} saves ${a} a week for {b} weeks, then spends ${c} on a gift and ${d} on books. How many dollars are "
-        "left?",
+        "{name} saves ${a} a week for {b} weeks, then spends ${c} on a gift and ${d} on books. "
+        "How many dollars are left?",
         "a * b - c - d",
-        (
-            ("{name} saves", "a * b", "dollars"),
-            ("After the gift", "t1 - c", "dollars are left"),
-            ("After the books", "t2 - d", "dollars are left"),
-        ),
+        (("{name} saves", "a * b", "dollars"), ("After the gift", "t1 - c", "dollars are left"),
+         ("After the books", "t2 - d", "dollars are left")),
         {"a": (5, 30), "b": (3, 12), "c": (5, 40), "d": (5, 40)},
     ),
     WordProblemTemplate(
-        "A baker makes {a} trays of {b} muffins, sells {c} of them and packs the rest in bags of {d}. How many bags "
-        "does "
-        "the baker fill?",
+        "A baker makes {a} trays of {b} muffins, sells {c} of them and packs the rest in bags of {d}. "
+        "How many bags does the baker fill?",
         "(a * b - c) / d",
-        (
-            ("The baker makes", "a * b", "muffins"),
-            ("After selling {c}, there are", "t1 - c", "muffins"),
-            ("They fill", "t2 / d", "bags"),
-        ),
+        (("The baker makes", "a * b", "muffins"), ("After selling {c}, there are", "t1 - c", "muffins"),
+         ("They fill", "t2 / d", "bags")),
         {"a": (2, 8), "b": (6, 24), "c": (1, 40), "d": (2, 8)},
     ),
     WordProblemTemplate(
         "{name} reads {a} pages on Monday and {b} times as many on Tuesday. On Wednesday {name} reads {c} pages fewer "
-        "than "
-        "on Tuesday. How many pages does {name} read over the three days?",
+        "than on Tuesday. How many pages does {name} read over the three days?",
         "a + a * b + (a * b - c)",
-        (
-            ("On Tuesday {name} reads", "a * b", "pages"),
-            ("On Wednesday", "t1 - c", "pages"),
-            ("Monday and Tuesday make", "a + t1", "pages"),
-            ("With Wednesday that is", "t3 + t2", "pages"),
-        ),
+        (("On Tuesday {name} reads", "a * b", "pages"), ("On Wednesday", "t1 - c", "pages"),
+         ("Monday and Tuesday make", "a + t1", "pages"), ("With Wednesday that is", "t3 + t2", "pages")),
         {"a": (5, 40), "b": (2, 4), "c": (1, 30)},
     ),
     WordProblemTemplate(
-        "A farm has {a} rows of {b} apple trees, and each tree gives {c} apples. The farmer sells {d} apples and "
-        "shares "
-        "the rest equally among {e} shops. How many apples does each shop get?",
+        "A farm has {a} rows of {b} apple trees, and each tree gives {c} apples. "
+        "The farmer sells {d} apples and shares the rest equally among {e} shops. How many apples does each shop get?",
         "(a * b * c - d) / e",
-        (
-            ("There are", "a * b", "trees"),
-            ("They give", "t1 * c", "apples"),
-            ("After selling {d}, there are", "t2 - d", "apples"),
-            ("Each shop gets", "t3 / e", "apples"),
-        ),
+        (("There are", "a * b", "trees"), ("They give", "t1 * c", "apples"),
+         ("After selling {d}, there are", "t2 - d", "apples"), ("Each shop gets", "t3 / e", "apples")),
         {"a": (2, 9), "b": (3, 12), "c": (5, 30), "d": (10, 200), "e": (2, 9)},
     ),
     WordProblemTemplate(
         "Adult tickets cost ${a} and child tickets cost ${b}. A group buys {c} adult and {d} child tickets and pays "
-        "with "
-        "${e}. How many dollars of change does the group get?",
+        "with ${e}. How many dollars of change does the group get?",
         "e - (a * c + b * d)",
-        (
-            ("Adult tickets cost", "a * c", "dollars"),
-            ("child tickets cost", "b * d", "dollars"),
-            ("Together they cost", "t1 + t2", "dollars"),
-            ("The change is", "e - t3", "dollars"),
-        ),
+        (("Adult tickets cost", "a * c", "dollars"), ("child tickets cost", "b * d", "dollars"),
+         ("Together they cost", "t1 + t2", "dollars"), ("The change is", "e - t3", "dollars")),
         {"a": (8, 30), "b": (4, 15), "c": (1, 6), "d": (1, 8), "e": (200, 300, 500)},
     ),
 )
@@ -260,8 +232,7 @@ def evaluate_expression(expression: str, values: dict[str, Fraction]) -> Fractio
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return Fraction(node.value)
         raise ValueError(
-            f"evaluate_expression: {ast.dump(node)} in {expression!r} is not +, -, *, / of names or integers"
-        )
+            f"evaluate_expression: {ast.dump(node)} in {expression!r} is not +, -, *, / of names or integers")
 
     return value(ast.parse(expression, mode="eval").body)
 
@@ -474,8 +445,7 @@ def read_rows(source: str | Path, *, split: str = "train") -> list[dict[str, Any
         return list(load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train"))
     if path.exists():
         raise DataError(
-            f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use one of {', '.join(FILE_FORMATS)}"
-        )
+            f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use one of {', '.join(FILE_FORMATS)}")
     return list(load_dataset(str(source), split=split))
 
 
@@ -542,25 +512,14 @@ class DataTask:
         HELD_OUT[name] = {prompt_key(r["prompt"]): f"{name} (seed {seed}, num_test {num_test})" for r in self._test}
         self._train = [examples[i] for i in sorted(order[num_test:])]
         self.split_hash = hashlib.sha256(
-            json.dumps([[r["prompt"][-1]["content"], r["answer"]] for r in self._test]).encode()
-        ).hexdigest()
+            json.dumps([[r["prompt"][-1]["content"], r["answer"]] for r in self._test]).encode()).hexdigest()
         """SHA-256 of the held-out rows (question and answer, in order; the instruction apart): two scores compare only
         on the same split."""
         self.system_prompt = system_prompt
         """The instruction every question gets (recorded with each score: scores with other instructions differ)."""
 
-    def _example(
-        self,
-        i: int,
-        row: dict[str, Any],
-        *,
-        prompt: str,
-        answer: str,
-        solution: str | None,
-        system: str | None,
-        answer_type: str,
-        system_prompt: str | None,
-    ) -> dict[str, Any]:
+    def _example(self, i: int, row: dict[str, Any], *, prompt: str, answer: str, solution: str | None,
+                 system: str | None, answer_type: str, system_prompt: str | None) -> dict[str, Any]:
         where = f"{self.name} row {i}"
         question, truth = row.get(prompt), row.get(answer)
         if isinstance(question, str) and question.strip():
@@ -570,26 +529,20 @@ class DataTask:
             raise DataError(f"{where}, column {prompt!r}: {problem}")
         if truth is None or isinstance(truth, (list, dict)) or not str(truth).strip():
             raise DataError(
-                f"{where}, column {answer!r}: needs the right final answer as text or a number, got {truth!r}"
-            )
+                f"{where}, column {answer!r}: needs the right final answer as text or a number, got {truth!r}")
         truth = str(truth).strip()
         kind = row.get("answer_type") or answer_type  # a row's own answer_type column wins
         if kind not in ANSWER_TYPES or kind == "function":
             raise DataError(f"{where}, column 'answer_type': {kind!r} is not one of {', '.join(ANSWER_TYPES[:-1])}")
-        example = {
-            "prompt": question,
-            "answer": truth,
-            "answer_type": infer_answer_type(truth) if kind == "auto" else kind,
-        }
+        example = {"prompt": question, "answer": truth,
+                   "answer_type": infer_answer_type(truth) if kind == "auto" else kind}
         worked = row.get(solution) if solution else None
         if worked is not None and not isinstance(worked, str):
             raise DataError(
-                f"{where}, column {solution!r}: the worked solution must be text, got {type(worked).__name__}"
-            )
+                f"{where}, column {solution!r}: the worked solution must be text, got {type(worked).__name__}")
         if worked and worked.strip():
             example["completion"] = (
-                worked.strip() if ANSWER_OPEN in worked else format_completion(worked.strip(), truth)
-            )
+                worked.strip() if ANSWER_OPEN in worked else format_completion(worked.strip(), truth))
         return example
 
     def demonstrations(self) -> Dataset:
@@ -638,8 +591,7 @@ def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
     if cfg.kind in ("file", "hub"):
         if cfg.kind == "file" and not Path(cfg.source).exists():
             raise FileNotFoundError(
-                f"TaskConfig.source={cfg.source!r}: no such file (kind 'file' reads a local data file)"
-            )
+                f"TaskConfig.source={cfg.source!r}: no such file (kind 'file' reads a local data file)")
         return load_task(cfg.source, prompt=cfg.prompt_column, answer=cfg.answer_column, solution=cfg.solution_column,
                          system=cfg.system_column, answer_type=cfg.answer_type, num_test=cfg.num_test, seed=cfg.seed,
                          system_prompt=cfg.system_prompt, split=cfg.split)

@@ -89,8 +89,7 @@ def _coerce(value: Any, hint: Any, setting: str) -> Any:
         item = args[0] if args else str
         if not isinstance(value, (list, tuple)):
             raise ConfigError(
-                f"{setting}={value!r}: expected a list of {'whole numbers' if item is int else 'strings'}"
-            )
+                f"{setting}={value!r}: expected a list of {'whole numbers' if item is int else 'strings'}")
         return tuple(_coerce(v, item, f"{setting}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
@@ -179,13 +178,9 @@ def prompt_problem(prompt: Any) -> str | None:
             f"got {type(prompt).__name__} {str(prompt)[:60]!r}")
 
 
-def check_prompt_dataset(
-    rows: Any,
-    rewards: dict[str, Callable[..., Any]],
-    *,
-    prompt_tokens: Callable[[Any], int] | None = None,
-    max_prompt_tokens: int | None = None,
-) -> None:
+def check_prompt_dataset(rows: Any, rewards: dict[str, Callable[..., Any]], *,
+                         prompt_tokens: Callable[[Any], int] | None = None,
+                         max_prompt_tokens: int | None = None) -> None:
     """Before the first GRPO step: the dataset (a `datasets.Dataset` or a list of dicts) has rows, a `prompt`
     column, every column a reward reads (`reward_columns`) with a value in every row, well-formed prompts, and
     none longer than `max_prompt_tokens` (counted by `prompt_tokens`). DataError names the row or column."""
@@ -230,9 +225,7 @@ def check_skipped_in_a_row(count: int, limit: int, *, row: dict, setting: str) -
     """Raise TrainingDiverged once `count` consecutive steps were skipped (`limit` is the config's setting)."""
     if limit and count >= limit:
         raise TrainingDiverged(
-            f"{count} steps in a row had a non-finite loss or gradient (last: loss "
-            f"{row.get('loss', row.get('policy_loss'))}, "
-            f"grad norm {row.get('grad_norm')}); the run is diverging: lower the learning rate (now "
-            f"{row.get('learning_rate')}), "
-            f"check the data and rewards, or raise {setting}"
+            f"{count} steps in a row had a non-finite loss or gradient (last: "
+            f"loss {row.get('loss', row.get('policy_loss'))}, grad norm {row.get('grad_norm')}); the run is diverging: "
+            f"lower the learning rate (now {row.get('learning_rate')}), check the data and rewards, or raise {setting}"
         )

@@ -43,6 +43,12 @@ def run_kit(*args: str, cwd: Path, timeout: float = 600, **kwargs: object) -> su
                           **kwargs)
 
 
+def train(config: str, out: Path, *extra: str) -> tuple[str, ...]:
+    """The arguments of `grpo-kit train` on the tiny quick preset, quietly on the CPU, into `out`."""
+    return ("train", "--preset", "cpu-tiny-quick", "--config", config, "--output-dir", str(out), "--device", "cpu",
+            "--quiet", *extra)
+
+
 def settings(work: Path, text: str) -> str:
     path = work / f"settings-{abs(hash(text))}.yaml"
     path.write_text(text + "\ntask: {num_test: 8}\n")
@@ -109,12 +115,8 @@ def full_disk_during_save(work: Path) -> str:
     namespace = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
     done = subprocess.run([*namespace, "sh", "-c", DISK_INNER, "inner", str(mount), config, str(report)], env=env,
                           capture_output=True, text=True, timeout=600) if shutil.which("unshare") else None
-    if (
-        done is None
-        or "mount" in done.stderr
-        and not (report / "exit").exists()
-        and not (report / "after.json").exists()
-    ):
+    if done is None or ("mount" in done.stderr and not (report / "exit").exists()
+                        and not (report / "after.json").exists()):
         return rlimit_stand_in(work, config, why=(done.stderr.strip()[-200:] if done else "no unshare here"))
     expect(done.returncode == 0, f"the check inside the namespace failed: {done.stderr[-800:]}")
     code = (report / "exit").read_text().strip() if (report / "exit").exists() else "0"
@@ -132,28 +134,14 @@ def rlimit_stand_in(work: Path, config: str, why: str) -> str:
     import resource
 
     out = work / "rlimit-run"
-    first = run_kit("train", "--preset", "cpu-tiny-quick", "--config", config.replace("steps: 4", "steps: 1"),
-                    "--output-dir", str(out), "--device", "cpu", "--quiet", cwd=work)
+    first = run_kit(*train(config.replace("steps: 4", "steps: 1"), out), cwd=work)
     expect(first.returncode == 0, first.stderr[-500:])
     Path(config).write_text(Path(config).read_text())
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    done = run_kit(
-        "train",
-        "--preset",
-        "cpu-tiny-quick",
-        "--config",
-        config,
-        "--output-dir",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-        cwd=work,
-        preexec_fn=limit,
-    )
+    done = run_kit(*train(config, out), cwd=work, preexec_fn=limit)
     line = done.stderr.strip().splitlines()[-1]
     expect(done.returncode == 2 and "previous checkpoint is kept" in line, f"exit {done.returncode}: {line}")
     return f"no private tmpfs ({why}); RLIMIT_FSIZE stood in: exit 2; {line[:200]}"
@@ -162,49 +150,22 @@ def rlimit_stand_in(work: Path, config: str, why: str) -> str:
 def second_trainer_refused(work: Path) -> str:
     out, config = work / "run", settings(work, "grpo: {steps: 500}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GRPO_KIT_CPU_BF16": "0"}
-    first = subprocess.Popen(kit("train", "--preset", "cpu-tiny-quick", "--config", config, "--output-dir", str(out),
-                                 "--device", "cpu", "--quiet", cwd=work), cwd=work, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(kit(*train(config, out), cwd=work), cwd=work, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
             expect(first.poll() is None and time.monotonic() < deadline, "the first trainer made no step")
             time.sleep(0.05)
-        second = run_kit(
-            "train",
-            "--preset",
-            "cpu-tiny-quick",
-            "--config",
-            config,
-            "--output-dir",
-            str(out),
-            "--device",
-            "cpu",
-            "--quiet",
-            cwd=work,
-        )
+        second = run_kit(*train(config, out), cwd=work)
         line = second.stderr.strip().splitlines()[-1] if second.stderr.strip() else ""
-        expect(
-            second.returncode == 2 and f"PID {first.pid}" in line, f"second trainer: exit {second.returncode}: {line}"
-        )
+        expect(second.returncode == 2 and f"PID {first.pid}" in line,
+               f"second trainer: exit {second.returncode}: {line}")
         expect(first.poll() is None, "the first trainer stopped")
     finally:
         first.kill()
         first.wait()
-    third = run_kit(
-        "train",
-        "--preset",
-        "cpu-tiny-quick",
-        "--config",
-        settings(work, "grpo: {steps: 1}"),
-        "--output-dir",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-        "--overwrite",
-        cwd=work,
-    )
+    third = run_kit(*train(settings(work, "grpo: {steps: 1}"), out, "--overwrite"), cwd=work)
     expect(third.returncode == 0, f"after the first was killed the directory stayed locked: {third.stderr[-300:]}")
     return f"second refused ({line[:140]}); after SIGKILL of the first, a third ran there"
 
@@ -283,12 +244,8 @@ def main() -> int:
         except (Failed, subprocess.TimeoutExpired) as e:
             detail, ok = str(e), False
         failed += not ok
-        print(
-            json.dumps(
-                {"scenario": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - start, 1)}
-            ),
-            flush=True,
-        )
+        seconds = round(time.perf_counter() - start, 1)
+        print(json.dumps({"scenario": name, "ok": ok, "detail": detail, "seconds": seconds}), flush=True)
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 

@@ -40,8 +40,7 @@ def _real_python(command: str) -> str:
     found = subprocess.run([command, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
     if found.returncode or not found.stdout.strip():
         raise SystemExit(
-            f"platforms: cannot run {command!r} to build the replicas; set PLATFORM_PYTHON to a Python 3.10+"
-        )
+            f"platforms: cannot run {command!r} to build the replicas; set PLATFORM_PYTHON to a Python 3.10+")
     return os.path.realpath(found.stdout.strip())
 
 
@@ -79,8 +78,7 @@ def _run(cmd: list[str], log: Path, **kwargs) -> None:
     if done.returncode:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise SystemExit(
-            f"platforms: `{' '.join(map(str, cmd))}` failed (exit {done.returncode}); end of {log}:\n{tail}"
-        )
+            f"platforms: `{' '.join(map(str, cmd))}` failed (exit {done.returncode}); end of {log}:\n{tail}")
 
 
 def base_venv(replica: Replica) -> Path:
@@ -150,14 +148,8 @@ def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> t
         "GRPO_KIT_SOLUTIONS": "1",  # the exercises solved (grpo_kit/exercises.py), as in `make test`
         "TF_CPP_MIN_LOG_LEVEL": "2", "PYDEVD_DISABLE_FILE_VALIDATION": "1", **replica.env,
     }
-    for keep in (
-        "PIP_INDEX_URL",
-        "PIP_EXTRA_INDEX_URL",
-        "PIP_FIND_LINKS",
-        "PIP_CONFIG_FILE",
-        "http_proxy",
-        "https_proxy",
-    ):
+    for keep in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "http_proxy",
+                 "https_proxy"):
         if keep in os.environ:
             env[keep] = os.environ[keep]
     return venv, workdir, env
@@ -190,10 +182,8 @@ def run_notebook(replica: Replica, base: Path, notebook: Path, timeout: int, *, 
     venv, workdir, env = fresh_machine(replica, base, notebook, label or notebook.stem)
     env.update(env_extra or {})
     if preinstall:
-        _run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *preinstall],
-            workdir.parent / "preinstall.log",
-        )
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *preinstall],
+             workdir.parent / "preinstall.log")
     nb = nbformat.read(workdir / notebook.name, as_version=4)
     client = NotebookClient(nb, kernel_name="replica", timeout=timeout, resources={"metadata": {"path": str(workdir)}})
     start = time.time()
@@ -252,13 +242,9 @@ def run_replica(replica: Replica, notebooks: list[Path], timeout: int) -> dict:
 
 # A broken runtime must stop in the first cell that needs what is missing, with one message naming the fix.
 BAD_INPUTS = [
-    {
-        "case": "wrong GRPO_KIT_SOURCE",
-        "replica": "colab-tpu",
-        "notebook": "00_setup",
-        "env": {"GRPO_KIT_SOURCE": "git+file:///nonexistent/grpo_kit"},
-        "expect": "SystemExit: pip could not install grpo-kit from git+file:///nonexistent/grpo_kit",
-    },
+    {"case": "wrong GRPO_KIT_SOURCE", "replica": "colab-tpu", "notebook": "00_setup",
+     "env": {"GRPO_KIT_SOURCE": "git+file:///nonexistent/grpo_kit"},
+     "expect": "SystemExit: pip could not install grpo-kit from git+file:///nonexistent/grpo_kit"},
     {
         "case": "TPU runtime without torch_xla",
         "replica": "colab-gpu",
@@ -267,13 +253,9 @@ BAD_INPUTS = [
         "expect": "SetupError: this is a TPU runtime, but torch_xla is not installed: run  %pip install "
                   "'torch_xla[tpu]~=2.11.0'",
     },
-    {
-        "case": "torch_xla of another torch release",
-        "replica": "kaggle-tpu",
-        "notebook": "02_sft_warmup",
-        "preinstall": ["--no-deps", "torch_xla==2.9.0"],
-        "expect": "SetupError: torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla[tpu]~=2.8.0'",
-    },
+    {"case": "torch_xla of another torch release", "replica": "kaggle-tpu", "notebook": "02_sft_warmup",
+     "preinstall": ["--no-deps", "torch_xla==2.9.0"],
+     "expect": "SetupError: torch_xla 2.9.0 does not match torch 2.8.0: run  %pip install 'torch_xla[tpu]~=2.8.0'"},
 ]
 MAX_ERROR_LINES = 4  # the message (and IPython's one-line note for SystemExit), not a wall of frames
 
@@ -316,8 +298,7 @@ def main() -> None:
         if dirty:
             print(
                 "platforms: the notebooks install the committed HEAD (git+file://); uncommitted changes are not in it",
-                file=sys.stderr,
-            )
+                file=sys.stderr)
     notebooks = sorted((ROOT / "notebooks").glob(f"{args.notebook}.ipynb"))
     if not notebooks:
         raise SystemExit(f"platforms: no notebook matches --notebook {args.notebook!r} in notebooks/")

@@ -125,8 +125,7 @@ def check() -> list[str]:
         problems.append(f"README.md names {', '.join(stale)}, not {tag}")
     if CONSTRAINTS.read_text() != constraints_text():
         problems.append(
-            f"{CONSTRAINTS.relative_to(ROOT)} does not match the lock: python scripts/release.py constraints"
-        )
+            f"{CONSTRAINTS.relative_to(ROOT)} does not match the lock: python scripts/release.py constraints")
     return problems
 
 

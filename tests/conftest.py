@@ -60,8 +60,7 @@ def sft_state(task):
 
     model, tok = load_model(ModelConfig(), torch.device("cpu"))
     SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=150, batch_size=32, output_dir=None)).train(
-        progress=False
-    )
+        progress=False)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 

@@ -50,8 +50,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     for key in ("real_rollout_tokens_per_s", "real_hf_generate_tokens_per_s", "real_grpo_step_s", "real_trl_step_s"):
         assert result[key] > 0, key
     assert set(result["real_breakdown"]) == {
-        f"{p}_s" for p in ("rollout", "reward", "logprob", "forward", "backward", "optimizer")
-    }
+        f"{p}_s" for p in ("rollout", "reward", "logprob", "forward", "backward", "optimizer")}
     assert sum(result["real_breakdown"].values()) <= result["real_grpo_step_s"] * 1.01 + 0.02
     assert (
         result["real_rollout_speedup_spread"][0]
@@ -65,8 +64,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     assert result["capstone_preset"] == "cpu-gemma-270m"
     assert result["capstone_step_s"]["native"] > 0 and result["capstone_step_s"]["avx2"] > 0, result["capstone_step_s"]
     assert set(result["capstone_breakdown"]["avx2"]) == set(result["real_breakdown"]) and result[
-        "capstone_avx2_isa"
-    ] == ["AVX2", False]
+        "capstone_avx2_isa"] == ["AVX2", False]
 
     kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
     assert set(kit) == set(hf) == {"4", "8"}

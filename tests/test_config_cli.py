@@ -76,16 +76,8 @@ def test_cli_quick_sft_train_eval(tmp_path, capsys):
     assert Path(sft["checkpoint"]).is_dir() and sft["steps"] == 40
     assert (
         main(
-            [
-                "train",
-                "--preset",
-                "cpu-tiny-quick",
-                "--init-from",
-                sft["checkpoint"],
-                "--output-dir",
-                str(tmp_path / "g"),
-                "--quiet",
-            ]
+            ["train", "--preset", "cpu-tiny-quick", "--init-from", sft["checkpoint"], "--output-dir",
+             str(tmp_path / "g"), "--quiet"]
         )
         == 0
     )
@@ -99,16 +91,8 @@ def test_cli_quick_sft_train_eval(tmp_path, capsys):
     # export: the trained weights as a transformers directory that reloads to the same greedy completions
     assert (
         main(
-            [
-                "export",
-                "--preset",
-                "cpu-tiny-quick",
-                "--checkpoint",
-                train["checkpoint"],
-                "--out",
-                str(tmp_path / "x"),
-                "--quiet",
-            ]
+            ["export", "--preset", "cpu-tiny-quick", "--checkpoint", train["checkpoint"], "--out", str(tmp_path / "x"),
+             "--quiet"]
         )
         == 0
     )
@@ -196,5 +180,4 @@ def test_messages_never_show_a_credential():
     assert redact("401 for hf_SENTINEL_abcdef at https://me:hf_SENTINEL_abcdef@host/x", ["hf_SENTINEL_abcdef"]) == \
         "401 for *** at https://me:***@host/x"
     assert (
-        redact("git+https://oauth2:ghp_0123456789@github.com/o/r@v1", []) == "git+https://oauth2:***@github.com/o/r@v1"
-    )
+        redact("git+https://oauth2:ghp_0123456789@github.com/o/r@v1", []) == "git+https://oauth2:***@github.com/o/r@v1")

@@ -121,8 +121,7 @@ def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path,
     later = tmp_path / "session2" / "your_task"
     nbk.restore_run("me/my-run", later)
     assert (later / "sft" / "weights.safetensors").read_bytes() == b"w" and "steps" in (
-        later / "progress.json"
-    ).read_text()
+        later / "progress.json").read_text()
     (later / "progress.json").write_text("{}")  # this session's own progress: never overwritten by a restore
     nbk.restore_run("me/my-run", later)
     assert (later / "progress.json").read_text() == "{}" and "kept as it is" in capsys.readouterr().out
@@ -152,12 +151,10 @@ def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monk
     gemma.announce("05")
     said = capsys.readouterr().out
     assert (
-        f"{gemma.grpo_steps} GRPO steps" in said and f"≈ {minutes:g} min (estimate" in said and "short version" in said
-    )
+        f"{gemma.grpo_steps} GRPO steps" in said and f"≈ {minutes:g} min (estimate" in said and "short version" in said)
     short = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1", short=True)
     assert [short.steps(k) for k in ("grpo", "experiment", "test")] == [12, 3, 48] and short.minutes("05")[
-        0
-    ] < minutes / 2
+        0] < minutes / 2
     monkeypatch.setenv(
         "GRPO_KIT_QUICK", "1"
     )  # read when the mode is made; the headers ask for full mode whatever it is

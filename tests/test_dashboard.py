@@ -249,8 +249,7 @@ def test_experiment_moves_the_slider_between_two_runs(dashboard):
     assert dashboard.sliders["temperature"].value == pytest.approx(0.3)
     assert all(r["temperature"] == pytest.approx(GRPOConfig().temperature) != 0.3 for r in before)
     assert all(
-        r["temperature"] == pytest.approx(0.3) and r["reward_weights"]["strict_format_reward"] == 0.0 for r in after
-    )
+        r["temperature"] == pytest.approx(0.3) and r["reward_weights"]["strict_format_reward"] == 0.0 for r in after)
     with pytest.raises(ValueError, match="no control named 'bogus'"):
         dashboard.experiment({"bogus": 1.0}, steps=0)
 
@@ -306,8 +305,7 @@ def test_with_two_passes_the_epsilon_slider_is_shown_and_narrowing_it_clips_more
     dash.move(epsilon=0.5)
     before, after = dash.experiment({"epsilon": 0.02}, steps=3)
     assert all(r["epsilon"] == pytest.approx(0.5) for r in before) and all(
-        r["epsilon"] == pytest.approx(0.02) for r in after
-    )
+        r["epsilon"] == pytest.approx(0.02) for r in after)
     assert nbk.expect(before, after, ("clip_high", "clip_low"), "rises")
 
 

@@ -73,9 +73,7 @@ def test_the_correctness_reward_and_evaluation_use_each_rows_type(tmp_path):
     assert correctness_reward(
         [None] * 4,
         ["<answer>The answer is b</answer>", "<answer>1,350</answer>", "<answer> the Nile. </answer>", "no tags"],
-        answer=["B", "1350", "Nile", "4"],
-        answer_type=["choice", "number", "string", "number"],
-    ) == [1, 1, 1, 0]
+        answer=["B", "1350", "Nile", "4"], answer_type=["choice", "number", "string", "number"]) == [1, 1, 1, 0]
     assert correctness_reward([None], ["<answer>3.0</answer>"], answer=["3"]) == [1.0]  # no type column: inferred
 
     class Echo:  # a "model" whose completions are scripted through generate_completions
@@ -136,15 +134,8 @@ def test_a_task_config_of_kind_file_reads_the_file_with_its_column_names(tmp_pat
 
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
     task = make_task(
-        TaskConfig(
-            kind="file",
-            source=str(path),
-            prompt_column="q",
-            answer_column="a",
-            solution_column="why",
-            num_test=10,
-            seed=7,
-        )
+        TaskConfig(kind="file", source=str(path), prompt_column="q", answer_column="a", solution_column="why",
+                   num_test=10, seed=7)
     )
     assert task.split_hash == load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7).split_hash
     with pytest.raises(FileNotFoundError, match="TaskConfig.source='nowhere.jsonl': no such file"):

@@ -38,19 +38,9 @@ def gemma3_sliding(window: int = 6, vocab_size: int | None = None) -> torch.nn.M
 
 
 def gemma2_softcapped() -> torch.nn.Module:
-    config = Gemma2Config(
-        vocab_size=106,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=6,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
+    config = Gemma2Config(vocab_size=106, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6, pad_token_id=0,
+                          eos_token_id=1, bos_token_id=2)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
@@ -133,17 +123,8 @@ def test_lean_sampler_equals_hf_sampler(name):
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     rolls = [
-        sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            16,
-            [1],
-            0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(3),
-            lean=lean,
-        )
+        sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
+               lean=lean)
         for lean in (True, False)
     ]
     assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
@@ -160,18 +141,8 @@ def test_finished_rows_leaving_the_batch_change_nothing(name):
     vocab = base_of(model).config.vocab_size
     stops += list(range(106, vocab, 4))  # a large vocabulary: every 4th token stops too, so rows still finish early
     rolls = [
-        sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            24,
-            stops,
-            0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(4),
-            group_size=4,
-            lean=lean,
-        )
+        sample(model, prompt_ids, prompt_mask, 24, stops, 0, temperature=1.0,
+               generator=torch.Generator().manual_seed(4), group_size=4, lean=lean)
         for lean in (True, False)
     ]
     lengths = rolls[1].completion_mask.sum(1)
@@ -214,18 +185,8 @@ def test_rollout_lora_parts_follow_peft(variant):
             assert id(attn) in consts.fused_qkv and len(consts.linears) == 7 * len(hf.model.layers)
             assert (consts.fused_qkv[id(attn)][0][2] is not None) == (variant == "active")
         rolls = [
-            sample(
-                model,
-                prompt_ids,
-                prompt_mask,
-                12,
-                [1],
-                0,
-                temperature=1.0,
-                generator=torch.Generator().manual_seed(6),
-                group_size=4,
-                lean=lean,
-            )
+            sample(model, prompt_ids, prompt_mask, 12, [1], 0, temperature=1.0,
+                   generator=torch.Generator().manual_seed(6), group_size=4, lean=lean)
             for lean in (True, False)
         ]
     assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
@@ -241,18 +202,8 @@ def test_common_left_padding_and_a_window_the_rollout_outgrows():
     padding = torch.zeros(prompt_ids.shape[0], 5, dtype=torch.long)
     prompt_ids, prompt_mask = torch.cat([padding, prompt_ids], 1), torch.cat([padding, prompt_mask], 1)
     rolls = [
-        sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            16,
-            [1],
-            0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(5),
-            group_size=4,
-            lean=lean,
-        )
+        sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(5),
+               group_size=4, lean=lean)
         for lean in (True, False)
     ]
     assert torch.equal(rolls[0].prompt_ids, prompt_ids) and torch.equal(rolls[0].prompt_mask, prompt_mask)
@@ -267,17 +218,8 @@ def test_group_prefill_equals_per_row_prefill(name):
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     a, b = (
-        sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            16,
-            [1],
-            0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(3),
-            group_size=g,
-        )
+        sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
+               group_size=g)
         for g in (1, 4)
     )
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
@@ -381,19 +323,9 @@ def test_grpo_step_same_with_and_without_prompt_sharing_and_padding(sft_state, t
     for share, packed in ((True, True), (True, False), (False, False)):
         model, tok = load_model(ModelConfig(), torch.device("cpu"))
         model.load_state_dict(sft_state)
-        cfg = GRPOConfig(
-            prompts_per_step=4,
-            group_size=4,
-            micro_batch_size=8,
-            max_new_tokens=24,
-            beta=0.04,
-            log_kl=True,
-            share_prompt_forward=share,
-            padding_free=packed,
-            output_dir=None,
-            log_completions=0,
-            reward_weights=DEFAULT_WEIGHTS,
-        )
+        cfg = GRPOConfig(prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=24, beta=0.04,
+                         log_kl=True, share_prompt_forward=share, padding_free=packed, output_dir=None,
+                         log_completions=0, reward_weights=DEFAULT_WEIGHTS)
         trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=5), cfg)
         rows.append([trainer.train_step() for _ in range(2)])
     for packed, shared, plain in zip(*rows, strict=True):
@@ -418,18 +350,8 @@ def test_compiled_sampler_equals_eager(sft_model, task):
     ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:2]), bucket=16)
     ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
     eager, compiled = (
-        sample(
-            model,
-            ids,
-            mask,
-            12,
-            stop_token_ids(tok),
-            tok.pad_token_id,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(0),
-            group_size=4,
-            compiled=c,
-        )
+        sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=1.0,
+               generator=torch.Generator().manual_seed(0), group_size=4, compiled=c)
         for c in (False, True)
     )
     assert torch.equal(eager.completion_ids, compiled.completion_ids)
@@ -477,20 +399,9 @@ def rollout_with_early_stops(
     prompt_ids, prompt_mask, _, _ = grouped_batch()
 
     def draw(stops: list[int]) -> object:
-        return sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            12,
-            stops,
-            0,
-            temperature=0.9,
-            top_p=top_p,
-            generator=torch.Generator().manual_seed(3),
-            group_size=4,
-            head_moments=True,
-            product_dtype=product_dtype,
-        )
+        return sample(model, prompt_ids, prompt_mask, 12, stops, 0, temperature=0.9, top_p=top_p,
+                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True,
+                      product_dtype=product_dtype)
 
     first = draw([])
     return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
@@ -514,10 +425,8 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model, top_p=top_p)
     mask = roll.completion_mask.bool()
-    assert 0 < int(mask.sum()) < mask.numel() and roll.head_mean.shape == (
-        *mask.shape,
-        base_of(model).config.hidden_size,
-    )
+    assert 0 < int(mask.sum()) < mask.numel() and roll.head_mean.shape == (*mask.shape,
+                                                                           base_of(model).config.hidden_size)
     hf = base_of(model)
     logits = completion_logits(hf, roll)
     want = head_moments(logits, hf.lm_head.weight.double(), 0.9)
@@ -763,16 +672,13 @@ def test_concat_rollouts_pads_prompts_left_and_completions_right():
 
     def roll(rows: int, prompt: int, new: int, seed: int) -> Rollout:
         gen = torch.Generator().manual_seed(seed)
-        return Rollout(
-            prompt_ids=torch.randint(1, 50, (rows, prompt), generator=gen),
-            prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
-            completion_ids=torch.randint(1, 50, (rows, new), generator=gen),
-            completion_mask=torch.ones(rows, new, dtype=torch.long),
-            sampling_logprobs=-torch.rand(rows, new, generator=gen),
-            truncated=torch.ones(rows, dtype=torch.bool),
-            head_mean=torch.randn(rows, new, 3, generator=gen),
-            entropy=torch.rand(rows, new, generator=gen),
-        )
+        return Rollout(prompt_ids=torch.randint(1, 50, (rows, prompt), generator=gen),
+                       prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
+                       completion_ids=torch.randint(1, 50, (rows, new), generator=gen),
+                       completion_mask=torch.ones(rows, new, dtype=torch.long),
+                       sampling_logprobs=-torch.rand(rows, new, generator=gen),
+                       truncated=torch.ones(rows, dtype=torch.bool), head_mean=torch.randn(rows, new, 3, generator=gen),
+                       entropy=torch.rand(rows, new, generator=gen))
 
     a, b = roll(2, 5, 8, 0), roll(4, 7, 6, 1)
     joined = concat_rollouts([a, b], pad_id=0)

@@ -12,7 +12,8 @@ from grpo_kit.demo import Arc
 
 def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet"]) == 0
+    demo = ["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet"]
+    assert main(demo) == 0
     summary = json.loads((out / "summary.json").read_text())
     for key in ("base_accuracy", "sft_accuracy", "grpo_accuracy", "format_rate", "sft_seconds", "grpo_seconds",
                 "base_eval_seconds", "wall_seconds", "test_size"):
@@ -27,42 +28,13 @@ def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["grpo_accuracy"] == summary["grpo_accuracy"]
     # running again continues: every phase is already recorded, so nothing trains and the numbers stay
-    assert main(["demo", "--preset", "cpu-tiny-quick", "--output-dir", str(out), "--quiet"]) == 0
+    assert main(demo) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["grpo_accuracy"] == summary["grpo_accuracy"] and again["phase_seconds"] == summary["phase_seconds"]
     # other settings in the same directory are refused, naming the setting; --overwrite starts over
-    assert (
-        main(
-            [
-                "demo",
-                "--preset",
-                "cpu-tiny-quick",
-                "--output-dir",
-                str(out),
-                "--quiet",
-                "--config",
-                str(_yaml(tmp_path)),
-            ]
-        )
-        == 2
-    )
+    assert main([*demo, "--config", str(_yaml(tmp_path))]) == 2
     assert "grpo.learning_rate was 0.0001, is 0.0003 now" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "demo",
-                "--preset",
-                "cpu-tiny-quick",
-                "--output-dir",
-                str(out),
-                "--quiet",
-                "--config",
-                str(_yaml(tmp_path)),
-                "--overwrite",
-            ]
-        )
-        == 0
-    )
+    assert main([*demo, "--config", str(_yaml(tmp_path)), "--overwrite"]) == 0
 
 
 def _yaml(tmp_path):
@@ -78,48 +50,34 @@ def _tiny(out, **changes) -> RunConfig:
 
 
 def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match_grpo(tmp_path):
-    cfg = _tiny(
-        tmp_path / "arc", time_budget_minutes=1.0, control=True, rft_control=True, sft_fraction=0.4, eval_pass_k=2
-    )
-    cfg = dataclasses.replace(
-        cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000), sft=dataclasses.replace(cfg.sft, steps=1000)
-    )
+    cfg = _tiny(tmp_path / "arc", time_budget_minutes=1.0, control=True, rft_control=True, sft_fraction=0.4,
+                eval_pass_k=2)
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000),
+                              sft=dataclasses.replace(cfg.sft, steps=1000))
     arc = Arc(cfg, "cpu", progress=False)
     summary = arc.run()
     plan, phases = summary["plan"], arc.records["phases"]
     # SFT got its share of what the budget left after loading, the base evaluation and four evaluations to come
     # (each counted as 1 + k greedy ones: pass@k's samples have not been timed yet)
-    left = (
-        60
-        - arc.records["load"]["seconds"]
-        - phases["base_eval"]["seconds"]
-        - 4 * 3 * phases["base_eval"]["greedy_seconds"]
-    )
+    base_eval = phases["base_eval"]
+    left = 60 - arc.records["load"]["seconds"] - base_eval["seconds"] - 4 * 3 * base_eval["greedy_seconds"]
     assert plan["sft_seconds"] == pytest.approx(0.4 * left)
-    assert (
-        summary["sft_steps"]
-        == plan["sft_steps"]
-        == max(2, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
-    )
+    assert summary["sft_steps"] == plan["sft_steps"]
+    assert plan["sft_steps"] == max(2, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
     assert plan["sft_step_seconds"] > 0  # the median SFT step, which sizes the control
     assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
     # GRPO: a third of what was left (each control gets as much), in steps of the measured length
     assert summary["grpo_steps"] == plan["grpo_steps"] >= 2
-    assert plan["grpo_steps"] == 2 + max(
-        0, math.floor((plan["grpo_seconds"] - plan["grpo_probe_seconds"]) / plan["grpo_step_seconds"])
-    )
+    grpo_seconds_after_probe = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
+    assert plan["grpo_steps"] == 2 + max(0, math.floor(grpo_seconds_after_probe / plan["grpo_step_seconds"]))
     assert plan["grpo_step_seconds"] == phases["grpo"]["step_seconds"][1]
     # the control: SFT steps for GRPO's seconds at SFT's step time
-    assert (
-        summary["control_steps"]
-        == plan["control_steps"]
-        == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
-    )
+    assert summary["control_steps"] == plan["control_steps"]
+    assert plan["control_steps"] == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
     # RFT: as many steps as fit GRPO's seconds at its own probed step time
     assert summary["rft_steps"] == plan["rft_steps"] >= 2
-    assert plan["rft_steps"] == 2 + max(
-        0, math.floor((summary["grpo_seconds"] - plan["rft_probe_seconds"]) / plan["rft_probe_step_seconds"])
-    )
+    rft_seconds_after_probe = summary["grpo_seconds"] - plan["rft_probe_seconds"]
+    assert plan["rft_steps"] == 2 + max(0, math.floor(rft_seconds_after_probe / plan["rft_probe_step_seconds"]))
     rft_rows = _rows(tmp_path / "arc" / "rft" / "rft_metrics.jsonl")
     assert [r["step"] for r in rft_rows] == list(range(1, plan["rft_steps"] + 1))
     assert all(0 <= r["sampled_accuracy"] <= 1 and r["accepted"] <= 4 * 4 for r in rft_rows)
@@ -127,9 +85,8 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     for stage in ("base", "sft", "grpo", "control", "rft"):
         assert 0 <= summary[f"{stage}_accuracy"] <= 1 and summary[f"{stage}_format_rate"] is not None
     for stage in ("sft", "grpo", "control", "rft"):  # the sampled scores, k = 2
-        assert (
-            0 <= summary[f"{stage}_pass@1"] <= summary[f"{stage}_pass@2"] <= 1 and 0 <= summary[f"{stage}_maj@2"] <= 1
-        )
+        assert 0 <= summary[f"{stage}_pass@1"] <= summary[f"{stage}_pass@2"] <= 1
+        assert 0 <= summary[f"{stage}_maj@2"] <= 1
     assert {"rft → grpo", "sft → rft"} <= set(summary["paired"])
     assert summary["test_size"] == 16 and set(summary["phase_seconds"]) == {
         "load", "base_eval", "sft", "sft_eval", "grpo", "grpo_eval", "control", "control_eval", "rft", "rft_eval"}
@@ -179,17 +136,15 @@ def test_lora_arc_resumed_in_a_new_process_holds_the_same_weights_and_grpo_refer
 
 def test_an_interrupted_grpo_phase_continues_from_its_checkpoint(tmp_path):
     cfg = _tiny(tmp_path / "arc")
-    cfg = dataclasses.replace(
-        cfg, sft=dataclasses.replace(cfg.sft, steps=4), grpo=dataclasses.replace(cfg.grpo, steps=4)
-    )
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4),
+                              grpo=dataclasses.replace(cfg.grpo, steps=4))
     arc = Arc(cfg, "cpu", progress=False, rewards=[length_reward])
     arc.sft()
     trainer = arc.grpo_trainer()
     trainer.train(steps=2, progress=False)
     trainer.save(tmp_path / "arc" / "grpo" / "checkpoint")  # what save_every_seconds leaves behind
-    whole = Arc(
-        dataclasses.replace(cfg, output_dir=str(tmp_path / "whole")), "cpu", progress=False, rewards=[length_reward]
-    )
+    whole = Arc(dataclasses.replace(cfg, output_dir=str(tmp_path / "whole")), "cpu", progress=False,
+                rewards=[length_reward])
     whole.sft()
     whole.grpo()
 

@@ -81,12 +81,8 @@ def test_the_offline_gemma_tokenizer_is_gemmas_bpe_under_any_transformers(offlin
     ours = hub.gemma_tokenizer_from_gguf(gguf)
     theirs = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     chat = "<start_of_turn>user\nA train goes 101 km per hour for 5 hours.<end_of_turn>\n<start_of_turn>model\n"
-    assert ours(chat, add_special_tokens=False)["input_ids"][:4] == [
-        105,
-        2364,
-        107,
-        236776,
-    ]  # <start_of_turn> user \n A
+    assert ours(chat, add_special_tokens=False)["input_ids"][:4] == [105, 2364, 107,
+                                                                     236776]  # <start_of_turn> user \n A
     assert ours("<end_of_turn>", add_special_tokens=False)["input_ids"] == [106]
     texts = [chat, "  two  spaces\tand a tab\n\nnew lines", "Ünïcödé → ∑ 日本語 😀 $1,234.50",
              "<answer>505</answer><eos>", "def f(x):\n    return x**2  # comment", "<unused0><mask>"]

@@ -68,11 +68,8 @@ def _backward_ops(t: torch.Tensor, depth: int = 3) -> set[str]:
 
 
 def test_the_fused_head_skips_the_entropy_gradient_when_told_and_is_picked_only_for_a_frozen_large_head():
-    hidden, weight, ids = (
-        torch.randn(2, 5, 8, requires_grad=True),
-        torch.randn(40_000, 8),
-        torch.randint(0, 40_000, (2, 5)),
-    )
+    hidden, weight, ids = (torch.randn(2, 5, 8, requires_grad=True), torch.randn(40_000, 8),
+                           torch.randint(0, 40_000, (2, 5)))
     logp, ent = LP.token_logprobs_and_entropy(hidden, weight, ids, entropy_grad=False)
     assert "_FrozenHeadLogprobsBackward" in _backward_ops(logp) and ent.grad_fn is None
     logp.sum().backward()

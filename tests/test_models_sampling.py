@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_committed_tiny_gemma_files_match_the_script(tmp_path):
     subprocess.run(
         [sys.executable, "-c", f"from grpo_kit.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"],
-        check=True,
-    )
+        check=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_text() == (MODEL_SHAPES / "tiny-gemma" / name).read_text(), name
     assert json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text()) == TINY_CONFIG

@@ -33,8 +33,7 @@ def test_objectives_and_a_checked_exercise(path):
     assert "You will learn" in nb.cells[0].source, f"{path.name}: the first cell states the learning objectives"
     text = "\n".join(c.source for c in nb.cells)
     assert "### Exercise" in text and "nbk.check_exercise(" in text, (
-        f"{path.name}: needs an exercise and a cell that checks it"
-    )
+        f"{path.name}: needs an exercise and a cell that checks it")
 
 
 def install_cell(path: Path) -> str:
@@ -59,8 +58,7 @@ def test_the_install_cell_installs_the_commit_of_this_release_with_the_notebooks
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert release == f"v{version}" and re.fullmatch(r"[0-9a-f]{40}", commit), (release, commit)
     default = (
-        install.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0].replace("{KIT_COMMIT}", commit)
-    )
+        install.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0].replace("{KIT_COMMIT}", commit))
     requirement = Requirement("grpo-kit @ " + default)
     assert requirement.url == f"git+https://github.com/grpo-kit/grpo_kit@{commit}"
     assert 'pip("--no-deps", f"grpo-kit @ {KIT}")' in install and '"grpo-kit[notebooks]")' in install

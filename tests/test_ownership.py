@@ -266,10 +266,8 @@ def test_two_claims_in_one_process_share_one_manifest(tmp_path):
     command, trainer = rundir.claim(tmp_path / "run", "grpo"), rundir.claim(tmp_path / "run", "grpo")
     trainer.add("metrics.jsonl")
     command.add("checkpoint")
-    assert json.loads((tmp_path / "run" / ".grpo_kit" / "run.json").read_text())["entries"] == [
-        "metrics.jsonl",
-        "checkpoint",
-    ]
+    assert json.loads((tmp_path / "run" / ".grpo_kit" / "run.json").read_text())["entries"] == ["metrics.jsonl",
+                                                                                                "checkpoint"]
     command.release()
     trainer.release()
 

@@ -134,18 +134,11 @@ def test_math_modules_import_only_options_and_the_sampler_never_imports_the_log_
 def test_the_trainers_share_one_loop():
     """Optimizer, clip-and-guard step, skip guard, save-due check, checkpoint save/restore with its resume check,
     progress bar and time limit: written once, in loop.py; the trainers are their algorithms."""
-    shared = {
-        "torch.optim.AdamW(": "the optimizer",
-        "clip_grad_norm_(": "the clipped step",
-        "tqdm(": "the progress bar",
-        "check_skipped_in_a_row(": "the skip guard",
-        "save_checkpoint(": "saving",
-        "load_checkpoint(": "loading",
-        "self._last_save >=": "the save-due check",
-        "resume with the same value": "the resume check",
-        "max_seconds": "the time limit",
-        "claim(": "the output directory's claim",
-    }
+    shared = {"torch.optim.AdamW(": "the optimizer", "clip_grad_norm_(": "the clipped step",
+              "tqdm(": "the progress bar", "check_skipped_in_a_row(": "the skip guard", "save_checkpoint(": "saving",
+              "load_checkpoint(": "loading", "self._last_save >=": "the save-due check",
+              "resume with the same value": "the resume check", "max_seconds": "the time limit",
+              "claim(": "the output directory's claim"}
     for trainer in ("sft", "grpo", "rft"):
         code = "\n".join(line for line in (PACKAGE / f"{trainer}.py").read_text().splitlines()
                          if not line.lstrip().startswith(("#", '"""')))
@@ -252,8 +245,7 @@ def test_the_troubleshooting_page_quotes_messages_the_kit_prints():
     source = "".join(p.read_text() for p in package_sources())
     source = re.sub(r"\"\s*\n\s*f?\"|'\s*\n\s*f?'", "", source)  # adjacent string literals, as Python joins them
     quotes = [
-        line[2:] for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines() if line.startswith("> ")
-    ]
+        line[2:] for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines() if line.startswith("> ")]
     assert len(quotes) >= 12
     for quote in quotes:
         for fragment in quote.split("…"):

@@ -84,18 +84,10 @@ def test_every_real_gemma_preset_fits_its_board_per_the_planner():
         cfg = load_demo_config(name)
         g = cfg.grpo
         r = plan(
-            PlanInput(
-                model=cfg.model.name,
-                tpu=board,
-                lora=bool(cfg.model.lora),
-                prompts_per_step=g.prompts_per_step,
-                group_size=g.group_size,
-                prompt_length=_longest_prompt(cfg),
-                max_new_tokens=g.max_new_tokens,
-                micro_batch_size=g.micro_batch_size,
-                gradient_checkpointing=cfg.model.gradient_checkpointing,
-                beta=g.beta,
-            )
+            PlanInput(model=cfg.model.name, tpu=board, lora=bool(cfg.model.lora), prompts_per_step=g.prompts_per_step,
+                      group_size=g.group_size, prompt_length=_longest_prompt(cfg), max_new_tokens=g.max_new_tokens,
+                      micro_batch_size=g.micro_batch_size, gradient_checkpointing=cfg.model.gradient_checkpointing,
+                      beta=g.beta)
         )
         assert r["fits"], (name, r["estimate_gib"])
         checked.append(board)

@@ -57,8 +57,7 @@ def test_a_run_killed_five_times_resumes_to_the_uninterrupted_result(tmp_path):
     assert final.returncode == 0, final.stderr[-2000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 11)), (
-        f"steps logged: {[r['step'] for r in rows]} after kills {kills}"
-    )
+        f"steps logged: {[r['step'] for r in rows]} after kills {kills}")
     assert _computed(rows[-1]) == _computed(reference[-1])
     assert sorted(p.name for p in out.iterdir()) == [".grpo_kit", "checkpoint", "metrics.jsonl"]  # no leftovers
 
@@ -86,14 +85,12 @@ def test_sft_resumed_from_its_checkpoint_continues_exactly(tiny, task, tmp_path)
     rows_resumed = resumed.train(progress=False)
     assert [r["step"] for r in rows_resumed] == list(range(1, 7))
     assert [(r["loss"], r["learning_rate"]) for r in rows_resumed[3:]] == [
-        (r["loss"], r["learning_rate"]) for r in rows[3:]
-    ]
+        (r["loss"], r["learning_rate"]) for r in rows[3:]]
     for name, tensor in final.items():
         assert torch.equal(tensor, model.state_dict()[name]), name
     with pytest.raises(ValueError, match=r"SFTConfig.batch_size=4: the checkpoint .* was trained with 8"):
         SFTTrainer(model, tok, task.demonstrations(), dataclasses.replace(cfg, batch_size=4)).load(
-            tmp_path / "sft" / "checkpoint"
-        )
+            tmp_path / "sft" / "checkpoint")
 
 
 def test_an_ema_reference_is_saved_and_restored(sft_model, task, tmp_path):
@@ -107,18 +104,9 @@ def test_an_ema_reference_is_saved_and_restored(sft_model, task, tmp_path):
 
     model, tok = sft_model
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = GRPOConfig(
-        prompts_per_step=4,
-        group_size=4,
-        max_new_tokens=24,
-        micro_batch_size=8,
-        warmup_steps=1,
-        beta=0.1,
-        ema_reference=0.5,
-        learning_rate=1e-3,
-        reward_weights=DEFAULT_WEIGHTS,
-        output_dir=str(tmp_path / "g"),
-    )
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1, beta=0.1,
+                     ema_reference=0.5, learning_rate=1e-3, reward_weights=DEFAULT_WEIGHTS,
+                     output_dir=str(tmp_path / "g"))
     first = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), cfg)
     first.train(steps=2, progress=False)
     first.save(tmp_path / "ckpt")
@@ -126,8 +114,7 @@ def test_an_ema_reference_is_saved_and_restored(sft_model, task, tmp_path):
     reference = {k: v.clone() for k, v in first.reference.frozen.state_dict().items()}
     assert (tmp_path / "ckpt" / "reference.safetensors").exists()
     assert all(r["kl"] > 0 for r in rows[2:]), (
-        "the reference must have moved away from the policy for this to test anything"
-    )
+        "the reference must have moved away from the policy for this to test anything")
 
     model.load_state_dict(start)
     second = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), cfg, resume_metrics=True)
@@ -150,20 +137,9 @@ def test_sft_resumes_on_its_own_and_refuses_to_redo_or_overwrite_a_run(tmp_path)
     out, secret = tmp_path / "sft", "hf_SENTINEL_0123456789"
     settings = tmp_path / "settings.yaml"
     settings.write_text(
-        f"sft: {{steps: 4, batch_size: 8, log_every: 1}}\nmodel: {{hf_token: {secret}}}\ntask: {{num_test: 4}}\n"
-    )
-    common = [
-        "sft",
-        "--preset",
-        "cpu-tiny-quick",
-        "--config",
-        str(settings),
-        "--output-dir",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-    ]
+        f"sft: {{steps: 4, batch_size: 8, log_every: 1}}\nmodel: {{hf_token: {secret}}}\ntask: {{num_test: 4}}\n")
+    common = ["sft", "--preset", "cpu-tiny-quick", "--config", str(settings), "--output-dir", str(out), "--device",
+              "cpu", "--quiet"]
     outputs = [_cli(*common)]
     assert outputs[-1].returncode == 0, outputs[-1].stderr[-2000:]
 
@@ -176,14 +152,8 @@ def test_sft_resumes_on_its_own_and_refuses_to_redo_or_overwrite_a_run(tmp_path)
     outputs.append(_cli(*common[:-1]))
     assert outputs[-1].returncode == 0 and "resuming from" in outputs[-1].stderr and "at step 4" in outputs[-1].stderr
     assert json.loads(outputs[-1].stdout)["steps"] == 6
-    assert [r["step"] for r in map(json.loads, (out / "sft_metrics.jsonl").read_text().splitlines())] == [
-        1,
-        2,
-        3,
-        4,
-        5,
-        6,
-    ]
+    assert [r["step"] for r in map(json.loads, (out / "sft_metrics.jsonl").read_text().splitlines())] == [1, 2, 3, 4, 5,
+                                                                                                          6]
 
     outputs.append(_cli(*common, "--overwrite"))
     assert outputs[-1].returncode == 0 and json.loads(outputs[-1].stdout)["steps"] == 6

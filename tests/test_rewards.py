@@ -22,10 +22,7 @@ def test_correctness_exact_and_numeric():
     assert R.correctness_reward(None, comps, answer=["85"] * 5) == [1.0, 1.0, 1.0, 0.0, 0.0]
     half = R.make_correctness_reward(numeric_credit=0.5, rel_tol=0.02, name="lenient")
     assert half(None, ["<answer>85.0</answer>", "<answer>86</answer>", "<answer>90</answer>"], answer=["85"] * 3) == [
-        0.5,
-        0.5,
-        0.0,
-    ]
+        0.5, 0.5, 0.0]
     assert half.__name__ == "lenient"
     with pytest.raises(ValueError, match="answer"):
         R.correctness_reward(None, [GOOD])
@@ -44,13 +41,8 @@ def test_answer_digits_reward_gives_partial_credit_from_the_right():
 
 
 def test_arithmetic_steps_reward():
-    comps = [
-        GOOD,
-        "<reasoning>6+0=7, 1+8=9</reasoning>",
-        "<reasoning>no steps</reasoning>",
-        "7+8=15",
-        "<reasoning>2*3+4=10, 9-4=5</reasoning>",
-    ]
+    comps = [GOOD, "<reasoning>6+0=7, 1+8=9</reasoning>", "<reasoning>no steps</reasoning>", "7+8=15",
+             "<reasoning>2*3+4=10, 9-4=5</reasoning>"]
     assert R.arithmetic_steps_reward(None, comps) == [1.0, 0.5, 0.0, 0.0, 1.0]
 
 

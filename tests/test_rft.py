@@ -74,13 +74,8 @@ def test_a_resumed_rft_run_ends_with_the_weights_of_an_uninterrupted_one(tiny, s
     first.save(tmp_path / "cut" / "checkpoint")
     del first
     model.load_state_dict(sft_state)  # the new process starts from other weights; the checkpoint puts them back
-    resumed = RFTTrainer(
-        model,
-        tok,
-        _stream(task),
-        cfg.__class__(**{**cfg.__dict__, "output_dir": str(tmp_path / "cut")}),
-        resume_metrics=True,
-    )
+    resumed = RFTTrainer(model, tok, _stream(task),
+                         cfg.__class__(**{**cfg.__dict__, "output_dir": str(tmp_path / "cut")}), resume_metrics=True)
     resumed.load(tmp_path / "cut" / "checkpoint")
     assert resumed.step == 2 and resumed.prompts_drawn == 4
     resumed.train(progress=False)

@@ -61,10 +61,8 @@ def test_the_leaderboard_ranks_by_another_column_when_asked():
               {**_score("vote-best", [True] * 50 + [False] * 50), "maj@4": 70.0, "path": "b"}]
     _, by_accuracy = ranked_rows(scores)
     _, by_vote = ranked_rows(scores, by="maj@k")
-    assert [r[1] for r in by_accuracy] == ["greedy-best", "vote-best"] and [r[1] for r in by_vote] == [
-        "vote-best",
-        "greedy-best",
-    ]
+    assert [r[1] for r in by_accuracy] == ["greedy-best", "vote-best"] and [r[1] for r in by_vote] == ["vote-best",
+                                                                                                       "greedy-best"]
     assert by_vote[1][3].startswith("+10.0")  # the paired difference is always in greedy accuracy, from #1
     with pytest.raises(ValueError, match="rank by 'speed': one of accuracy, maj@k"):
         ranked_rows(scores, by="speed")
@@ -105,12 +103,10 @@ def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads
                                                                   "settings": scoring.SCORE_SETTINGS})
     data = tmp_path / "mine.jsonl"
     data.write_text(
-        "".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(20))
-    )
+        "".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(20)))
     common = ["--task", str(data), "--prompt-column", "question", "--num-test", "6", "--quiet"]
     assert (
-        main(["score", *common, "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s1"), "--name", "base"]) == 0
-    )
+        main(["score", *common, "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s1"), "--name", "base"]) == 0)
     printed = json.loads(capsys.readouterr().out.split("\nWrote")[0])
     score = json.loads((tmp_path / "s1" / "score.json").read_text())
     assert printed["accuracy"] == score["accuracy"] and score["n"] == 6 and len(score["items"]) == 6
@@ -119,12 +115,10 @@ def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads
     card = (tmp_path / "s1" / "RESULTS.md").read_text()
     assert card.startswith("# Results: base") and "greedy accuracy" in card and score["split_hash"][:12] in card
     assert (
-        main(["score", *common, "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s2"), "--name", "again"]) == 0
-    )
+        main(["score", *common, "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s2"), "--name", "again"]) == 0)
     capsys.readouterr()
     assert (
-        main(["leaderboard", str(tmp_path / "s1"), str(tmp_path / "s2"), "--output", str(tmp_path / "board.md")]) == 0
-    )
+        main(["leaderboard", str(tmp_path / "s1"), str(tmp_path / "s2"), "--output", str(tmp_path / "board.md")]) == 0)
     assert "| base |" in (tmp_path / "board.md").read_text() and "| again |" in capsys.readouterr().out
     assert (
         main(["score", *common[:-3], "--num-test", "5", "--model", "tiny-gemma", "--output-dir", str(tmp_path / "s3")])
@@ -137,15 +131,8 @@ def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads
     (tmp_path / "mine.txt").write_text("x")
     assert (
         main(
-            [
-                "score",
-                "--task",
-                str(tmp_path / "mine.txt"),
-                "--model",
-                "tiny-gemma",
-                "--output-dir",
-                str(tmp_path / "s1"),
-            ]
+            ["score", "--task", str(tmp_path / "mine.txt"), "--model", "tiny-gemma", "--output-dir",
+             str(tmp_path / "s1")]
         )
         == 2
     )
@@ -160,10 +147,8 @@ def test_an_arc_directory_is_scored_at_the_stage_asked(tmp_path, capsys, monkeyp
     from grpo_kit.demo import Arc
 
     monkeypatch.setattr(
-        scoring.score_model,
-        "__kwdefaults__",
-        {**scoring.score_model.__kwdefaults__, "settings": scoring.ScoreSettings(max_new_tokens=16, k=2)},
-    )
+        scoring.score_model, "__kwdefaults__",
+        {**scoring.score_model.__kwdefaults__, "settings": scoring.ScoreSettings(max_new_tokens=16, k=2)})
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i),
                                         "solution": f"{i} + {i} = {2 * i}"}) + "\n" for i in range(30)))

@@ -69,20 +69,8 @@ def test_a_refused_download_and_a_refused_push_never_show_the_token(hub, tmp_pat
     # a gated model from the stand-in hub: refused, with the token echoed back in the error page
     runs.append(
         _cli(
-            [
-                "train",
-                "--preset",
-                "cpu-tiny-quick",
-                "--model",
-                "google/gemma-3-1b-it",
-                "--config",
-                str(settings),
-                "--output-dir",
-                str(tmp_path / "refused"),
-                "--device",
-                "cpu",
-                "--quiet",
-            ],
+            ["train", "--preset", "cpu-tiny-quick", "--model", "google/gemma-3-1b-it", "--config", str(settings),
+             "--output-dir", str(tmp_path / "refused"), "--device", "cpu", "--quiet"],
             endpoint,
             tmp_path,
         )

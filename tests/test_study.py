@@ -22,11 +22,8 @@ def test_the_paired_difference_counts_fixed_and_broken_problems_and_its_interval
     first = [[True, False, False, True], [False, False, True, True]]
     second = [[True, True, False, False], [True, True, True, True]]
     d = paired_difference(first, second)
-    assert d["mean"] == pytest.approx(100 * (3 - 1) / 8) and (d["fixed"], d["broken"], d["paired_problems"]) == (
-        3,
-        1,
-        8,
-    )
+    assert d["mean"] == pytest.approx(100 * (3 - 1) / 8) and (d["fixed"], d["broken"], d["paired_problems"]) == (3, 1,
+                                                                                                                 8)
     assert d["low"] < d["mean"] < d["high"]
     assert paired_difference(first, second) == d  # seeded
     sure = paired_difference([[False] * 50], [[True] * 50])
@@ -71,16 +68,10 @@ def test_the_summary_pools_finished_seeds_and_leaves_unfinished_ones_out(tmp_pat
     assert scarce["seeds"] == [0, 1] and scarce["paired_problems"] == 8
     assert scarce["grpo_minus_sft_control"]["mean"] == pytest.approx(100 * 3 / 8)  # 5 right vs 2 of 8
     assert scarce["grpo_minus_rft"]["mean"] == pytest.approx(100 * 2 / 8)
-    assert scarce["stages"]["grpo"] == {
-        "accuracy": 62.5,
-        "format_rate": 100.0,
-        "pass@1": 50.0,
-        "maj@4": 25.0,
-        "pass@4": 75.0,
-    }
+    assert scarce["stages"]["grpo"] == {"accuracy": 62.5, "format_rate": 100.0, "pass@1": 50.0, "maj@4": 25.0,
+                                        "pass@4": 75.0}
     assert [c["finished"] for c in scarce["cells"]] == [True, True, False] and scarce["cells"][2][
-        "sft_accuracy"
-    ] == 100.0
+        "sft_accuracy"] == 100.0
     assert summary["regimes"]["beyond"]["seeds"] == [] and "grpo_minus_sft_control" not in summary["regimes"]["beyond"]
     assert summary["primary_metric"].startswith("greedy accuracy")
 
@@ -123,11 +114,7 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed():
     assert cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task.num_demonstrations == 32
     # the same work in every cell, whatever else the machine does: steps fixed, no time budget
     assert cfg.time_budget_minutes is None and (cfg.sft.steps, cfg.grpo.steps, cfg.control_steps, cfg.rft_steps) == (
-        160,
-        84,
-        217,
-        107,
-    )
+        160, 84, 217, 107)
     assert set(REGIMES) == {"plentiful", "scarce", "beyond"}
     with pytest.raises(ValueError, match="unknown regime 'easy'"):
         cell_config("cpu-gemma-270m", "easy", 0, "runs/x")

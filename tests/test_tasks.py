@@ -83,12 +83,9 @@ def test_gsm8k_final_answers_are_normalised_and_scored_numerically():
     assert row("The temperature was")["answer"] == "-3"
     assert row("A town spends $1,250,000")["answer"] == "1562500"
     assert row("A recipe needs 0.75")["answer"] == "1.5"
-    written = [
-        "<reasoning>…</reasoning><answer>$1,562,500</answer>",
-        "<reasoning>…</reasoning><answer>1.50 cups.</answer>",
-        "<reasoning>…</reasoning><answer>-3 degrees</answer>",
-        "<reasoning>…</reasoning><answer>3</answer>",
-    ]
+    written = ["<reasoning>…</reasoning><answer>$1,562,500</answer>",
+               "<reasoning>…</reasoning><answer>1.50 cups.</answer>",
+               "<reasoning>…</reasoning><answer>-3 degrees</answer>", "<reasoning>…</reasoning><answer>3</answer>"]
     assert correctness_reward(None, written, answer=["1562500", "1.5", "-3", "-3"]) == [1.0, 1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="row 0: the final answer '3 or 4' is not one number"):
         load_gsm8k([{"question": "q", "answer": "work\n#### 3 or 4"}])
@@ -131,8 +128,7 @@ def test_generated_word_problems_are_right_by_an_independent_check():
     assert seen_ops == {2, 3, 4}
     assert strict_format_reward(None, [r["completion"] for r in rows]) == [1.0] * len(rows)
     assert correctness_reward(None, [r["completion"] for r in rows], answer=[r["answer"] for r in rows]) == [1.0] * len(
-        rows
-    )
+        rows)
 
 
 def test_word_problem_splits_are_seeded_disjoint_and_by_difficulty():
@@ -141,10 +137,8 @@ def test_word_problem_splits_are_seeded_disjoint_and_by_difficulty():
     def questions(rows) -> list[str]:  # noqa: ANN001
         return [r["prompt"][-1]["content"] for r in rows]
 
-    task, again = (
-        WordProblemTask(seed=5, num_demonstrations=80, num_test=60),
-        WordProblemTask(seed=5, num_demonstrations=80, num_test=60),
-    )
+    task, again = (WordProblemTask(seed=5, num_demonstrations=80, num_test=60),
+                   WordProblemTask(seed=5, num_demonstrations=80, num_test=60))
     test, demos = questions(task.test_set()), questions(task.demonstrations())
     assert test == questions(again.test_set()) and demos == questions(again.demonstrations())
     assert len(set(test)) == 60 and len(set(demos)) == 80 and not set(test) & set(demos)
@@ -162,20 +156,17 @@ def test_a_gsm8k_file_splits_into_held_out_demonstrations_and_prompts_the_same_w
 
     rows = [json.loads(line) for line in (DATA / "gsm8k_sample.jsonl").read_text().splitlines()]
     task = make_task(
-        TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3, num_demonstrations=2)
-    )
+        TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3, num_demonstrations=2))
     assert isinstance(task, GSM8KTask)
     test, demos = task.test_set(), task.demonstrations()
     assert [r["prompt"][-1]["content"] for r in test] == [
-        r["question"].strip() for r in rows[:3]
-    ]  # the file's first rows
+        r["question"].strip() for r in rows[:3]]  # the file's first rows
     assert [r["prompt"][-1]["content"] for r in demos] == [r["question"].strip() for r in rows[3:5]]
     stream = task.prompt_stream()
     seen = [next(stream)["prompt"][-1]["content"] for _ in range(3 * (len(rows) - 5))]
     assert sorted(set(seen)) == sorted(r["question"].strip() for r in rows[5:])  # the rest, every pass
     again = make_task(
-        TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3, num_demonstrations=2)
-    )
+        TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3, num_demonstrations=2))
     assert [row["prompt"][-1]["content"] for row, _ in zip(again.prompt_stream(), seen, strict=False)] == seen  # seeded
     assert test[0]["answer"] == canonical_of(rows[0]) and "<<" not in demos[0]["completion"]
     with pytest.raises(ValueError, match="too few"):

@@ -42,9 +42,8 @@ def test_sft_collate_masks_only_the_completion(tiny, task):
 
 def test_sft_learns_the_format(tiny, task, tmp_path):
     model, tok = tiny
-    trainer = SFTTrainer(
-        model, tok, task.demonstrations(), SFTConfig(steps=60, batch_size=16, output_dir=str(tmp_path))
-    )
+    trainer = SFTTrainer(model, tok, task.demonstrations(),
+                         SFTConfig(steps=60, batch_size=16, output_dir=str(tmp_path)))
     rows = trainer.train(progress=False)
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
     result = evaluate(model, tok, task.test_set(), max_new_tokens=32)
@@ -58,40 +57,15 @@ def test_grpo_step_metrics_and_controls(sft_model, task, tmp_path):
     cfg = GRPOConfig(**SMALL, beta=0.04, output_dir=str(tmp_path), reward_weights=DEFAULT_WEIGHTS)
     trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(), cfg, controls=controls)
     row = trainer.train_step()
-    for key in (
-        "reward_mean",
-        "reward_std",
-        "rewards/correctness_reward/mean",
-        "rewards/strict_format_reward/std",
-        "accuracy",
-        "advantage_mean",
-        "advantage_hist",
-        "kl",
-        "policy_loss",
-        "clip_low",
-        "clip_high",
-        "entropy",
-        "completion_length_mean",
-        "completion_length_max",
-        "truncated_fraction",
-        "zero_std_fraction",
-        "grad_norm",
-        "learning_rate",
-        "beta",
-        "step_seconds",
-        "tokens_per_s",
-        "completions",
-    ):
+    for key in ("reward_mean", "reward_std", "rewards/correctness_reward/mean", "rewards/strict_format_reward/std",
+                "accuracy", "advantage_mean", "advantage_hist", "kl", "policy_loss", "clip_low", "clip_high",
+                "entropy", "completion_length_mean", "completion_length_max", "truncated_fraction",
+                "zero_std_fraction", "grad_norm", "learning_rate", "beta", "step_seconds", "tokens_per_s",
+                "completions"):
         assert key in row, key
     assert sum(row["advantage_hist"]) == 16
-    phases = (
-        "rollout_seconds",
-        "reward_seconds",
-        "logprob_seconds",
-        "forward_seconds",
-        "backward_seconds",
-        "optimizer_seconds",
-    )
+    phases = ("rollout_seconds", "reward_seconds", "logprob_seconds", "forward_seconds", "backward_seconds",
+              "optimizer_seconds")
     assert all(row[k] > 0 for k in phases), {k: row.get(k) for k in phases}
     assert sum(row[k] for k in phases) <= row["step_seconds"]  # disjoint parts of the step
     assert abs(row["policy_loss"]) < 1e-4 + abs(row["kl"]) * 0.04 + 1e-3  # ρ = 1 at μ = 1: loss ≈ β·KL
@@ -127,9 +101,8 @@ def test_grpo_raises_reward_end_to_end(sft_model, task):
 ])
 def test_grpo_variants_run_and_stay_finite(sft_model, task, overrides):
     model, tok = sft_model
-    trainer = GRPOTrainer(
-        model, tok, DEFAULT_REWARDS, task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None, **overrides)
-    )
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=None, **overrides))
     rows = trainer.train(steps=2, progress=False)
     assert all(torch.isfinite(torch.tensor(r["policy_loss"])) for r in rows)
     if overrides.get("num_iterations", 1) > 1:
@@ -157,18 +130,16 @@ def test_reward_failure_stops_the_run_with_names(sft_model, task):
     def flaky_reward(prompts, completions, **_):
         raise KeyError("boom")
 
-    trainer = GRPOTrainer(
-        model, tok, [correctness_reward, flaky_reward], task.prompt_stream(), GRPOConfig(**SMALL, output_dir=None)
-    )
+    trainer = GRPOTrainer(model, tok, [correctness_reward, flaky_reward], task.prompt_stream(),
+                          GRPOConfig(**SMALL, output_dir=None))
     with pytest.raises(Exception, match="'flaky_reward' raised KeyError"):
         trainer.train_step()
     lenient = GRPOTrainer(model, tok, [correctness_reward, flaky_reward], task.prompt_stream(),
                           GRPOConfig(**SMALL, output_dir=None, reward_on_error="zero"))
     assert lenient.train_step()["reward_failures"] == 16
     with pytest.raises(ValueError, match="unknown rewards"):
-        GRPOTrainer(
-            model, tok, [correctness_reward], task.prompt_stream(), GRPOConfig(**SMALL, reward_weights={"typo": 1})
-        )
+        GRPOTrainer(model, tok, [correctness_reward], task.prompt_stream(),
+                    GRPOConfig(**SMALL, reward_weights={"typo": 1}))
 
 
 def test_checkpoint_resume_reproduces_the_run(sft_model, task, tmp_path):
@@ -182,14 +153,8 @@ def test_checkpoint_resume_reproduces_the_run(sft_model, task, tmp_path):
     final_a = {k: v.clone() for k, v in model.state_dict().items()}
 
     model.load_state_dict(start)
-    b = GRPOTrainer(
-        model,
-        tok,
-        DEFAULT_REWARDS,
-        task.prompt_stream(),
-        dataclasses.replace(cfg, output_dir=str(tmp_path / "a")),
-        resume_metrics=True,
-    )
+    b = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(),
+                    dataclasses.replace(cfg, output_dir=str(tmp_path / "a")), resume_metrics=True)
     b.load(tmp_path / "ckpt")
     assert b.step == 2 and [r["step"] for r in b.logger.rows] == [1, 2]
     rows_b = b.train(steps=4, progress=False)
@@ -221,9 +186,8 @@ def test_sft_skips_a_non_finite_step_and_stops_after_several_in_a_row(tiny, task
     from grpo_kit.validation import TrainingDiverged
 
     model, tok = tiny
-    trainer = SFTTrainer(
-        model, tok, task.demonstrations(), SFTConfig(steps=20, batch_size=4, output_dir=None, max_skipped_steps=3)
-    )
+    trainer = SFTTrainer(model, tok, task.demonstrations(),
+                         SFTConfig(steps=20, batch_size=4, output_dir=None, max_skipped_steps=3))
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     hook = params[0].register_hook(lambda g: g * float("nan"))
@@ -231,9 +195,8 @@ def test_sft_skips_a_non_finite_step_and_stops_after_several_in_a_row(tiny, task
     assert row["skipped_updates"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, params, strict=True)), "a NaN step changed the weights"
     trainer.train_step()
-    with pytest.raises(
-        TrainingDiverged, match=r"3 steps in a row had a non-finite loss or gradient .* SFTConfig.max_skipped_steps"
-    ):
+    with pytest.raises(TrainingDiverged,
+                       match=r"3 steps in a row had a non-finite loss or gradient .* SFTConfig.max_skipped_steps"):
         trainer.train_step()
     hook.remove()
     assert trainer.train_step()["skipped_updates"] == 0.0  # a finite step trains again
@@ -295,11 +258,8 @@ def test_pass_at_k_counts_a_problem_solved_by_any_of_its_k_samples(monkeypatch):
 
     monkeypatch.setattr(evaluation, "generate_completions", fake_generate)
     assert evaluation.pass_at_k(None, None, dataset, k=2, temperature=0.7) == pytest.approx(2 / 3)
-    assert (
-        seen["prompts"] == ["p0", "p0", "p1", "p1", "p2", "p2"]
-        and seen["greedy"] is False
-        and seen["temperature"] == 0.7
-    )
+    assert (seen["prompts"] == ["p0", "p0", "p1", "p1", "p2", "p2"] and seen["greedy"] is False
+            and seen["temperature"] == 0.7)
     with pytest.raises(ValueError, match="k=0"):
         evaluation.pass_at_k(None, None, dataset, k=0)
 
@@ -332,27 +292,15 @@ def test_groups_with_zero_advantage_are_left_out_of_the_update_with_the_same_res
     start = {k: v.clone() for k, v in model.state_dict().items()}
 
     def first_prompt_constant(prompts, completions, completion_ids, **kw):  # noqa: ANN001, ANN003
-        return [
-            1.0 if p == prompts[0] else float(sum(i % 5 for i in ids))
-            for p, ids in zip(prompts, completion_ids, strict=True)
-        ]
+        return [1.0 if p == prompts[0] else float(sum(i % 5 for i in ids))
+                for p, ids in zip(prompts, completion_ids, strict=True)]
 
     runs = []
     for skip in (True, False):
         model.load_state_dict(start)
-        cfg = GRPOConfig(
-            prompts_per_step=3,
-            group_size=4,
-            micro_batch_size=4,
-            max_new_tokens=12,
-            learning_rate=1e-3,
-            warmup_steps=0,
-            log_kl=False,
-            skip_zero_advantage_groups=skip,
-            output_dir=None,
-            log_completions=0,
-            **overrides,
-        )
+        cfg = GRPOConfig(prompts_per_step=3, group_size=4, micro_batch_size=4, max_new_tokens=12, learning_rate=1e-3,
+                         warmup_steps=0, log_kl=False, skip_zero_advantage_groups=skip, output_dir=None,
+                         log_completions=0, **overrides)
         trainer = GRPOTrainer(model, tok, [first_prompt_constant], task.prompt_stream(seed=3), cfg)
         row = trainer.train_step()
         runs.append((row, [p.detach().clone() for p in trainer.params]))
@@ -376,9 +324,8 @@ def test_a_step_where_every_group_has_zero_advantage_still_steps_the_optimizer(s
         model.load_state_dict(start)
         cfg = GRPOConfig(prompts_per_step=3, group_size=4, micro_batch_size=4, max_new_tokens=12, warmup_steps=0,
                          log_kl=False, skip_zero_advantage_groups=skip, output_dir=None, log_completions=0)
-        trainer = GRPOTrainer(
-            model, tok, [lambda prompts, completions, **kw: [0.5] * len(completions)], task.prompt_stream(seed=3), cfg
-        )
+        trainer = GRPOTrainer(model, tok, [lambda prompts, completions, **kw: [0.5] * len(completions)],
+                              task.prompt_stream(seed=3), cfg)
         row = trainer.train_step()
         state = trainer.optimizer.state
         runs.append((row, [int(state[p]["step"]) for p in trainer.params]))
@@ -407,13 +354,8 @@ def test_gated_shaped_rewards_give_all_wrong_groups_no_advantage(sft_model, task
         assert row["reward_std"] > 0
         assert (row["advantage_std"] == 0) is gate
     with pytest.raises(ConfigError, match="gate_shaped_rewards needs accuracy_reward"):
-        GRPOTrainer(
-            model,
-            tok,
-            [length_reward],
-            task.prompt_stream(),
-            GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=True),
-        )
+        GRPOTrainer(model, tok, [length_reward], task.prompt_stream(),
+                    GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=True))
 
 
 def test_dynamic_sampling_refills_the_step_with_groups_whose_rewards_differ(sft_model, task, tmp_path):
@@ -424,9 +366,8 @@ def test_dynamic_sampling_refills_the_step_with_groups_whose_rewards_differ(sft_
     constant_on: set = set()
 
     def half_constant_reward(prompts, completions, **kw):  # noqa: ANN001, ANN003
-        return [
-            1.0 if str(p) in constant_on else i % 4 / 4 for i, p in enumerate(prompts)
-        ]  # a group's rows are contiguous
+        # a group's rows are contiguous
+        return [1.0 if str(p) in constant_on else i % 4 / 4 for i, p in enumerate(prompts)]
 
     stream = task.prompt_stream(seed=3)
     firsts = [next(stream) for _ in range(40)]

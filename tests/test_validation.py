@@ -98,8 +98,7 @@ def test_an_unknown_preset_is_refused_by_the_parser(capsys):
 def test_unambiguous_values_are_coerced(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(
-        "grpo: {learning_rate: 3e-4, steps: 10.0, max_seconds: '90'}\nmodel: {lora_target_modules: [q_proj, v_proj]}\n"
-    )
+        "grpo: {learning_rate: 3e-4, steps: 10.0, max_seconds: '90'}\nmodel: {lora_target_modules: [q_proj, v_proj]}\n")
     cfg = load_demo_config("cpu-tiny", path)
     assert GRPOConfig(output_dir=tmp_path / "run").output_dir == str(tmp_path / "run")  # a Path is a directory name
     assert cfg.grpo.learning_rate == 3e-4 and isinstance(cfg.grpo.learning_rate, float)
@@ -188,14 +187,8 @@ def test_each_rule_is_written_beside_its_field_and_a_new_one_is_checked_everywhe
     from grpo_kit import config, validation
 
     assert not hasattr(validation, "RULES"), "rules live beside their fields (config.py), not in a table by class name"
-    for cls in (
-        config.ModelConfig,
-        config.TaskConfig,
-        config.SFTConfig,
-        config.RFTConfig,
-        config.GRPOConfig,
-        config.RunConfig,
-    ):
+    for cls in (config.ModelConfig, config.TaskConfig, config.SFTConfig, config.RFTConfig, config.GRPOConfig,
+                config.RunConfig):
         for f in dataclasses.fields(cls):
             rule = f.metadata.get("rule")
             if rule is not None and f.default is not None and f.default is not dataclasses.MISSING:

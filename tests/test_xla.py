@@ -64,10 +64,8 @@ def test_xla_matches_eager_cpu(one_device):
 def test_graph_count_does_not_grow_with_max_new_tokens(one_device):
     longer = xla_check("--devices", "1", "--steps", "3", "--max-new-tokens", "32")
     assert longer["returncode"] == 0, longer
-    assert longer["total_graphs"] == one_device["total_graphs"], (
-        longer["graphs_per_phase"],
-        one_device["graphs_per_phase"],
-    )
+    assert longer["total_graphs"] == one_device["total_graphs"], (longer["graphs_per_phase"],
+                                                                  one_device["graphs_per_phase"])
 
 
 def test_spmd_8_devices_matches_1_device(one_device):
@@ -308,13 +306,8 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     hidden.requires_grad_(), weight.requires_grad_()
     logp, entropy = token_logprobs_and_entropy(hidden, weight, ids, temperature=0.9, chunk_rows=1)
     ((logp * coef).sum() + entropy.sum()).backward()
-    want = {
-        "logp": logp,
-        "entropy": entropy,
-        "grad_hidden": hidden.grad,
-        "grad_weight_rows": weight.grad[ids.flatten()],
-        "grad_weight_norm": weight.grad.norm(),
-    }
+    want = {"logp": logp, "entropy": entropy, "grad_hidden": hidden.grad,
+            "grad_weight_rows": weight.grad[ids.flatten()], "grad_weight_norm": weight.grad.norm()}
     for name, value in want.items():  # the norm sums 1.3M squares: XLA's order and exp differ in the 4th digit
         rtol = 1e-3 if name == "grad_weight_norm" else 1e-4
         assert torch.allclose(got[name], value.detach(), atol=1e-4, rtol=rtol), (name, (got[name] - value).abs().max())

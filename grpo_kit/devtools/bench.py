@@ -123,12 +123,8 @@ def paired_ratio(kit: list[float], reference: list[float]) -> dict[str, Any]:
     """kit_i / reference_i over interleaved repeat pairs: the median, and the spread (min–max) over the pairs.
     Each pair ran back to back, so a slow spell of the machine moves both sides of a pair alike."""
     ratios = [k / r for k, r in zip(kit, reference, strict=True)]
-    return {
-        "median": statistics.median(ratios),
-        "min": min(ratios),
-        "max": max(ratios),
-        "all": [round(r, 4) for r in ratios],
-    }
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "all": [round(r, 4) for r in ratios]}
 
 
 def sft_model(steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
@@ -138,11 +134,8 @@ def sft_model(steps: int | None = None) -> tuple[torch.nn.Module, Any, Arithmeti
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = ArithmeticTask(num_demonstrations=cfg.task.num_demonstrations, num_test=cfg.task.num_test)
     SFTTrainer(
-        model,
-        tokenizer,
-        task.demonstrations(),
-        SFTConfig(**{**cfg.sft.__dict__, "steps": steps or cfg.sft.steps, "output_dir": None}),
-    ).train(progress=False)
+        model, tokenizer, task.demonstrations(),
+        SFTConfig(**{**cfg.sft.__dict__, "steps": steps or cfg.sft.steps, "output_dir": None})).train(progress=False)
     return model, tokenizer, task
 
 
@@ -247,34 +240,14 @@ def _trl_trainer(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], ou
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    settings = dict(
-        output_dir=out,
-        per_device_train_batch_size=sizes.prompts * sizes.group,
-        num_generations=sizes.group,
-        max_completion_length=sizes.new_tokens,
-        temperature=0.7,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        loss_type="grpo",
-        scale_rewards="group",
-        epsilon=0.2,
-        learning_rate=1e-4,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_steps=10,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        bf16=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_dropout=True,
-        shuffle_dataset=False,
-        reward_weights=[DEFAULT_WEIGHTS.get(f.__name__, 1.0) for f in DEFAULT_REWARDS],
-        seed=0,
-        model_init_kwargs={"dtype": torch.float32, "attn_implementation": "eager"},
-    )
+    settings = dict(output_dir=out, per_device_train_batch_size=sizes.prompts * sizes.group,
+                    num_generations=sizes.group, max_completion_length=sizes.new_tokens, temperature=0.7, top_p=1.0,
+                    top_k=0, beta=0.0, loss_type="grpo", scale_rewards="group", epsilon=0.2, learning_rate=1e-4,
+                    lr_scheduler_type="constant", warmup_steps=0, max_steps=10, gradient_checkpointing=False,
+                    use_cpu=True, bf16=False, logging_steps=1, save_strategy="no", report_to="none",
+                    disable_dropout=True, shuffle_dataset=False,
+                    reward_weights=[DEFAULT_WEIGHTS.get(f.__name__, 1.0) for f in DEFAULT_REWARDS], seed=0,
+                    model_init_kwargs={"dtype": torch.float32, "attn_implementation": "eager"})
     settings.update(overrides)
     from transformers import PrinterCallback, ProgressCallback
 
@@ -328,21 +301,12 @@ def bench_grpo_step(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask
                      skip_zero_advantage_groups=False)  # the same work as TRL's update: every group
     pairs = _interleaved(GRPOTrainer(copy.deepcopy(model), tokenizer, DEFAULT_REWARDS, iter(rows), cfg), after_pair)
     with tempfile.TemporaryDirectory() as out:
-        trl = _trl_trainer(
-            model_path or _saved(model, tokenizer, Path(out) / "start"),
-            tokenizer,
-            rows,
-            out,
-            sizes=sizes,
-            peft_config=peft_config,
-            beta=beta,
-            max_steps=repeats + 1,
-        )
+        trl = _trl_trainer(model_path or _saved(model, tokenizer, Path(out) / "start"), tokenizer, rows, out,
+                           sizes=sizes, peft_config=peft_config, beta=beta, max_steps=repeats + 1)
         trl.add_callback(pairs)
         trl.train()
         trl_lengths = [
-            h.get("completions/mean_length") for h in trl.state.log_history if "completions/mean_length" in h
-        ]
+            h.get("completions/mean_length") for h in trl.state.log_history if "completions/mean_length" in h]
         trl_zero_std = [h["frac_reward_zero_std"] for h in trl.state.log_history if "frac_reward_zero_std" in h]
     kit_rows, trl_seconds = pairs.kit_rows[1:], pairs.trl_seconds[1:]
     kit_seconds = [r["step_seconds"] for r in kit_rows]
@@ -448,12 +412,8 @@ def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask,
 
     kit_model = copy.deepcopy(model)
     kit = GRPOTrainer(
-        kit_model,
-        tokenizer,
-        DEFAULT_REWARDS,
-        task.prompt_stream(seed=2),
-        GRPOConfig(**{**demo.__dict__, "output_dir": None, "reward_weights": DEFAULT_WEIGHTS, "log_kl": False}),
-    )
+        kit_model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(seed=2),
+        GRPOConfig(**{**demo.__dict__, "output_dir": None, "reward_weights": DEFAULT_WEIGHTS, "log_kl": False}))
     points["kit"].append((0.0, evaluate(kit_model, tokenizer, test)["accuracy"]))
     trained, since_eval = 0.0, 0.0
     while trained < budget_s:
@@ -515,11 +475,7 @@ def xla_graph_counts(token_counts: tuple[int, ...], *, prompts: int, group: int)
     for n in token_counts:
         proc = subprocess.run(
             [sys.executable, "-m", "grpo_kit.devtools.bench", "xla-graphs", str(n), str(prompts), str(group)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=3600,
-        )
+            capture_output=True, text=True, env=env, timeout=3600)
         if proc.returncode != 0:
             return {"error": proc.stderr[-2000:]}
         for key, value in json.loads(proc.stdout.strip().splitlines()[-1]).items():
@@ -547,16 +503,8 @@ def _xla_child(token_counts: list[int], sizes: BenchSizes) -> dict[str, Any]:
     for n in token_counts:
         for key in ("kit", "kit_again"):
             before, t = compiles(), time.perf_counter()
-            roll = sample(
-                model,
-                ids,
-                mask,
-                max_new_tokens=n,
-                stop_ids=stops,
-                pad_id=tokenizer.pad_token_id,
-                temperature=1.0,
-                generator=torch.Generator().manual_seed(0),
-            )
+            roll = sample(model, ids, mask, max_new_tokens=n, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                          temperature=1.0, generator=torch.Generator().manual_seed(0))
             roll.completion_ids.cpu()
             result[key][n] = compiles() - before
             if key == "kit":
@@ -625,21 +573,14 @@ def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> 
         "trl_step_s": {str(s["beta"]): s["trl_step_s"]["median"] for s in steps},
         "step_time_ratio": {str(s["beta"]): s["step_time_ratio"]["median"] for s in steps},
         "step_time_ratio_spread": {
-            str(s["beta"]): [s["step_time_ratio"]["min"], s["step_time_ratio"]["max"]] for s in steps
-        },
+            str(s["beta"]): [s["step_time_ratio"]["min"], s["step_time_ratio"]["max"]] for s in steps},
         "xla_graphs_kit": xla_graphs.get("kit") if xla_graphs else None,
         "xla_graphs_hf": xla_graphs.get("hf") if xla_graphs else None,
         "accuracy_vs_seconds": learning["accuracy_vs_seconds"],
         **_real_fields(real),
         **_capstone_fields(capstone),
-        "details": {
-            "rollouts": rollouts,
-            "grpo_steps": steps,
-            "xla": xla_graphs,
-            "learning": learning,
-            "real": real,
-            "capstone": capstone,
-        },
+        "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning, "real": real,
+                    "capstone": capstone},
         "seconds": round(time.perf_counter() - start, 1),
     }
     say(f"done in {result['seconds']:.0f} s")
@@ -766,15 +707,14 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
         "| measure | grpo_kit | reference | ratio (median of pairs; min–max) | goal |",
         "|---|---|---|---|---|",
         f"| rollout tokens/s (median of {result['rollout_repeats']}) | {result['sampler_tokens_per_s']:.0f} | HF "
-        f"generate "
-        f"{result['hf_generate_tokens_per_s']:.0f} | {result['sampler_speedup']:.2f}× ({low:.2f}–{high:.2f}) | ≥ 2× |",
+        f"generate {result['hf_generate_tokens_per_s']:.0f} | {result['sampler_speedup']:.2f}× ({low:.2f}–{high:.2f}) "
+        f"| ≥ 2× |",
     ]
     first = roll.get("compiled_first_rollout_s")
     for key, label in (
         ("sampler_compiled_tokens_per_s", f"kit with `compile_sampler=True` (first rollout {first or 0:.0f} s)"),
         ("sampler_per_row_prefill_tokens_per_s", "kit, each row prefilled on its own"),
-        ("sampler_hf_forward_tokens_per_s", "kit, HF's forward instead of the lean one"),
-    ):
+        ("sampler_hf_forward_tokens_per_s", "kit, HF's forward instead of the lean one")):
         if key in roll:
             ratio = roll[key]["median"] / result["hf_generate_tokens_per_s"]
             rows.append(f"| rollout tokens/s: {label} | {roll[key]['median']:.0f} | | {ratio:.2f}× | |")
@@ -787,8 +727,7 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
     kit_pts, trl_pts = learn["accuracy_vs_seconds"]["kit"], learn["accuracy_vs_seconds"]["trl"]
     rows.append(
         f"| held-out accuracy after {learn['budget_s']:.0f} s of training | {kit_pts[-1][1]:.1%} ({learn['kit_steps']} "
-        f"steps) | "
-        f"TRL {trl_pts[-1][1]:.1%} ({learn['trl_steps']} steps) | | ≥ TRL |"
+        f"steps) | TRL {trl_pts[-1][1]:.1%} ({learn['trl_steps']} steps) | | ≥ TRL |"
     )
     real = d.get("real")
     if real:
@@ -810,9 +749,9 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
             run = capstone[variant]
             rows.append(
                 f"| capstone step s, `{capstone['preset']}` ({run['prompts']} × G {run['group']}, "
-                f"{run['max_new_tokens']} tokens), {label} (median; min of {capstone['steps']}) | "
-                f"{run['step_s']['median']:.2f}; {run['step_s']['min']:.2f} | | | ≤ {capstone['goals_s'][variant]:g} s "
-                f"|"
+                f"{run['max_new_tokens']} tokens), {label} (median; "
+                f"min of {capstone['steps']}) | {run['step_s']['median']:.2f}; "
+                f"{run['step_s']['min']:.2f} | | | ≤ {capstone['goals_s'][variant]:g} s |"
             )
         elif capstone:
             rows.append(f"| capstone step s, {label} | failed: see benchmarks.json | | | |")
@@ -822,9 +761,8 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
 def _step_row(label: str, step: dict[str, Any], goal: str = "≤ 0.5") -> str:
     kit, trl, ratio = step["grpo_step_s"], step["trl_step_s"], step["step_time_ratio"]
     return (
-        f"| {label} (median; min) | {kit['median']:.2f}; {kit['min']:.2f} | TRL {trl['median']:.2f}; {trl['min']:.2f} "
-        f"| "
-        f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f}) | {goal} |"
+        f"| {label} (median; min) | {kit['median']:.2f}; {kit['min']:.2f} | TRL {trl['median']:.2f}; "
+        f"{trl['min']:.2f} | {ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f}) | {goal} |"
     )
 
 
@@ -837,12 +775,11 @@ def _breakdown_text(real: dict[str, Any]) -> list[str]:
         f"{step['grpo_step_s']['median']:.1f} s. Completion lengths: kit {step['kit_completion_length']:.1f}, TRL "
         f"{step['trl_completion_length'] or float('nan'):.1f} tokens. Groups with all rewards equal: kit "
         f"{step['kit_zero_std_fraction']:.0%}, TRL {_percent(step['trl_zero_std_fraction'])}; both updates run on "
-        f"every "
-        f"completion (the kit's `skip_zero_advantage_groups` is off here, so the two do the same work). Shape: "
-        f"{real['prompts']} prompts × G {real['group']}, "
-        f"{real['new_tokens']} new tokens (forced in the rollout comparison), float32 weights (the kit's sampler "
-        f"multiplies its weights in {real.get('head_products', 'float32')}), LoRA r {real['lora_r']} "
-        f"(α {2 * real['lora_r']}) on every projection on both sides, β 0, loss_type grpo.",
+        f"every completion (the kit's `skip_zero_advantage_groups` is off here, so the two do the same work). Shape: "
+        f"{real['prompts']} prompts × G {real['group']}, {real['new_tokens']} new tokens (forced in the rollout "
+        f"comparison), float32 weights (the kit's sampler multiplies its weights in "
+        f"{real.get('head_products', 'float32')}), LoRA r {real['lora_r']} (α {2 * real['lora_r']}) on every "
+        f"projection on both sides, β 0, loss_type grpo.",
         "",
     ]
 
@@ -881,21 +818,19 @@ def _report_text(result: dict[str, Any]) -> str:
             "",
             *(_breakdown_text(result["details"]["real"]) if result["details"].get("real") else []),
             "Ratios: each repeat runs the kit and the reference back to back (rollouts round by round, each side on "
-            "the "
-            "tiny model the fastest of 3 calls with the garbage collector off; GRPO steps "
-            "alternating inside one TRL training run; the real model's rollout rounds run one after each step pair, so "
-            "they sample the machine across the whole section), and a ratio is the median over those pairs, its spread "
-            "the smallest and largest pair.",
+            "the tiny model the fastest of 3 calls with the garbage collector off; GRPO steps alternating inside one "
+            "TRL training run; the real model's rollout rounds run one after each step pair, so they sample the "
+            "machine across the whole section), and a ratio is the median over those pairs, its spread the smallest "
+            "and largest pair.",
             "",
-            "What is compared: the same tiny Gemma weights (after the demo's SFT warm-up) on both sides; rollouts at T "
-            "= 1 "
+            "What is compared: the same tiny Gemma weights (after the demo's SFT warm-up) on both sides; "
+            "rollouts at T = 1 "
             f"with lengths forced to {sizes['new_tokens']} tokens (the kit prefills each prompt once for its group of "
             f"{sizes['group']}, as its trainer does; HF generate gets the repeated prompts, as TRL gives them to it); "
             f"GRPO steps "
-            "with loss_type grpo, group z-scored advantages, lr 1e-4, no gradient checkpointing, TRL's KL term at β = "
-            "0.04 "
-            "and the kit's k3 KL; the learning run uses the demo's GRPO settings (128 prompts × G 4, 32 new tokens, T "
-            "0.7, "
+            "with loss_type grpo, group z-scored advantages, lr 1e-4, no gradient checkpointing, "
+            "TRL's KL term at β = 0.04 and the kit's k3 KL; "
+            "the learning run uses the demo's GRPO settings (128 prompts × G 4, 32 new tokens, T 0.7, "
             "lr 1e-4 with 3 warm-up steps) for both, the same three reward functions and weights, and the kit's greedy "
             f"evaluator on the same held-out problems. Completion lengths differ by sampling: {lengths}.",
             "",

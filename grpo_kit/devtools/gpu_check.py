@@ -76,18 +76,8 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     ids, mask = grouped_prompts(model.config.vocab_size, device)
     ids, mask = ids[:32], mask[:32]
     rolls = [
-        sample(
-            model,
-            ids,
-            mask,
-            max_new_tokens=24,
-            stop_ids=list(range(1, 20)),
-            pad_id=0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(4),
-            group_size=GROUP,
-            lean=lean,
-        )
+        sample(model, ids, mask, max_new_tokens=24, stop_ids=list(range(1, 20)), pad_id=0, temperature=1.0,
+               generator=torch.Generator().manual_seed(4), group_size=GROUP, lean=lean)
         for lean in (True, False)
     ]
     out = {"sampler_same_tokens": float(torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)),
@@ -139,24 +129,14 @@ def lora_checks(model: torch.nn.Module) -> dict[str, float]:
             )
             for lean in (True, False)
         ]
-        roll = sample(
-            model,
-            ids,
-            mask,
-            max_new_tokens=16,
-            stop_ids=[1],
-            pad_id=0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(0),
-            group_size=GROUP,
-        )
+        roll = sample(model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, temperature=1.0,
+                      generator=torch.Generator().manual_seed(0), group_size=GROUP)
         with torch.no_grad():
             scored, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1])
         return {
             "greedy_same_tokens": float(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
             "sampled_logprob_vs_scored_max_diff": float(
-                ((roll.sampling_logprobs - scored) * roll.completion_mask).abs().max()
-            ),
+                ((roll.sampling_logprobs - scored) * roll.completion_mask).abs().max()),
         }
     finally:
         torch.set_float32_matmul_precision(precision)
@@ -168,18 +148,8 @@ def rollout_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     tokens = ids.shape[0] * NEW
 
     def kit(compiled: bool = False) -> None:
-        sample(
-            model,
-            ids,
-            mask,
-            max_new_tokens=NEW,
-            stop_ids=[],
-            pad_id=0,
-            temperature=1.0,
-            generator=torch.Generator().manual_seed(0),
-            group_size=GROUP,
-            compiled=compiled,
-        )
+        sample(model, ids, mask, max_new_tokens=NEW, stop_ids=[], pad_id=0, temperature=1.0,
+               generator=torch.Generator().manual_seed(0), group_size=GROUP, compiled=compiled)
 
     def hf() -> None:
         model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
@@ -201,23 +171,12 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     """Forward + backward of the log-prob forward on sampled completions (mean length as sampled), per mode."""
     device = next(model.parameters()).device
     ids, mask = grouped_prompts(model.config.vocab_size, device)
-    roll = sample(
-        model,
-        ids,
-        mask,
-        max_new_tokens=NEW,
-        stop_ids=list(range(1, 40)),
-        pad_id=0,
-        temperature=1.0,
-        generator=torch.Generator().manual_seed(1),
-        group_size=GROUP,
-    ).trimmed()
+    roll = sample(model, ids, mask, max_new_tokens=NEW, stop_ids=list(range(1, 40)), pad_id=0, temperature=1.0,
+                  generator=torch.Generator().manual_seed(1), group_size=GROUP).trimmed()
     full_ids, full_mask = roll.input_ids, roll.attention_mask
     model.train()
-    out = {
-        "completion_length_mean": float(roll.completion_mask.sum(1).float().mean()),
-        "width": roll.completion_ids.shape[1],
-    }
+    out = {"completion_length_mean": float(roll.completion_mask.sum(1).float().mean()),
+           "width": roll.completion_ids.shape[1]}
     for name, group, packed in (("plain", 1, False), ("shared", GROUP, False), ("padding_free", GROUP, True)):
         def step(group: int = group, packed: bool = packed) -> None:
             logp, _ = completion_logprobs(
@@ -245,12 +204,9 @@ def trainer_steps(steps: int) -> dict[str, object]:
     grpo.output_dir, grpo.log_completions, grpo.reward_weights = None, 0, grpo.reward_weights or DEFAULT_WEIGHTS
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, ArithmeticTask().prompt_stream(seed=1), grpo)
     rows = [trainer.train_step() for _ in range(steps)]
-    return {
-        "compile_sampler": trainer.compile_sampler,
-        "step_s": [round(r["step_seconds"], 3) for r in rows],
-        "rollout_s": [round(r["rollout_seconds"], 3) for r in rows],
-        "reward_mean": [round(r["reward_mean"], 3) for r in rows],
-    }
+    return {"compile_sampler": trainer.compile_sampler, "step_s": [round(r["step_seconds"], 3) for r in rows],
+            "rollout_s": [round(r["rollout_seconds"], 3) for r in rows],
+            "reward_mean": [round(r["reward_mean"], 3) for r in rows]}
 
 
 def main() -> None:
@@ -265,24 +221,17 @@ def main() -> None:
     result = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "tiny": {
-            "dtype": str(tiny.dtype),
-            "checks_fp32": correctness(copy.deepcopy(tiny).float()),
-            "checks": correctness(tiny),
-            "rollouts": rollout_speed(tiny, args.repeats),
-            "update": update_speed(tiny, args.repeats),
-        },
+        "tiny": {"dtype": str(tiny.dtype), "checks_fp32": correctness(copy.deepcopy(tiny).float()),
+                 "checks": correctness(tiny), "rollouts": rollout_speed(tiny, args.repeats),
+                 "update": update_speed(tiny, args.repeats)},
         "trainer": trainer_steps(args.trainer_steps),
-        "gemma_270m_shaped_bf16": {
-            "rollouts": rollout_speed(big, args.repeats),
-            "update": update_speed(big, args.repeats),
-        },
+        "gemma_270m_shaped_bf16": {"rollouts": rollout_speed(big, args.repeats),
+                                   "update": update_speed(big, args.repeats)},
     }
     del big
     result["gemma_270m_shaped_lora"] = {
         "checks_fp32": lora_checks(with_lora(gemma_270m_shaped(device).float())),
-        "rollouts_bf16": rollout_speed(with_lora(gemma_270m_shaped(device)), args.repeats),
-    }
+        "rollouts_bf16": rollout_speed(with_lora(gemma_270m_shaped(device)), args.repeats)}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

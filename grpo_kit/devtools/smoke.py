@@ -85,29 +85,14 @@ def run_smoke(
         model,
         tokenizer,
         task,
-        GRPOConfig(
-            steps=1,
-            prompts_per_step=prompts_per_step,
-            group_size=group_size,
-            max_new_tokens=max_new_tokens,
-            micro_batch_size=prompts_per_step * group_size,
-            warmup_steps=0,
-            learning_rate=1e-4,
-            reward_weights=DEFAULT_WEIGHTS,
-            output_dir=None,
-            log_completions=1,
-        ),
+        GRPOConfig(steps=1, prompts_per_step=prompts_per_step, group_size=group_size, max_new_tokens=max_new_tokens,
+                   micro_batch_size=prompts_per_step * group_size, warmup_steps=0, learning_rate=1e-4,
+                   reward_weights=DEFAULT_WEIGHTS, output_dir=None, log_completions=1),
     )
     t = time.perf_counter()
-    reloads = _reload_checks(
-        model,
-        tokenizer,
-        [row["prompt"] for row in task.test_set()],
-        base_path=resolved.path,
-        work=Path(out_dir),
-        model_name=model_name,
-        metrics={"grpo_reward_mean": trained["grpo_reward_mean"]},
-    )
+    reloads = _reload_checks(model, tokenizer, [row["prompt"] for row in task.test_set()], base_path=resolved.path,
+                             work=Path(out_dir), model_name=model_name,
+                             metrics={"grpo_reward_mean": trained["grpo_reward_mean"]})
     ok = (reloads["adapter_reload_max_abs_diff"] <= tolerance and reloads["merged_reload_max_abs_diff"] <= tolerance
           and reloads["merge_vs_lora_max_abs_diff"] <= merge_tolerance and reloads["merged_tokenizer_same_ids"])
     return {
@@ -126,11 +111,8 @@ def _one_step_each(
     """One SFT step, then one GRPO step, on the same LoRA model."""
     t = time.perf_counter()
     sft = SFTTrainer(
-        model,
-        tokenizer,
-        task.demonstrations(),
-        SFTConfig(steps=1, batch_size=4, learning_rate=2e-4, warmup_steps=0, max_length=160, output_dir=None),
-    )
+        model, tokenizer, task.demonstrations(),
+        SFTConfig(steps=1, batch_size=4, learning_rate=2e-4, warmup_steps=0, max_length=160, output_dir=None))
     sft_row = sft.train_step()
     sft_seconds = time.perf_counter() - t
     t = time.perf_counter()
@@ -141,16 +123,8 @@ def _one_step_each(
             "sft_step_seconds": round(sft_seconds, 2), "grpo_step_seconds": round(time.perf_counter() - t, 2)}
 
 
-def _reload_checks(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: list,
-    *,
-    base_path: str,
-    work: Path,
-    model_name: str,
-    metrics: dict[str, Any],
-) -> dict[str, Any]:
+def _reload_checks(model: torch.nn.Module, tokenizer: Any, prompts: list, *, base_path: str, work: Path,
+                   model_name: str, metrics: dict[str, Any]) -> dict[str, Any]:
     """Logits of the trained LoRA model against: the adapter saved and reloaded onto a fresh base, the merged copy
     in memory, and the merged export reloaded from disk (with its own tokenizer)."""
     from peft import PeftModel

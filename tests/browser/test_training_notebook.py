@@ -56,18 +56,9 @@ class JupyterLab:
 
     @staticmethod
     def command(port: int, root: Path) -> list[str]:
-        return [
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--allow-root",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--ServerApp.root_dir={root}",
-            f"--IdentityProvider.token={TOKEN}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabServerApp.extension_manager=readonly",
-        ]
+        return ["-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+                f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}",
+                "--LabApp.expose_app_in_browser=True", "--LabServerApp.extension_manager=readonly"]
 
     @staticmethod
     def prepare(root: Path, env: dict[str, str]) -> None:
@@ -84,11 +75,10 @@ class JupyterLab:
     url = "/lab/tree/{notebook}?token={token}"
     ready = (
         "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
-        "window.jupyterapp.shell.currentWidget.context"
-        " && window.jupyterapp.shell.currentWidget.context.isReady && "
-        "window.jupyterapp.shell.currentWidget.sessionContext"
-        ".session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"
+        "window.jupyterapp.shell.currentWidget.context && window.jupyterapp.shell.currentWidget.context.isReady && "
+        "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+        "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
+        "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"
     )
     # Not returned: the command's promise resolves only when every cell has run, and evaluate() would wait for it.
     run_all = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
@@ -119,9 +109,8 @@ class ClassicNotebook:
 
     url = "/notebooks/{notebook}?token={token}"
     ready = (
-        "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded && Jupyter.notebook.kernel"
-        " && Jupyter.notebook.kernel.is_connected() && "
-        "document.querySelector('#kernel_indicator_icon.kernel_idle_icon')"
+        "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded && Jupyter.notebook.kernel && "
+        "Jupyter.notebook.kernel.is_connected() && document.querySelector('#kernel_indicator_icon.kernel_idle_icon')"
     )
     run_all = "() => { Jupyter.notebook.execute_all_cells(); }"
     idle = """() => {
@@ -381,8 +370,7 @@ def test_a_learner_answers_an_exercise_and_a_quiz_by_typing_in_classic_notebook(
                 page.keyboard.press("Shift+Enter")
                 page.wait_for_function(frontend.idle, timeout=120_000, polling=500)
                 return (
-                    page.locator("#notebook-container > .cell").nth(exercise + 1).locator(".output_area").inner_text()
-                )
+                    page.locator("#notebook-container > .cell").nth(exercise + 1).locator(".output_area").inner_text())
 
             wrong = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / 0.433")
             right = answer("# Exercise 04.1: mine\nmy_advantage = 0.75 / ((0.75**2 + 3 * 0.25**2) / 3) ** 0.5")
