@@ -347,6 +347,12 @@ DRAW_BLOCK = 16384
 """Vocabulary entries per block of `draw_from_head` (a 16384 × 640 bf16 block is 20 MiB; its fp32 logits for 32 rows
 2 MiB): larger blocks mean fewer, larger products and fewer small ops per decode step."""
 
+MOMENT_FLOOR = 2.0**-20
+"""A block of `draw_from_head` whose share of every row's probability mass is below this (≈ 9.5e-7) is left out of
+the moments' product π W: at most V / DRAW_BLOCK such blocks, so at most 16 · 2⁻²⁰ ≈ 1.5e-5 of a row's mass is
+missing from its E = π W (bf16 rounding alone is 2⁻⁹). After SFT most blocks of Gemma's vocabulary hold no more
+than that for any row of a step, and each one left out is one product over 16,384 rows of the head not read."""
+
 _HEAD_CASTS: dict[str, Any] = {}
 
 
@@ -379,18 +385,18 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
         (SAMPLE_BLOCK × d per row), gives the token as `inverse_cdf` does, and log π = z_token − lse.
 
     Same tokens as `choose_tokens` on the full logits except where u lands within float rounding of a CDF
-    boundary; log-probs equal up to float summation order. With `moments` (no softcap) the same pass also gives
-    `HeadMoments`: per block Σ e^{z−m_b} W_blk, rescaled by e^{m_b − M}, summed and divided by the total mass — one
-    more product per block — is π W, and Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
+    boundary; log-probs equal up to float summation order. With `moments` (no softcap) it also gives `HeadMoments`:
+    per block Σ e^{z−m_b} W_blk, rescaled by e^{m_b − M}, summed and divided by the total mass — one more product
+    per block, skipped for blocks holding under MOMENT_FLOOR of every row's mass — is π W, and Σ π z = (π W)·h/T
+    needs no pass of its own; returned third (else None).
     Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
     exponentials are taken in place, so a block costs its products and four passes over its logits. `weight_t`, Wᵀ
     as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_blk e: the large operand
     read in its natural layout, ~2× faster on the CPU than e W_blk, which repacks W_blk on every call; same values
     up to float summation order.
 
-    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on a
-    CPU
-    with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
+    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on
+    a CPU with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
     the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of its fp32 value, E
     within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32 argmax wherever
     the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF, log-probs) is fp32."""
@@ -405,9 +411,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
         return torch.tanh(z / softcap) * (softcap / t) if softcap else z
 
-    maxima, masses, best, rows_sums = _stream_blocks(
-        weight, xt, capped, weight_t=weight_t, greedy=greedy, moments=moments
-    )
+    maxima, masses, best, exps = _stream_blocks(weight, xt, capped, greedy=greedy, keep_exps=moments)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
@@ -418,7 +422,9 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     lse = top + torch.log(total)
     found = None
     if moments:
-        mean_row = (torch.stack(rows_sums) * (scales / total).unsqueeze(-1)).sum(0)  # Σ_v π_v W_v
+        per_mass = scales / total  # (blocks, rows): e^{m_b − M} / Σ, which turns a block's e^{z − m_b} into π
+        shares = torch.stack([m.sum(0) for m in masses]) * per_mass  # each block's share of each row's mass
+        mean_row = _head_mean(weight, exps, per_mass, shares, weight_t=weight_t)
         found = HeadMoments(mean_row, lse - (mean_row * h).sum(-1) / t)
     if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
         return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse, found
@@ -428,26 +434,44 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
 
 
 def _stream_blocks(weight: torch.Tensor, xt: torch.Tensor, capped: Callable[[torch.Tensor], torch.Tensor], *,
-                   weight_t: torch.Tensor | None, greedy: bool, moments: bool) -> tuple[list[torch.Tensor], ...]:
+                   greedy: bool, keep_exps: bool) -> tuple[list[torch.Tensor], ...]:
     """`draw_from_head`'s pass over W, DRAW_BLOCK entries at a time: per block its maxima m_b (1, rows), tile masses
-    Σ e^{z − m_b} (tiles, rows), greedy's best entry (rows,) and, with `moments`, Σ e^{z − m_b} W_blk (rows, d)."""
+    Σ e^{z − m_b} (tiles, rows), greedy's best entry (rows,) and, with `keep_exps`, e^{z − m_b} (entries, rows) in
+    W's dtype for the moments' product (`_head_mean`)."""
     rows, block = xt.shape[1], DRAW_BLOCK
     # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
-    maxima, masses, best, rows_sums = [], [], [], []
+    maxima, masses, best, exps = [], [], [], []
     for start in range(0, weight.shape[0], block):
-        w = weight[start : start + block]
-        z = capped(torch.mm(w, xt).float())
+        z = capped(torch.mm(weight[start : start + block], xt).float())
         m = z.amax(0, keepdim=True)
         maxima.append(m)
         if greedy:
             best.append(z.argmax(0) + start)
         e = z.sub_(m).exp_()  # z is not needed again
         masses.append(e.view(-1, SAMPLE_BLOCK, rows).sum(1))  # (tiles in the block, rows)
-        if moments and weight_t is not None:
-            rows_sums.append(torch.mm(weight_t[:, start : start + block], e.to(w.dtype)).float().T)  # (rows, d)
-        elif moments:
-            rows_sums.append(torch.mm(e.T.to(w.dtype), w).float())
-    return maxima, masses, best, rows_sums
+        if keep_exps:
+            exps.append(e.to(weight.dtype))
+    return maxima, masses, best, exps
+
+
+def _head_mean(weight: torch.Tensor, exps: list[torch.Tensor], per_mass: torch.Tensor, shares: torch.Tensor, *,
+               weight_t: torch.Tensor | None) -> torch.Tensor:
+    """π W (rows, d) = Σ_b (e_b W_blk) · e^{m_b − M} / Σ from each block's e_b = e^{z − m_b} (`_stream_blocks`) and
+    `per_mass` e^{m_b − M} / Σ (blocks, rows), the product taken only for blocks where some row's share of the mass
+    (`shares`, blocks × rows) reaches MOMENT_FLOOR.
+    With `weight_t` (Wᵀ, contiguous (d, V)) the product is Wᵀ_blk e_b: the large operand read in its natural layout,
+    ~2× faster on the CPU than e_bᵀ W_blk, which repacks W_blk on every call."""
+    mean_row = torch.zeros(shares.shape[1], weight.shape[1], device=weight.device)
+    for index, (e, scale, share) in enumerate(zip(exps, per_mass, shares, strict=True)):
+        if not bool((share >= MOMENT_FLOOR).any()):
+            continue
+        start = index * DRAW_BLOCK
+        if weight_t is not None:
+            rows_sum = torch.mm(weight_t[:, start : start + e.shape[0]], e).float().T  # (rows, d)
+        else:
+            rows_sum = torch.mm(e.T, weight[start : start + e.shape[0]]).float()
+        mean_row += rows_sum * scale.unsqueeze(1)
+    return mean_row
 
 
 def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor, cdf: torch.Tensor,

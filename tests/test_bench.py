@@ -24,6 +24,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
         "                   xla_token_counts=(4, 8), learning_budget_s=3, eval_every_s=1, num_eval=8,\n"
         "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
         "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2, capstone_steps=1,\n"
+        "                   capstone_sft_steps=1,\n"
         "                   capstone_overrides={'task': {'num_demonstrations': 8, 'num_test': 4}, 'grpo': {\n"
         "                       'prompts_per_step': 1, 'group_size': 2, 'max_new_tokens': 4, 'micro_batch_size': 2}})\n"
         f"result = run_bench(sizes, progress=False); write_report(result, {str(tmp_path)!r})\n"

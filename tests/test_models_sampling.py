@@ -201,6 +201,45 @@ def test_bf16_head_products_keep_the_draw_within_the_stated_bounds(softcap):
         assert error.max() < 0.05 and (found.entropy - want.entropy).abs().max() < 0.1
 
 
+def test_the_moments_leave_out_only_blocks_without_mass_and_the_draw_is_unchanged(monkeypatch):
+    """`draw_from_head(moments=True)` takes the moments' product only for blocks holding at least MOMENT_FLOOR of
+    some row's mass: on peaked rows (all mass in the first of four 16,384-entry blocks) it takes one product instead
+    of four, the tokens and log-probs are exactly those with every block taken, and E = π W and H differ by no more
+    than the left-out mass allows (≤ 4 · 2⁻²⁰ of the largest head row); flat rows need every block."""
+    from grpo_kit import sampling
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(4 * sampling.DRAW_BLOCK, 32, generator=gen)
+    # each peaked row points at one of block 0's longest rows of W, so no other entry's logit comes near its own
+    peaked = weight[weight[: sampling.DRAW_BLOCK].norm(dim=1).topk(8).indices] * 6.0
+    flat = torch.randn(8, 32, generator=gen) * 0.05
+    taken = []
+    head_mean = sampling._head_mean
+
+    def counting(weight, exps, per_mass, shares, *, weight_t):
+        taken.append(int((shares >= sampling.MOMENT_FLOOR).any(1).sum()))
+        return head_mean(weight, exps, per_mass, shares, weight_t=weight_t)
+
+    monkeypatch.setattr(sampling, "_head_mean", counting)
+    for hidden, blocks in ((peaked, 1), (flat, 4)):
+        u = torch.rand(hidden.shape[0], generator=gen)
+        tokens, logprobs, found = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False,
+                                                 uniforms=u, moments=True)
+        assert taken.pop() == blocks
+        monkeypatch.setattr(sampling, "MOMENT_FLOOR", 0.0)
+        all_tokens, all_logprobs, every = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False,
+                                                         uniforms=u, moments=True)
+        monkeypatch.undo()
+        monkeypatch.setattr(sampling, "_head_mean", counting)
+        assert taken.pop() == 4
+        assert torch.equal(tokens, all_tokens) and torch.equal(logprobs, all_logprobs)
+        bound = 4 * 2.0**-20 * weight.norm(dim=1).max()
+        assert (found.mean_row - every.mean_row).norm(dim=1).max() <= bound
+        assert (found.entropy - every.entropy).abs().max() <= bound * hidden.norm(dim=1).max() / 0.8 + 1e-5
+        want = head_moments(hidden @ weight.T, weight, 0.8)
+        assert torch.allclose(every.mean_row, want.mean_row, rtol=1e-4, atol=1e-4)
+
+
 def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
     """bf16 products for an fp32 CPU head only where the CPU multiplies bf16 natively and GRPO_KIT_CPU_BF16 is not
     0; a bf16 head stays bf16, and an fp32 head stays fp32 elsewhere."""

@@ -93,8 +93,13 @@ class BenchSizes:
     real_lora_r: int = 8
     """LoRA rank on the real model (α = 2r), the same adapter on both sides."""
     capstone_preset: str | None = "cpu-gemma-270m"
-    """The preset whose own GRPO step the capstone rows time (its model, prompts, tokens, rewards and settings, from
-    the base model); None skips them."""
+    """The preset whose own GRPO step the capstone rows time (its model, prompts, tokens, rewards and settings, after
+    `capstone_sft_steps` of its SFT); None skips them."""
+    capstone_sft_steps: int = 40
+    """SFT steps of the preset before the timed GRPO steps, as the capstone's GRPO follows its SFT warm-up: after 40
+    (SFT loss ≈ 0.1) the model writes the answer format, so the completions, their lengths and the head's
+    distribution are those GRPO meets. From the base model a step samples 80 tokens of noise from a flat
+    distribution, a step the capstone never takes."""
     capstone_steps: int = 3
     """Timed capstone steps per CPU variant, after one warm-up step."""
     capstone_overrides: dict[str, Any] = field(default_factory=dict)
@@ -360,11 +365,13 @@ CAPSTONE_GOALS = {"native": 12.0, "avx2": 25.0}
 
 def bench_capstone(sizes: BenchSizes) -> dict[str, Any]:
     """The capstone preset's own GRPO step, natively and under the AVX2 stand-in: each variant in a fresh process
-    (the CPU kernels are chosen when torch loads) that loads the preset's model, takes one warm-up step and times
-    `capstone_steps` more (`python -m grpo_kit.devtools.bench capstone SPEC`)."""
+    (the CPU kernels are chosen when torch loads) that loads the preset's model, trains `capstone_sft_steps` of its
+    SFT, takes one warm-up GRPO step and times `capstone_steps` more (`python -m grpo_kit.devtools.bench capstone
+    SPEC`)."""
     spec = json.dumps({"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
-                       "overrides": sizes.capstone_overrides})
-    result: dict[str, Any] = {"preset": sizes.capstone_preset, "steps": sizes.capstone_steps, "goals_s": CAPSTONE_GOALS}
+                       "sft_steps": sizes.capstone_sft_steps, "overrides": sizes.capstone_overrides})
+    result: dict[str, Any] = {"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
+                              "sft_steps": sizes.capstone_sft_steps, "goals_s": CAPSTONE_GOALS}
     for variant, extra in (("native", {}), ("avx2", AVX2_STAND_IN)):
         env = {k: v for k, v in os.environ.items() if k not in AVX2_STAND_IN}
         proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "capstone", spec], capture_output=True,
@@ -376,8 +383,9 @@ def bench_capstone(sizes: BenchSizes) -> dict[str, Any]:
     return result
 
 
-def _capstone_child(preset: str, steps: int, overrides: dict[str, Any]) -> dict[str, Any]:
-    """In this process: `steps` timed GRPO steps of `preset` after one warm-up (see `bench_capstone`)."""
+def _capstone_child(preset: str, steps: int, sft_steps: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """In this process: `steps` timed GRPO steps of `preset` after `sft_steps` of its SFT and one warm-up step (see
+    `bench_capstone`)."""
     from ..tasks import make_task
 
     cfg = load_demo_config(preset)
@@ -388,6 +396,9 @@ def _capstone_child(preset: str, steps: int, overrides: dict[str, Any]) -> dict[
     torch.set_num_threads(os.cpu_count() or 1)
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = make_task(cfg.task)
+    if sft_steps:
+        sft = replace(cfg.sft, steps=sft_steps, output_dir=None)
+        SFTTrainer(model, tokenizer, task.demonstrations(), sft).train(progress=False)
     grpo = replace(
         cfg.grpo, output_dir=None, log_completions=0, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS
     )
@@ -749,7 +760,7 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
             run = capstone[variant]
             rows.append(
                 f"| capstone step s, `{capstone['preset']}` ({run['prompts']} × G {run['group']}, "
-                f"{run['max_new_tokens']} tokens), {label} (median; "
+                f"{run['max_new_tokens']} tokens) after {capstone['sft_steps']} SFT steps, {label} (median; "
                 f"min of {capstone['steps']}) | {run['step_s']['median']:.2f}; "
                 f"{run['step_s']['min']:.2f} | | | ≤ {capstone['goals_s'][variant]:g} s |"
             )
@@ -846,7 +857,7 @@ if __name__ == "__main__":
                                     BenchSizes(prompts=int(sys.argv[3]), group=int(sys.argv[4])))))
     elif len(sys.argv) == 3 and sys.argv[1] == "capstone":  # bench_capstone's child process
         spec = json.loads(sys.argv[2])
-        print(json.dumps(_capstone_child(spec["preset"], spec["steps"], spec["overrides"])))
+        print(json.dumps(_capstone_child(spec["preset"], spec["steps"], spec["sft_steps"], spec["overrides"])))
     elif len(sys.argv) == 4 and sys.argv[1] == "agree":
         # two `grpo-kit bench --json` outputs: how far their ratios differ
         runs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in sys.argv[2:]]
