@@ -95,11 +95,11 @@ class BenchSizes:
     capstone_preset: str | None = "cpu-gemma-270m"
     """The preset whose own GRPO step the capstone rows time (its model, prompts, tokens, rewards and settings, after
     `capstone_sft_steps` of its SFT); None skips them."""
-    capstone_sft_steps: int = 40
-    """SFT steps of the preset before the timed GRPO steps, as the capstone's GRPO follows its SFT warm-up: after 40
-    (SFT loss ≈ 0.1) the model writes the answer format, so the completions, their lengths and the head's
-    distribution are those GRPO meets. From the base model a step samples 80 tokens of noise from a flat
-    distribution, a step the capstone never takes."""
+    capstone_sft_steps: int = 160
+    """SFT steps of the preset before the timed GRPO steps, as many as the study's cells train (`study.STUDY_SETTINGS`):
+    the capstone's GRPO follows its SFT warm-up, whose model writes the answer format and stops, so its completions,
+    their lengths and the head's distribution are those GRPO meets. From the base model a step samples 80 tokens of
+    noise from a flat distribution; after 40 SFT steps the model still writes on past its answer to 80 tokens."""
     capstone_steps: int = 3
     """Timed capstone steps per CPU variant, after one warm-up step."""
     capstone_overrides: dict[str, Any] = field(default_factory=dict)
@@ -365,27 +365,32 @@ CAPSTONE_GOALS = {"native": 12.0, "avx2": 25.0}
 
 def bench_capstone(sizes: BenchSizes) -> dict[str, Any]:
     """The capstone preset's own GRPO step, natively and under the AVX2 stand-in: each variant in a fresh process
-    (the CPU kernels are chosen when torch loads) that loads the preset's model, trains `capstone_sft_steps` of its
-    SFT, takes one warm-up GRPO step and times `capstone_steps` more (`python -m grpo_kit.devtools.bench capstone
-    SPEC`)."""
-    spec = json.dumps({"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
-                       "sft_steps": sizes.capstone_sft_steps, "overrides": sizes.capstone_overrides})
+    (the CPU kernels are chosen when torch loads) that loads the preset's model after `capstone_sft_steps` of its SFT,
+    takes one warm-up GRPO step and times `capstone_steps` more (`python -m grpo_kit.devtools.bench capstone SPEC`).
+    The first variant to run trains the SFT steps and leaves its checkpoint in a temporary directory; the other
+    starts from that checkpoint, so both time steps of the same model."""
     result: dict[str, Any] = {"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
                               "sft_steps": sizes.capstone_sft_steps, "goals_s": CAPSTONE_GOALS}
-    for variant, extra in (("native", {}), ("avx2", AVX2_STAND_IN)):
-        env = {k: v for k, v in os.environ.items() if k not in AVX2_STAND_IN}
-        proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "capstone", spec], capture_output=True,
-                              text=True, env={**env, **extra}, timeout=3600)
-        if proc.returncode != 0:
-            result[variant] = {"error": proc.stderr[-2000:]}
-            continue
-        result[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="capstone-sft-") as sft_dir:
+        spec = json.dumps({"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
+                           "sft_steps": sizes.capstone_sft_steps, "sft_checkpoint": str(Path(sft_dir) / "sft"),
+                           "overrides": sizes.capstone_overrides})
+        for variant, extra in (("native", {}), ("avx2", AVX2_STAND_IN)):
+            env = {k: v for k, v in os.environ.items() if k not in AVX2_STAND_IN}
+            proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "capstone", spec],
+                                  capture_output=True, text=True, env={**env, **extra}, timeout=3600)
+            if proc.returncode != 0:
+                result[variant] = {"error": proc.stderr[-2000:]}
+                continue
+            result[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
-def _capstone_child(preset: str, steps: int, sft_steps: int, overrides: dict[str, Any]) -> dict[str, Any]:
-    """In this process: `steps` timed GRPO steps of `preset` after `sft_steps` of its SFT and one warm-up step (see
-    `bench_capstone`)."""
+def _capstone_child(preset: str, steps: int, sft_steps: int, sft_checkpoint: str,
+                    overrides: dict[str, Any]) -> dict[str, Any]:
+    """In this process: `steps` timed GRPO steps of `preset` after `sft_steps` of its SFT (loaded from `sft_checkpoint`
+    where an earlier variant left it, else trained and saved there) and one warm-up step (see `bench_capstone`)."""
+    from ..checkpoint import load_checkpoint, save_checkpoint
     from ..tasks import make_task
 
     cfg = load_demo_config(preset)
@@ -396,9 +401,12 @@ def _capstone_child(preset: str, steps: int, sft_steps: int, overrides: dict[str
     torch.set_num_threads(os.cpu_count() or 1)
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = make_task(cfg.task)
-    if sft_steps:
+    if sft_steps and Path(sft_checkpoint).exists():
+        load_checkpoint(sft_checkpoint, model)
+    elif sft_steps:
         sft = replace(cfg.sft, steps=sft_steps, output_dir=None)
         SFTTrainer(model, tokenizer, task.demonstrations(), sft).train(progress=False)
+        save_checkpoint(sft_checkpoint, model, None, sft_steps, extra={"kind": "sft"})
     grpo = replace(
         cfg.grpo, output_dir=None, log_completions=0, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS
     )
@@ -857,7 +865,8 @@ if __name__ == "__main__":
                                     BenchSizes(prompts=int(sys.argv[3]), group=int(sys.argv[4])))))
     elif len(sys.argv) == 3 and sys.argv[1] == "capstone":  # bench_capstone's child process
         spec = json.loads(sys.argv[2])
-        print(json.dumps(_capstone_child(spec["preset"], spec["steps"], spec["sft_steps"], spec["overrides"])))
+        print(json.dumps(_capstone_child(spec["preset"], spec["steps"], spec["sft_steps"], spec["sft_checkpoint"],
+                                         spec["overrides"])))
     elif len(sys.argv) == 4 and sys.argv[1] == "agree":
         # two `grpo-kit bench --json` outputs: how far their ratios differ
         runs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in sys.argv[2:]]
