@@ -75,10 +75,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.from_json:
         summary = json.loads(Path(args.from_json).read_text())
     elif args.summary_only:
-        summary = summarize(args.output_dir, regimes=regimes, seeds=seeds)
+        summary = summarize(args.output_dir, regimes=regimes, seeds=seeds, record_dir=args.record_dir)
     else:
         summary = run_study(args.output_dir, preset=args.preset, regimes=regimes, seeds=seeds, minutes=args.minutes,
-                            progress=not args.quiet)
+                            progress=not args.quiet, record_dir=args.record_dir)
     for path in args.report:
         write_report(summary, path)
     _print({r: {k: v for k, v in result.items() if k != "cells"} for r, result in summary["regimes"].items()})
@@ -504,6 +504,9 @@ def _study_parser(sub: Any) -> None:
                    help="plentiful, scarce, beyond (default: all three)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per regime (default 3)")
     p.add_argument("--minutes", type=float, default=None, help="each cell's time budget (default 60)")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="keep each finished cell's record in DIR as <regime>-seed<n>.json and skip the cells recorded "
+                   "there, so a study spread over several machines continues (make study: docs/study_cells)")
     p.add_argument("--summary-only", action="store_true", help="train nothing: summarise the cells on disk")
     p.add_argument("--from-json", default=None, metavar="SUMMARY", help="train nothing: read this summary.json (e.g. "
                    "docs/study.json) for --report")

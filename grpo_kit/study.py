@@ -15,14 +15,18 @@ GRPO − continued SFT, paired problem by problem, its 95 % interval from a boot
 pass@k and the format rate. A seed changes the problems (task seed), the SFT batch order and GRPO's samples.
 
 `run_study` runs the cells one after another (seed 0 of every regime first) in `output_dir/<regime>/seed<n>/` (an
-interrupted study continues where
-it stopped: each arc resumes) and writes `summary.json` and `study.png`; `grpo-kit study` is its command line.
+interrupted study continues where it stopped: each arc resumes) and writes `summary.json` and `study.png`; `grpo-kit
+study` is its command line. A cell takes about an hour on 2 cores, the whole study a working day: with a `record_dir`
+each finished cell's record (its progress.json, a few kB) is also kept there, and a cell recorded there is not run
+again, so a study spread over several machines or sessions continues from the committed records (`make study` keeps
+them in docs/study_cells/).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,13 +128,30 @@ def _points(share: float | None) -> float | None:
     return None if share is None else round(100 * share, 2)
 
 
-def _cell_records(out: Path, regime: str, seeds: Sequence[int]) -> list[dict[str, Any]]:
+def _record_path(record_dir: str | Path, regime: str, seed: int) -> Path:
+    return Path(record_dir) / f"{regime}-seed{seed}.json"
+
+
+def _cell_records(out: Path, regime: str, seeds: Sequence[int],
+                  record_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """The cells on disk: each seed's progress.json in `out`, else its record in `record_dir`."""
     records = []
     for seed in seeds:
         path = out / regime / f"seed{seed}" / "progress.json"
+        if not path.exists() and record_dir is not None:
+            path = _record_path(record_dir, regime, seed)
         if path.exists():
             records.append({"seed": seed, **json.loads(path.read_text())})
     return records
+
+
+def _keep_record(record_dir: str | Path, regime: str, seed: int, record: dict[str, Any]) -> None:
+    """A finished cell's progress record into `record_dir`, written whole or not at all."""
+    path = _record_path(record_dir, regime, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
 
 
 def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +170,15 @@ def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence[int],
-              machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`summary.json` from the cells on disk: per regime and stage each metric's mean over the finished seeds (and
-    per cell), and the comparisons of COMPARISONS over the finished seeds' problems; every metric in points (%)."""
+              machine: dict[str, Any] | None = None, record_dir: str | Path | None = None) -> dict[str, Any]:
+    """`summary.json` from the cells on disk (in `output_dir`, else recorded in `record_dir`): per regime and stage
+    each metric's mean over the finished seeds (and per cell), and the comparisons of COMPARISONS over the finished
+    seeds' problems; every metric in points (%)."""
     out = Path(output_dir)
     summary: dict[str, Any] = {"primary_metric": "greedy accuracy on the held-out problems",
                                "settings": STUDY_SETTINGS, "machine": machine or {}, "regimes": {}}
     for regime in regimes:
-        cells = _cell_records(out, regime, seeds)
+        cells = _cell_records(out, regime, seeds, record_dir)
         result: dict[str, Any] = {"text": REGIME_TEXT[regime], "seeds": [], "stages": {}, "cells": []}
         for cell in cells:
             row = _cell_row(cell)
@@ -183,11 +205,13 @@ def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence
 
 def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma-270m",
               regimes: Sequence[str] = tuple(REGIMES), seeds: Sequence[int] = (0, 1, 2), minutes: float | None = None,
-              overrides: dict[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
+              overrides: dict[str, Any] | None = None, progress: bool = True,
+              record_dir: str | Path | None = None) -> dict[str, Any]:
     """Every (regime, seed) cell in turn (seed by seed), skipping those already finished, then `summary.json` and
-    `study.png` in
-    `output_dir`. `minutes`: size each cell's phases by a time budget of that many minutes instead of the fixed steps
-    (a quick look on another machine; its cells are not comparable with the fixed-step ones)."""
+    `study.png` in `output_dir`. `minutes`: size each cell's phases by a time budget of that many minutes instead of
+    the fixed steps (a quick look on another machine; its cells are not comparable with the fixed-step ones).
+    `record_dir`: keep each finished cell's record there as `<regime>-seed<n>.json`, and skip the cells recorded
+    there (the summary reads them)."""
     out = Path(output_dir)
     run_dir = claim(out, "study")
     for name in ("summary.json", "study.png", *regimes):
@@ -197,10 +221,16 @@ def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma
     for seed in seeds:  # seed by seed: after the first three cells every regime has a result
         for regime in regimes:
             cfg = cell_config(preset, regime, seed, out / regime / f"seed{seed}", overrides=changes)
+            recorded = record_dir is not None and _record_path(record_dir, regime, seed).exists()
             if progress:
-                print(f"[study {time.strftime('%H:%M:%S')}] {regime}, seed {seed}", flush=True)
-            run_cell(cfg, regime, progress=progress)
-    summary = summarize(out, regimes=regimes, seeds=seeds, machine=describe_machine())
+                note = f" (recorded in {record_dir})" if recorded else ""
+                print(f"[study {time.strftime('%H:%M:%S')}] {regime}, seed {seed}{note}", flush=True)
+            if recorded:
+                continue
+            record = run_cell(cfg, regime, progress=progress)
+            if record_dir is not None and _cell_row({"seed": seed, **record})["finished"]:
+                _keep_record(record_dir, regime, seed, record)
+    summary = summarize(out, regimes=regimes, seeds=seeds, machine=describe_machine(), record_dir=record_dir)
     summary["preset"], summary["overrides"] = preset, changes
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_study(summary, out / "study.png")

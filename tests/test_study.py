@@ -141,9 +141,16 @@ def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without
     assert json.loads((out / "summary.json").read_text())["regimes"]["beyond"]["seeds"] == [0]
     assert (out / "study.png").read_bytes()[:4] == b"\x89PNG"
     progress = (out / "beyond" / "seed0" / "progress.json").read_text()
-    again = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False)
+    records = tmp_path / "cells"
+    again = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False,
+                      record_dir=records)
     assert (out / "beyond" / "seed0" / "progress.json").read_text() == progress  # every phase was recorded: none ran
     assert again["regimes"] == summary["regimes"]
+    assert json.loads((records / "beyond-seed0.json").read_text()) == json.loads(progress)  # the finished cell kept
+    elsewhere = run_study(tmp_path / "other", preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,),
+                          overrides=TINY, progress=False, record_dir=records)
+    assert elsewhere["regimes"] == summary["regimes"]  # another machine: the recorded cell is read, not run
+    assert not (tmp_path / "other" / "beyond").exists()
     assert main(["study", "--output-dir", str(out), "--regimes", "beyond", "--seeds", "1", "--summary-only"]) == 0
     assert json.loads(capsys.readouterr().out)["beyond"]["seeds"] == [0]
     assert main(["study", "--output-dir", str(out), "--regimes", "easy", "--summary-only"]) == 2
