@@ -464,8 +464,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
     # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
-    # skip_zero_advantage_groups off: the run docs/capstone.md reports trained every group, and leaving groups out
-    # makes steps faster, so more of them would fit the time budget than that run took.
+    # GRPO's recipe is the study's (docs/capstone.md): shaped rewards count only where the outcome varies, prompts
+    # drawn by their template's pass rate p in proportion to p(1 − p), and groups whose advantages are all zero left
+    # out of the update (the same gradient: the batch's normalisers still count them).
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
@@ -474,7 +475,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "grpo": {
             "steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
             "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
-            "skip_zero_advantage_groups": False,
+            "gate_shaped_rewards": True, "difficulty_targeting": True, "skip_zero_advantage_groups": True,
             "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
         "time_budget_minutes": 55,
         "control": True,
@@ -535,12 +536,12 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
     "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "sft_step_seconds": 1.2, "eval_seconds": 70, "run_minutes": 90,
                             "basis": "estimate: as v5e-8, 8 GiB per core"},
     "gpu-gemma-3-1b": {
-        "grpo_step_seconds": 45,
-        "sft_step_seconds": 3,
-        "eval_seconds": 180,
+        "grpo_step_seconds": 3.5,
+        "sft_step_seconds": 0.4,
+        "eval_seconds": 27,
         "run_minutes": 90,
-        "basis": "estimate for a T4 (fp32, 8 TFLOP/s): 256 eager decode steps at ≈ 50 ms + the update "
-        "with gradient checkpointing; an L4 or A100 (bf16) is several times faster",
+        "basis": "measured: an NVIDIA H200 in bf16 (fp32: 4.4 s a step), Gemma 3 1B's shapes with random weights, "
+        "every completion 256 tokens (docs/gpu_check.md); a T4 is several times slower and has not been measured",
     },
 }
 """Expected wall time per GRPO step, per SFT step, per greedy evaluation of 200 held-out problems and per run of each

@@ -6,6 +6,10 @@ Gemma 3 with gemma-3-270m's shapes (bf16; 262k vocabulary, sliding-window layers
 kit's default LoRA. Prints one JSON object.
 
     python -m grpo_kit.devtools.gpu_check [--repeats 3] [--out result.json]
+
+`--preset gpu-gemma-3-1b --tokenizer DIR` instead times that preset's own SFT step, GRPO step and greedy evaluation
+(`preset_times`, for `config.PRESET_TIMES`) on random weights of its model's shapes, with Gemma 3's tokenizer from
+DIR (the offline gemma-3-270m build's: the same 262k vocabulary).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import copy
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
@@ -209,12 +214,74 @@ def trainer_steps(steps: int) -> dict[str, object]:
             "reward_mean": [round(r["reward_mean"], 3) for r in rows]}
 
 
+def random_model_dir(shapes: str, tokenizer_dir: str, out: Path) -> Path:
+    """A transformers directory with random weights of `shapes` (a MODEL_SHAPES entry; no hub on a GPU box) and the
+    tokenizer of `tokenizer_dir`, so `load_model` loads it as it loads any checkpoint (LoRA, checkpointing, dtype)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(MODEL_SHAPES / shapes)
+    config.sliding_window, config.pad_token_id, config.eos_token_id, config.bos_token_id = 512, 0, 1, 2
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+def preset_times(preset: str, tokenizer_dir: str, *, steps: int, sft_steps: int, device: str = "cuda",
+                 dtype: str | None = None) -> dict[str, object]:
+    """`preset`'s SFT step, GRPO step and greedy evaluation of 200 problems on the GPU, its model's shapes with
+    random weights. The prompts are the generated word problems (no dataset on a GPU box either); random weights
+    rarely sample an end token, so every completion runs to max_new_tokens: the longest step the preset can take.
+    `dtype`: the model's, instead of the preset's (`float32` is a T4's path: it has no bf16)."""
+    import tempfile
+    from dataclasses import replace
+
+    from ..config import load_demo_config
+    from ..evaluation import evaluate
+    from ..grpo import GRPOTrainer
+    from ..rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from ..sft import SFTTrainer
+    from ..tasks import make_task
+
+    cfg = load_demo_config(preset)
+    task = make_task(load_demo_config("cpu-gemma-270m").task)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = random_model_dir(cfg.model.name.rsplit("/", 1)[-1], tokenizer_dir, Path(tmp) / "model")
+        model, tokenizer = load_model(replace(cfg.model, name=str(path), dtype=dtype or cfg.model.dtype),
+                                      torch.device(device))
+    sft = SFTTrainer(model, tokenizer, task.demonstrations(), replace(cfg.sft, output_dir=None))
+    sft_s = [timed(sft.train_step, 1)[0] for _ in range(sft_steps + 1)][1:]
+    grpo = replace(cfg.grpo, output_dir=None, log_completions=0,
+                   reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
+    trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo)
+    rows = [trainer.train_step() for _ in range(steps + 1)]
+    eval_s, _ = timed(lambda: evaluate(model, tokenizer, task.test_set(), max_new_tokens=grpo.max_new_tokens,
+                                       bucket=grpo.prompt_bucket, batch_size=cfg.eval_batch_size), 1)
+    return {"preset": preset, "model_shapes": cfg.model.name, "dtype": str(next(model.parameters()).dtype),
+            "sft_step_s": [round(t, 3) for t in sft_s], "sft_batch": cfg.sft.batch_size,
+            "grpo_first_step_s": round(rows[0]["step_seconds"], 2),
+            "grpo_step_s": [round(r["step_seconds"], 2) for r in rows[1:]],
+            "rollout_s": [round(r["rollout_seconds"], 2) for r in rows[1:]],
+            "completion_length": [round(r["completion_length_mean"], 1) for r in rows[1:]],
+            "prompts": grpo.prompts_per_step, "group": grpo.group_size, "max_new_tokens": grpo.max_new_tokens,
+            "eval_200_greedy_s": round(eval_s, 1), "compile_sampler": trainer.compile_sampler}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)
     parser.add_argument("--trainer-steps", type=int, default=8)
+    parser.add_argument("--preset", default=None, help="time this preset's steps instead (see the module docstring)")
+    parser.add_argument("--tokenizer", default=None, help="with --preset: a directory holding Gemma 3's tokenizer")
+    parser.add_argument("--dtype", default=None, help="with --preset: the model's dtype (default: the preset's)")
     args = parser.parse_args()
+    if args.preset:
+        if not args.tokenizer:
+            parser.error("--preset needs --tokenizer DIR (Gemma 3's tokenizer)")
+        _emit(preset_times(args.preset, args.tokenizer, steps=args.trainer_steps, sft_steps=args.repeats,
+                           dtype=args.dtype), args.out)
+        return
     device = torch.device("cuda")
     tiny, _ = load_model(ModelConfig(), device)
     big = gemma_270m_shaped(device)
@@ -232,10 +299,14 @@ def main() -> None:
     result["gemma_270m_shaped_lora"] = {
         "checks_fp32": lora_checks(with_lora(gemma_270m_shaped(device).float())),
         "rollouts_bf16": rollout_speed(with_lora(gemma_270m_shaped(device)), args.repeats)}
+    _emit(result, args.out)
+
+
+def _emit(result: dict[str, object], out: str | None) -> None:
     text = json.dumps(result, indent=1)
     print(text)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
 
 
