@@ -33,12 +33,18 @@ from ..sampling import sample
 PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
 
 
-def gemma_270m_shaped(device: torch.device) -> torch.nn.Module:
-    shapes = json.loads((MODEL_SHAPES / "gemma-3-270m" / "config.json").read_text())
-    shapes = {k: v for k, v in shapes.items() if k not in ("architectures", "model_type")}
-    config = Gemma3TextConfig(
-        **shapes, sliding_window=512, max_position_embeddings=32768, pad_token_id=0, eos_token_id=1, bos_token_id=2
+def shaped_config(shapes: str) -> Gemma3TextConfig:
+    """A Gemma 3 config with the shapes of MODEL_SHAPES entry `shapes` and Gemma 3's sliding window, context and
+    special tokens (the stored shapes leave them out)."""
+    fields = json.loads((MODEL_SHAPES / shapes / "config.json").read_text())
+    fields = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+    return Gemma3TextConfig(
+        **fields, sliding_window=512, max_position_embeddings=32768, pad_token_id=0, eos_token_id=1, bos_token_id=2
     )
+
+
+def gemma_270m_shaped(device: torch.device) -> torch.nn.Module:
+    config = shaped_config("gemma-3-270m")
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).to(device, torch.bfloat16).eval()
@@ -217,12 +223,10 @@ def trainer_steps(steps: int) -> dict[str, object]:
 def random_model_dir(shapes: str, tokenizer_dir: str, out: Path) -> Path:
     """A transformers directory with random weights of `shapes` (a MODEL_SHAPES entry; no hub on a GPU box) and the
     tokenizer of `tokenizer_dir`, so `load_model` loads it as it loads any checkpoint (LoRA, checkpointing, dtype)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    config = AutoConfig.from_pretrained(MODEL_SHAPES / shapes)
-    config.sliding_window, config.pad_token_id, config.eos_token_id, config.bos_token_id = 512, 0, 1, 2
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(out)
+    AutoModelForCausalLM.from_config(shaped_config(shapes)).to(torch.bfloat16).save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out
 
