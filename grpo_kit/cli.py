@@ -64,7 +64,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .study import REGIMES, run_study, summarize, write_report
+    from .study import REGIMES, run_study, save_summary, summarize, write_report
 
     regimes = args.regimes or list(REGIMES)
     unknown = [r for r in regimes if r not in REGIMES]
@@ -76,6 +76,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         summary = json.loads(Path(args.from_json).read_text())
     elif args.summary_only:
         summary = summarize(args.output_dir, regimes=regimes, seeds=seeds, record_dir=args.record_dir)
+        save_summary(summary, args.output_dir)
     else:
         summary = run_study(args.output_dir, preset=args.preset, regimes=regimes, seeds=seeds, minutes=args.minutes,
                             progress=not args.quiet, record_dir=args.record_dir)
@@ -503,15 +504,19 @@ def _study_parser(sub: Any) -> None:
     p.add_argument("--regimes", nargs="+", default=None, metavar="REGIME",
                    help="plentiful, scarce, beyond (default: all three)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per regime (default 3)")
-    p.add_argument("--minutes", type=float, default=None, help="each cell's time budget (default 60)")
+    p.add_argument("--minutes", type=float, default=None, help="size each cell's phases by a time "
+                   "budget of this many minutes instead of the fixed steps (a quick look on another machine; such "
+                   "cells are not comparable with the fixed-step ones)")
     p.add_argument("--record-dir", default=None, metavar="DIR",
                    help="keep each finished cell's record in DIR as <regime>-seed<n>.json and skip the cells recorded "
                    "there, so a study spread over several machines continues (make study: docs/study_cells)")
-    p.add_argument("--summary-only", action="store_true", help="train nothing: summarise the cells on disk")
+    p.add_argument("--summary-only", action="store_true", help="train nothing: summarise the cells on "
+                   "disk (in --output-dir, or recorded in --record-dir) into --output-dir's summary.json and study.png")
     p.add_argument("--from-json", default=None, metavar="SUMMARY", help="train nothing: read this summary.json (e.g. "
                    "docs/study.json) for --report")
-    p.add_argument("--report", nargs="+", default=[], metavar="MARKDOWN", help="write the results table between the "
-                   "study markers of these Markdown files (docs/capstone.md)")
+    p.add_argument("--report", nargs="+", default=[], metavar="MARKDOWN", help="write the results between the "
+                   "study markers of these Markdown files: the full table (docs/capstone.md), a line per regime "
+                   "(README.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_study)
 

@@ -508,16 +508,16 @@ def guarded_optimizer_step(
 
 
 def describe_machine() -> dict[str, Any]:
-    """What a published number depends on: the CPU (model, cores, torch's kernel level, whether the kit's weight
-    products
-    run in bf16), threads, and the Python, torch and transformers versions."""
+    """What a published number depends on: the CPU (model, cores, torch's kernel level, AMX tiles, whether the kit's
+    weight products run in bf16), threads, and the Python, torch and transformers versions."""
     import platform
 
     import transformers
 
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_amx": torch.cpu._is_amx_tile_supported(),
+            "cpu_bf16_products": cpu_bf16_products(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
     try:
         info["cpu_model"] = next(

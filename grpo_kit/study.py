@@ -134,11 +134,12 @@ def _record_path(record_dir: str | Path, regime: str, seed: int) -> Path:
 
 def _cell_records(out: Path, regime: str, seeds: Sequence[int],
                   record_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """The cells on disk: each seed's progress.json in `out`, else its record in `record_dir`."""
+    """The cells on disk: each seed's record in `record_dir` (it names the machine), else its progress.json in
+    `out`."""
     records = []
     for seed in seeds:
         path = out / regime / f"seed{seed}" / "progress.json"
-        if not path.exists() and record_dir is not None:
+        if record_dir is not None and _record_path(record_dir, regime, seed).exists():
             path = _record_path(record_dir, regime, seed)
         if path.exists():
             records.append({"seed": seed, **json.loads(path.read_text())})
@@ -146,7 +147,9 @@ def _cell_records(out: Path, regime: str, seeds: Sequence[int],
 
 
 def _keep_record(record_dir: str | Path, regime: str, seed: int, record: dict[str, Any]) -> None:
-    """A finished cell's progress record into `record_dir`, written whole or not at all."""
+    """A finished cell's progress record into `record_dir`, written whole or not at all, with the machine that ran it
+    (`device.describe_machine`: the cells of one study may come from several)."""
+    record = {**record, "machine": record.get("machine") or describe_machine()}
     path = _record_path(record_dir, regime, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -159,6 +162,8 @@ def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
     probe, and every stage's metrics in points."""
     phases = cell["phases"]
     row: dict[str, Any] = {"seed": cell["seed"], "finished": all(f"{s}_eval" in phases for s in STAGES)}
+    if "machine" in cell:
+        row["machine"] = machine_text(cell["machine"])
     row.update({f"{s}_steps": phases[s]["steps"] for s in STAGES if s in phases})
     if "sft_probe" in phases:
         row["sft_probe"] = phases["sft_probe"]
@@ -169,6 +174,15 @@ def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def machine_text(machine: dict[str, Any]) -> str:
+    """A machine from `device.describe_machine` in words: CPU model and cores, AMX or not, torch's kernel level, the
+    weight products' dtype and torch's version (what moves a cell's times, and within float noise its numbers)."""
+    amx = {True: ", AMX", False: ", no AMX"}.get(machine.get("cpu_amx"), "")
+    products = "bf16 weight products" if machine.get("cpu_bf16_products") else "fp32"
+    return (f"{machine.get('cpu_model', machine.get('processor'))}, {machine.get('cpu_count')} cores{amx} "
+            f"({machine.get('cpu_capability')}, {products}, torch {machine.get('torch')})")
+
+
 def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence[int],
               machine: dict[str, Any] | None = None, record_dir: str | Path | None = None) -> dict[str, Any]:
     """`summary.json` from the cells on disk (in `output_dir`, else recorded in `record_dir`): per regime and stage
@@ -176,7 +190,8 @@ def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence
     seeds' problems; every metric in points (%)."""
     out = Path(output_dir)
     summary: dict[str, Any] = {"primary_metric": "greedy accuracy on the held-out problems",
-                               "settings": STUDY_SETTINGS, "machine": machine or {}, "regimes": {}}
+                               "settings": STUDY_SETTINGS, "machine": machine or {}, "planned_seeds": list(seeds),
+                               "regimes": {}}
     for regime in regimes:
         cells = _cell_records(out, regime, seeds, record_dir)
         result: dict[str, Any] = {"text": REGIME_TEXT[regime], "seeds": [], "stages": {}, "cells": []}
@@ -232,25 +247,61 @@ def run_study(output_dir: str | Path = "runs/study", *, preset: str = "cpu-gemma
                 _keep_record(record_dir, regime, seed, record)
     summary = summarize(out, regimes=regimes, seeds=seeds, machine=describe_machine(), record_dir=record_dir)
     summary["preset"], summary["overrides"] = preset, changes
+    save_summary(summary, out, run_dir=run_dir)
+    return summary
+
+
+def save_summary(summary: dict[str, Any], output_dir: str | Path, *, run_dir: Any = None) -> Path:
+    """`summary.json` and its plot `study.png` in `output_dir` (a study's directory: `rundir.claim`ed unless the
+    caller holds it as `run_dir`). Returns the path of summary.json."""
+    out = Path(output_dir)
+    run_dir = run_dir or claim(out, "study")
+    for name in ("summary.json", "study.png"):
+        run_dir.add(name)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_study(summary, out / "study.png")
-    return summary
+    return out / "summary.json"
 
 
 REPORT_BEGIN, REPORT_END = ("<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->",
                             "<!-- end of study table -->")
-"""The markers in a Markdown file between which `write_report` puts the table."""
+"""The markers in a Markdown file between which `write_report` puts the full table (`render_markdown`)."""
+SUMMARY_BEGIN, SUMMARY_END = ("<!-- study summary: generated from docs/study.json by `grpo-kit study --report` -->",
+                              "<!-- end of study summary -->")
+"""The markers between which `write_report` puts the one-line-per-regime summary (`render_summary`: the README's)."""
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} %"
+
+
+def render_summary(summary: dict[str, Any]) -> str:
+    """The study in one table, a line per regime: seeds finished, each stage's greedy accuracy (mean over the finished
+    seeds) and the deciding comparison, GRPO − more SFT, with its 95 % interval."""
+    planned = len(summary.get("planned_seeds", [])) or None
+    lines = ["| regime | seeds | SFT | GRPO | more SFT | RFT | GRPO − more SFT [95 % interval] |",
+             "|---|---|---|---|---|---|---|"]
+    for regime, result in summary["regimes"].items():
+        accuracy = [result["stages"].get(stage, {}).get("accuracy") for stage in STAGES]
+        d = result.get("grpo_minus_sft_control")
+        decided = f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" if d else "–"
+        seeds = f"{len(result['seeds'])}" + (f" of {planned}" if planned else "")
+        lines.append(f"| {regime} | {seeds} | " + " | ".join(map(_percent, accuracy)) + f" | {decided} |")
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
     """The study as Markdown: per regime the greedy accuracy (primary), sampled pass@1, maj@k, pass@k and format rate
     of each stage (means over the finished seeds), then GRPO against each control, paired, with the 95 % interval."""
     lines = []
-    machine = summary.get("machine", {})
-    if machine:
-        products = "bf16 weight products" if machine.get("cpu_bf16_products") else "fp32"
-        lines += [f"Machine: {machine.get('cpu_model', machine.get('processor'))}, {machine.get('cpu_count')} cores, "
-                  f"torch {machine.get('torch')} ({machine.get('cpu_capability')}, {products}).", ""]
+    ran_on: dict[str, list[str]] = {}
+    for regime, result in summary["regimes"].items():
+        for row in result["cells"]:
+            ran_on.setdefault(row.get("machine", "a machine it did not record"), []).append(f"{regime} {row['seed']}")
+    if ran_on:
+        lines += ["Cells ran on: " + "; ".join(f"{m} ({', '.join(cells)})" for m, cells in ran_on.items()) + ".", ""]
+    elif summary.get("machine"):
+        lines += [f"Machine: {machine_text(summary['machine'])}.", ""]
     for regime, result in summary["regimes"].items():
         seeds = result["seeds"]
         lines += [
@@ -267,7 +318,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                              ("rft", "RFT (control)")):
             m = result["stages"].get(stage, {})
             cells = [m.get(x) for x in ("accuracy", "pass@1", f"maj@{k}", f"pass@{k}", "format_rate")]
-            lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f} %" for v in cells) + " |")
+            lines.append(f"| {label} | " + " | ".join(map(_percent, cells)) + " |")
         lines += ["", "| paired difference (greedy) | mean | 95 % interval | fixed / broken |", "|---|---|---|---|"]
         for name, label in (("grpo_minus_sft_control", "GRPO − more SFT"), ("grpo_minus_rft", "GRPO − RFT"),
                             ("grpo_minus_sft", "GRPO − SFT"), ("rft_minus_sft_control", "RFT − more SFT")):
@@ -281,13 +332,18 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def write_report(summary: dict[str, Any], path: str | Path) -> Path:
-    """Put `render_markdown(summary)` between REPORT_BEGIN and REPORT_END in the Markdown file `path` (which must hold
-    both markers: the rest of the file is the author's)."""
+    """Put `render_markdown(summary)` between REPORT_BEGIN and REPORT_END, and `render_summary(summary)` between
+    SUMMARY_BEGIN and SUMMARY_END, in the Markdown file `path`, which must hold at least one pair of markers (the
+    rest of the file is the author's)."""
     path = Path(path)
     text = path.read_text()
-    if REPORT_BEGIN not in text or REPORT_END not in text:
-        raise ValueError(f"{path}: no study table markers ({REPORT_BEGIN} … {REPORT_END}) to write between")
-    head, rest = text.split(REPORT_BEGIN, 1)
-    tail = rest.split(REPORT_END, 1)[1]
-    path.write_text(f"{head}{REPORT_BEGIN}\n{render_markdown(summary)}{REPORT_END}{tail}")
+    pairs = [(REPORT_BEGIN, REPORT_END, render_markdown), (SUMMARY_BEGIN, SUMMARY_END, render_summary)]
+    present = [(begin, end, render) for begin, end, render in pairs if begin in text and end in text]
+    if not present:
+        raise ValueError(f"{path}: no study table markers ({REPORT_BEGIN} … {REPORT_END}, or {SUMMARY_BEGIN} … "
+                         f"{SUMMARY_END}) to write between")
+    for begin, end, render in present:
+        head, rest = text.split(begin, 1)
+        text = f"{head}{begin}\n{render(summary)}{end}{rest.split(end, 1)[1]}"
+    path.write_text(text)
     return path

@@ -1,21 +1,30 @@
 """The study's arithmetic (paired differences, their bootstrap interval, the summary) and one small cell end to end."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from grpo_kit.cli import main
+from grpo_kit.device import describe_machine
 from grpo_kit.evaluation import paired_difference
 from grpo_kit.study import (
     REGIMES,
     REPORT_BEGIN,
     REPORT_END,
+    SUMMARY_BEGIN,
+    SUMMARY_END,
     cell_config,
+    machine_text,
+    render_markdown,
+    render_summary,
     run_study,
     summarize,
     write_report,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_paired_difference_counts_fixed_and_broken_problems_and_its_interval_covers_the_truth():
@@ -82,6 +91,11 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
         tmp_path, "scarce", 0, {"sft": [f, f, f, f], "grpo": [t, t, f, f], "control": [t, f, f, f], "rft": [t, t, t, f]}
     )
     summary = summarize(tmp_path, regimes=["scarce", "beyond"], seeds=[0])
+    d = summary["regimes"]["scarce"]["grpo_minus_sft_control"]
+    assert summary["regimes"]["scarce"]["cells"][0].get("machine") is None  # a cell that did not record its machine
+    machine = {"cpu_model": "AMD EPYC 9B14", "cpu_count": 2, "cpu_amx": False, "cpu_capability": "AVX512",
+               "cpu_bf16_products": True, "torch": "2.9.0"}
+    summary["regimes"]["scarce"]["cells"][0]["machine"] = machine_text(machine)
     doc = tmp_path / "capstone.md"
     doc.write_text(f"# Title\n\nMine.\n\n{REPORT_BEGIN}\nold table\n{REPORT_END}\n\nAlso mine.\n")
     write_report(summary, doc)
@@ -91,7 +105,18 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
         and text.endswith(f"{REPORT_END}\n\nAlso mine.\n")
         and "old table" not in text
     )
+    readme = tmp_path / "README.md"  # the one-line-per-regime summary, between its own markers
+    readme.write_text(f"Intro.\n{SUMMARY_BEGIN}\nold\n{SUMMARY_END}\nMore.\n")
+    write_report(summary, readme)
+    assert readme.read_text() == (
+        f"Intro.\n{SUMMARY_BEGIN}\n"
+        "| regime | seeds | SFT | GRPO | more SFT | RFT | GRPO − more SFT [95 % interval] |\n"
+        "|---|---|---|---|---|---|---|\n"
+        f"| scarce | 1 of 1 | 0.0 % | 50.0 % | 25.0 % | 75.0 % | +25.0 [{d['low']:+.1f}, {d['high']:+.1f}] |\n"
+        f"| beyond | 0 of 1 | – | – | – | – | – |\n{SUMMARY_END}\nMore.\n")
     assert "| GRPO | 50.0 % | 50.0 % | 25.0 % | 75.0 % | 100.0 % |" in text
+    assert ("Cells ran on: AMD EPYC 9B14, 2 cores, no AMX (AVX512, bf16 weight products, torch 2.9.0) (scarce 0)."
+            in text)
     assert "| GRPO − more SFT | +25.0 | [" in text and "Seeds finished: 1 (0); 4 paired problems" in text
     assert (
         "**beyond** — worked solutions of 2-step problems only; GRPO prompts and test set 3-step. Seeds finished: 0;"
@@ -145,13 +170,29 @@ def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without
     again = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False,
                       record_dir=records)
     assert (out / "beyond" / "seed0" / "progress.json").read_text() == progress  # every phase was recorded: none ran
+    kept = json.loads((records / "beyond-seed0.json").read_text())
+    assert kept.pop("machine") == describe_machine() and kept == json.loads(progress)  # the finished cell, its machine
+    assert again["regimes"]["beyond"]["cells"][0].pop("machine") == machine_text(describe_machine())
     assert again["regimes"] == summary["regimes"]
-    assert json.loads((records / "beyond-seed0.json").read_text()) == json.loads(progress)  # the finished cell kept
     elsewhere = run_study(tmp_path / "other", preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,),
                           overrides=TINY, progress=False, record_dir=records)
+    assert elsewhere["regimes"]["beyond"]["cells"][0].pop("machine") == machine_text(describe_machine())
     assert elsewhere["regimes"] == summary["regimes"]  # another machine: the recorded cell is read, not run
     assert not (tmp_path / "other" / "beyond").exists()
     assert main(["study", "--output-dir", str(out), "--regimes", "beyond", "--seeds", "1", "--summary-only"]) == 0
     assert json.loads(capsys.readouterr().out)["beyond"]["seeds"] == [0]
     assert main(["study", "--output-dir", str(out), "--regimes", "easy", "--summary-only"]) == 2
     assert "--regimes easy: one of plentiful, scarce, beyond" in capsys.readouterr().err
+
+
+def test_the_published_study_is_the_committed_cells(tmp_path):
+    """docs/study.json summarises exactly the cells recorded in docs/study_cells/, and README.md and docs/capstone.md
+    show it as `grpo-kit study --report` writes it: no published number comes from anywhere else."""
+    published = json.loads((ROOT / "docs" / "study.json").read_text())
+    again = summarize(tmp_path, regimes=list(published["regimes"]), seeds=published["planned_seeds"],
+                      record_dir=ROOT / "docs" / "study_cells")
+    assert again["regimes"] == published["regimes"]
+    for page, begin, end, render in (("README.md", SUMMARY_BEGIN, SUMMARY_END, render_summary),
+                                     ("docs/capstone.md", REPORT_BEGIN, REPORT_END, render_markdown)):
+        shown = (ROOT / page).read_text().split(begin, 1)[1].split(end, 1)[0]
+        assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json docs/study.json --report`"
