@@ -218,6 +218,17 @@ def _tensors_only(path: Path, device: torch.device | str = "cpu") -> Any:
                          f"(loading it would run code from the file): {str(e).splitlines()[0]}") from None
 
 
+def refuse_arc_adapter(path: str | Path) -> None:
+    """Raise when the checkpoint at `path` is a LoRA adapter that an arc (`demo.Arc`) trained over its merged SFT
+    model (state.json's `adapter_over`): loaded over the preset's bare model it would be a model without its SFT.
+    The arc's own copy (`ARC/<phase>/final`, or the arc's directory) loads with its SFT."""
+    state = checkpoint_state(path, verify=False)[1]
+    if state.get("adapter_over") == "sft":
+        raise ValueError(f"{path} is a LoRA adapter that the arc in {state.get('arc')} trained over its SFT model, "
+                         f"which this model lacks: give the arc's own copy, {state.get('arc')}/{state.get('phase')}"
+                         "/final (it loads with its SFT)")
+
+
 def load_checkpoint(
     path: str | Path,
     model: torch.nn.Module,

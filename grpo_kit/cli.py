@@ -89,13 +89,15 @@ def cmd_study(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import checkpoint_state, load_checkpoint
+    from .checkpoint import checkpoint_state, load_checkpoint, refuse_arc_adapter
     from .device import get_device
     from .models import load_model
     from .scoring import score_model
     from .tasks import load_task
 
     checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
+    if checkpoint and not arc_stage(checkpoint, args.stage):
+        refuse_arc_adapter(checkpoint)
     cfg = _config(args, "runs/score", model_is_name=checkpoint is None)
     task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
                      num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
@@ -142,18 +144,19 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
            cfg: RunConfig | None = None) -> tuple[RunConfig, Any, Any, Any, Any]:
     import torch
 
+    from .checkpoint import load_checkpoint, refuse_arc_adapter
     from .device import get_device
     from .models import load_model
     from .tasks import make_task
 
     cfg = cfg or _config(args, default_out)
+    init_from = init_from or getattr(args, "init_from", None)
+    if init_from:
+        refuse_arc_adapter(init_from)  # before the model loads: a minute on a real Gemma
     torch.set_num_threads(os.cpu_count() or 1)
     dev = get_device(args.device)
     model, tokenizer = load_model(cfg.model, dev)
-    init_from = init_from or getattr(args, "init_from", None)
     if init_from:
-        from .checkpoint import load_checkpoint
-
         load_checkpoint(init_from, model)
     task = make_task(cfg.task)
     return cfg, dev, model, tokenizer, task

@@ -260,6 +260,7 @@ class Arc:
             checkpoint = self.out / "grpo" / "checkpoint"
             self.trainer = GRPOTrainer(self.model, self.tokenizer, self.rewards, self.task.prompt_stream(), config,
                                        resume_metrics=checkpoint.exists())
+            self._note_sft_base(self.trainer, "grpo")
             if checkpoint.exists():
                 self.trainer.load(checkpoint)
         return self.trainer
@@ -342,6 +343,7 @@ class Arc:
         trainer = RFTTrainer(
             self.model, self.tokenizer, self.task.prompt_stream(), config, resume_metrics=checkpoint.exists()
         )
+        self._note_sft_base(trainer, "rft")
         if checkpoint.exists():
             trainer.load(checkpoint)
         if "rft_steps" not in plan:
@@ -381,9 +383,18 @@ class Arc:
         trainer = SFTTrainer(
             self.model, self.tokenizer, self.task.demonstrations(), config, resume_metrics=checkpoint.exists()
         )
+        if phase != "sft":
+            self._note_sft_base(trainer, phase)
         if checkpoint.exists():
             trainer.load(checkpoint)
         return trainer
+
+    def _note_sft_base(self, trainer: Any, phase: str) -> None:
+        """With LoRA a phase after SFT trains an adapter over the merged SFT model: its checkpoints say so
+        (`adapter_over`, with this arc's directory), so that loading one over the preset's bare model is refused
+        (`checkpoint.refuse_arc_adapter`) instead of giving a model without its SFT."""
+        if is_lora(self.model):
+            trainer.checkpoint_notes.update(adapter_over="sft", arc=str(self.out.resolve()), phase=phase)
 
     def export(self, stage: str = "grpo", out_dir: str | Path | None = None, *, notes: str = "") -> Path:
         """The model after `stage` as a plain transformers directory (LoRA merged; `export.export_model`) in

@@ -69,6 +69,9 @@ class TrainingLoop:
         """Wall seconds of each step this process ran (a time budget sizes the run from them)."""
         self._last_save = time.monotonic()
         self._skipped_in_a_row = 0
+        self.checkpoint_notes: dict[str, Any] = {}
+        """What this trainer's checkpoints say about their weights beyond the config (the arc notes `adapter_over`:
+        an adapter trained over another model than the preset's)."""
 
     def train_step(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -104,7 +107,8 @@ class TrainingLoop:
     ) -> Path:
         """Weights (or adapter), optimizer, RNG states, step, `kind`, and the trainer's `extra`."""
         record_entry(self.run_dir, path)
-        path = save_checkpoint(path, self.model, self.optimizer, self.step, extra={"kind": self.kind, **extra},
+        path = save_checkpoint(path, self.model, self.optimizer, self.step,
+                               extra={"kind": self.kind, **self.checkpoint_notes, **extra},
                                generator=self.generator, modules=modules)
         self._last_save = time.monotonic()
         return path

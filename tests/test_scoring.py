@@ -208,3 +208,17 @@ def test_an_arcs_final_checkpoint_is_scored_and_exported_whole_and_an_unfinished
         == 2
     )
     assert "is an unfinished phase of the arc" in capsys.readouterr().err
+    # copied out of its arc, the adapter is still refused over the bare model (it says where the arc keeps it)
+    import shutil
+
+    moved = shutil.copytree(final, tmp_path / "moved")
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(9)))
+    for command in (["export", "--checkpoint", str(moved), "--out", str(tmp_path / "e3")],
+                    ["eval", "--checkpoint", str(moved), "--preset", "cpu-tiny-quick"],
+                    ["score", "--task", str(data), "--model", str(moved)]):
+        assert main([*command, "--quiet"]) == 2
+        assert f"is a LoRA adapter that the arc in {(tmp_path / 'arc').resolve()} trained over its SFT model" in (
+            capsys.readouterr().err), command
+    assert not (tmp_path / "e3").exists()
