@@ -97,7 +97,8 @@ def _tiny_capstone() -> RunConfig:
     return dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
 
 
-def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto") -> tuple[RunConfig, str]:
+def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto", *,
+                    announce: bool = True) -> tuple[RunConfig, str]:
     """Notebook 08's settings: the runtime's real-Gemma preset — a TPU board's or the GPU's Gemma 3 1B-IT on GSM8K,
     on a CPU Gemma 3 270M on generated word problems — writing to `runs_dir()/capstone/<preset>` (so a re-run after
     a disconnect continues there), with `time_budget_minutes` (None: the preset's). Where a piece cannot be had it
@@ -105,7 +106,8 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     270M from PyPI (the tiny Gemma on arithmetic where several XLA CPU devices stand in for a TPU board and share
     the host's memory: `device.virtual_tpu_devices`); no Gemma 3 270M either → the tiny Gemma on arithmetic.
     Under quick mode (CI, platform replicas): 16 held-out problems, 4 SFT steps, 2 GRPO steps of 2 prompts × 4, no
-    time budget. Returns (config, preset)."""
+    time budget. `announce`: print the settings chosen and the expected step time (notebook 09 prints its own).
+    Returns (config, preset)."""
     from .device import virtual_tpu_devices
     from .tasks import make_task
 
@@ -146,12 +148,17 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
             cfg, time_budget_minutes=None, task=dataclasses.replace(cfg.task, num_test=16),
             sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1),
             grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4, micro_batch_size=8))
-    print(f"preset {name} · model {cfg.model.name} · task {cfg.task.kind} · hardware {hardware} · "
-          f"time budget {f'{cfg.time_budget_minutes:g} min' if cfg.time_budget_minutes else 'none (steps as set)'}")
-    expected = PRESET_TIMES.get(name)
-    if expected and expected["grpo_step_seconds"]:
-        print(f"expected: ≈ {expected['grpo_step_seconds']:g} s per GRPO step ({expected['basis']})")
+    if announce:
+        print(f"preset {name} · model {cfg.model.name} · task {cfg.task.kind} · hardware {hardware} · "
+              f"time budget {_budget_text(cfg)}")
+        expected = PRESET_TIMES.get(name)
+        if expected and expected["grpo_step_seconds"]:
+            print(f"expected: ≈ {expected['grpo_step_seconds']:g} s per GRPO step ({expected['basis']})")
     return cfg, name
+
+
+def _budget_text(cfg: RunConfig) -> str:
+    return f"{cfg.time_budget_minutes:g} min" if cfg.time_budget_minutes else "none (steps as set)"
 
 
 def example_task_file() -> Path:
@@ -177,7 +184,7 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
                                   grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4,
                                                            micro_batch_size=8))
     else:
-        cfg, name = capstone_config(time_budget_minutes, preset)
+        cfg, name = capstone_config(time_budget_minutes, preset, announce=False)
     kind = "file" if Path(source).suffix in (".jsonl", ".json", ".csv", ".parquet") else "hub"
     task = TaskConfig(kind=kind, source=str(source), prompt_column=prompt, answer_column=answer,
                       solution_column=solution, num_test=8 if quick() else num_test,
@@ -186,7 +193,8 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True)
     cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=False, rft_control=False,  # GRPO gets the whole budget
                               output_dir=str(runs_dir() / "your_task" / name))
-    print(f"your task: {source} ({kind}) · {task.num_test} rows held out · output {cfg.output_dir}")
+    print(f"preset {name} · model {cfg.model.name} · your task {source} ({kind}), {task.num_test} rows held out · "
+          f"time budget {_budget_text(cfg)} · output {cfg.output_dir}")
     return cfg, name
 
 

@@ -94,6 +94,20 @@ def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtua
     assert "8 XLA CPU devices sharing the host's memory" in out and "the tiny Gemma on arithmetic instead" in out
 
 
+def test_notebook_09_names_the_users_task_once_not_the_presets(monkeypatch, tmp_path, capsys):
+    """Notebook 09 takes notebook 08's model and settings but trains on your data: its settings line names your task,
+    and the preset's own task (the generated problems it replaces) is not announced first."""
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
+    monkeypatch.setattr(nbk, "model_access", lambda name, token=None: (True, ""))
+    data = nbk.example_task_file()
+    cfg, preset = nbk.your_task_config(data, prompt="question", solution="solution", preset="cpu-gemma-270m")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"preset cpu-gemma-270m · model {cfg.model.name} · your task "
+                                                   f"{data} (file), 40 rows held out · time budget "), lines
+    assert cfg.task.kind == "file" and " task word_problems" not in lines[0]
+
+
 def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path, monkeypatch, capsys):
     import kagglehub
 
