@@ -421,12 +421,12 @@ class GRPOTrainer(TrainingLoop):
             self.prompts_drawn += len(rows)
             rolls.append(self.rollout(rows, step_controls))  # 1
             t1 = time.perf_counter()
-            step_result, step_texts, step_prompts, step_lengths = self.score(rows, rolls[-1], controls)  # 2 (a Scored)
-            results.append(step_result)
+            scored = self.score(rows, rolls[-1], controls)  # 2
+            results.append(scored.rewards)
             if self.difficulty is not None:
-                outcomes = step_result.per_function[step_result.names.index(cfg.accuracy_reward)].tolist()
+                outcomes = scored.rewards.per_function[scored.rewards.names.index(cfg.accuracy_reward)].tolist()
                 self.difficulty.record([self.difficulty.level(r) for r in rows for _ in range(g)], outcomes)
-            texts, prompts, lengths = texts + step_texts, prompts + step_prompts, lengths + [step_lengths]
+            texts, prompts, lengths = texts + scored.texts, prompts + scored.prompts, lengths + [scored.lengths]
             rollout_seconds, reward_seconds = rollout_seconds + t1 - t0, reward_seconds + time.perf_counter() - t1
             result = _joined_results(results)
             rewards = self._advantage_rewards(result)
