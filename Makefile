@@ -57,12 +57,12 @@ platforms: $(STAMP)
 # The study (`grpo-kit study`: 3 regimes × 3 seeds, about an hour a cell on 2 cores; running it again continues where it
 # stopped; each finished cell is recorded in docs/study_cells/ and not run again, so commit them to continue on
 # another machine), then its summary and plot copied to docs/ (docs/study.json, docs/study.png) and the table written
-# into docs/capstone.md from docs/study.json.
+# into docs/capstone.md, README.md and notebook 08 from docs/study.json.
 study: $(STAMP)
 	$(BIN)/grpo-kit study --output-dir runs/study --record-dir docs/study_cells
 	cp runs/study/summary.json docs/study.json
 	cp runs/study/study.png docs/study.png
-	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md README.md
+	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md README.md notebooks/08_gemma_gsm8k.ipynb
 
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 47 on one without).
 bench: $(STAMP)

@@ -331,19 +331,35 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(summary: dict[str, Any], path: str | Path) -> Path:
-    """Put `render_markdown(summary)` between REPORT_BEGIN and REPORT_END, and `render_summary(summary)` between
-    SUMMARY_BEGIN and SUMMARY_END, in the Markdown file `path`, which must hold at least one pair of markers (the
-    rest of the file is the author's)."""
-    path = Path(path)
-    text = path.read_text()
+def _filled(text: str, summary: dict[str, Any]) -> str | None:
+    """`text` with the study written between each pair of markers it holds (None when it holds none)."""
     pairs = [(REPORT_BEGIN, REPORT_END, render_markdown), (SUMMARY_BEGIN, SUMMARY_END, render_summary)]
     present = [(begin, end, render) for begin, end, render in pairs if begin in text and end in text]
-    if not present:
-        raise ValueError(f"{path}: no study table markers ({REPORT_BEGIN} … {REPORT_END}, or {SUMMARY_BEGIN} … "
-                         f"{SUMMARY_END}) to write between")
     for begin, end, render in present:
         head, rest = text.split(begin, 1)
         text = f"{head}{begin}\n{render(summary)}{end}{rest.split(end, 1)[1]}"
-    path.write_text(text)
+    return text if present else None
+
+
+def write_report(summary: dict[str, Any], path: str | Path) -> Path:
+    """Put `render_markdown(summary)` between REPORT_BEGIN and REPORT_END, and `render_summary(summary)` between
+    SUMMARY_BEGIN and SUMMARY_END, in the Markdown file `path` (or in the markdown cells of the notebook `path`,
+    .ipynb), which must hold at least one pair of markers; the rest of the file is the author's."""
+    path = Path(path)
+    missing = ValueError(f"{path}: no study table markers ({REPORT_BEGIN} … {REPORT_END}, or {SUMMARY_BEGIN} … "
+                         f"{SUMMARY_END}) to write between")
+    if path.suffix != ".ipynb":
+        text = _filled(path.read_text(), summary)
+        if text is None:
+            raise missing
+        path.write_text(text)
+        return path
+    notebook, filled = json.loads(path.read_text()), 0
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "markdown" and (text := _filled(source, summary)) is not None:
+            cell["source"], filled = text.splitlines(keepends=True), filled + 1
+    if not filled:
+        raise missing
+    path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")  # as nbformat writes it
     return path

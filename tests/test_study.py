@@ -124,6 +124,16 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     )
     write_report(summary, doc)
     assert doc.read_text() == text  # writing again changes nothing
+    notebook = tmp_path / "08.ipynb"  # in a notebook: the markdown cell holding the markers, as nbformat writes it
+    cells = [{"cell_type": "code", "id": "a", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": [f"# {SUMMARY_BEGIN}\n", f"# {SUMMARY_END}"]},
+             {"cell_type": "markdown", "id": "b", "metadata": {}, "source": ["## Study\n", f"{SUMMARY_BEGIN}\n",
+                                                                             f"{SUMMARY_END}\n", "After."]}]
+    notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    write_report(summary, notebook)
+    written = json.loads(notebook.read_text())["cells"]
+    assert written[0] == cells[0]  # code cells are the author's
+    assert "".join(written[1]["source"]) == f"## Study\n{SUMMARY_BEGIN}\n{render_summary(summary)}{SUMMARY_END}\nAfter."
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     with pytest.raises(ValueError, match="no study table markers"):
@@ -192,7 +202,12 @@ def test_the_published_study_is_the_committed_cells(tmp_path):
     again = summarize(tmp_path, regimes=list(published["regimes"]), seeds=published["planned_seeds"],
                       record_dir=ROOT / "docs" / "study_cells")
     assert again["regimes"] == published["regimes"]
+    notebook = json.loads((ROOT / "notebooks" / "08_gemma_gsm8k.ipynb").read_text())
+    pages = {"README.md": (ROOT / "README.md").read_text(), "docs/capstone.md": (ROOT / "docs/capstone.md").read_text(),
+             "notebook 08": "".join(line for c in notebook["cells"] if c["cell_type"] == "markdown"
+                                    for line in c["source"])}
     for page, begin, end, render in (("README.md", SUMMARY_BEGIN, SUMMARY_END, render_summary),
+                                     ("notebook 08", SUMMARY_BEGIN, SUMMARY_END, render_summary),
                                      ("docs/capstone.md", REPORT_BEGIN, REPORT_END, render_markdown)):
-        shown = (ROOT / page).read_text().split(begin, 1)[1].split(end, 1)[0]
+        shown = pages[page].split(begin, 1)[1].split(end, 1)[0]
         assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json docs/study.json --report`"
