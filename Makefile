@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench bench-twice lint clean platforms faults release study course-times
+.PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study course-times
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,14 +47,19 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 test: $(STAMP) $(CLASSIC_STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts
 	GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks --nbmake-timeout=600 \
-	  --durations=40
+	  -m "not bench" --durations=40
+
+# The benchmark's real-model and capstone sections end to end at small sizes (they load Gemma 3 270M three times;
+# `make test` runs the tiny-model parts): run before changing what `make bench` reports.
+bench-test: $(STAMP)
+	$(BIN)/python -m pytest tests -m bench
 
 # Every notebook on replicas of Colab TPU, Kaggle TPU v5e-8 and Colab GPU, each on a fresh machine as users get it
 # (scripts/platforms.py; cell 1 installs the committed HEAD of this checkout). One JSON line per replica.
 platforms: $(STAMP)
 	$(BIN)/python scripts/platforms.py
 
-# The study (`grpo-kit study`: 3 regimes × 3 seeds, about an hour a cell on 2 cores; running it again continues where it
+# The study (`grpo-kit study`: 3 regimes × 3 seeds, 76–155 min a cell alone on 2 cores; running it again continues where it
 # stopped; each finished cell is recorded in docs/study_cells/ and not run again, so commit them to continue on
 # another machine), then its summary and plot copied to docs/ (docs/study.json, docs/study.png) and the table written
 # into docs/capstone.md, README.md and notebook 08 from docs/study.json.

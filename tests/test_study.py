@@ -163,8 +163,9 @@ TINY = {"time_budget_minutes": None, "eval_batch_size": 16, "eval_pass_k": 2, "c
 
 
 def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without_retraining(tmp_path, capsys):
-    out = tmp_path / "study"
-    summary = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False)
+    out, records = tmp_path / "study", tmp_path / "cells"
+    summary = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False,
+                        record_dir=records)
     beyond = summary["regimes"]["beyond"]
     assert beyond["seeds"] == [0] and beyond["paired_problems"] == 8
     cell = beyond["cells"][0]
@@ -176,7 +177,10 @@ def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without
     assert json.loads((out / "summary.json").read_text())["regimes"]["beyond"]["seeds"] == [0]
     assert (out / "study.png").read_bytes()[:4] == b"\x89PNG"
     progress = (out / "beyond" / "seed0" / "progress.json").read_text()
-    records = tmp_path / "cells"
+    kept = json.loads((records / "beyond-seed0.json").read_text())  # the cell just run, kept with its machine
+    assert kept.pop("machine") == describe_machine() and kept == json.loads(progress)
+    summary["regimes"]["beyond"]["cells"][0].pop("machine")
+    (records / "beyond-seed0.json").unlink()  # as before records were kept: the finished cell is recorded again
     again = run_study(out, preset="cpu-tiny-quick", regimes=("beyond",), seeds=(0,), overrides=TINY, progress=False,
                       record_dir=records)
     assert (out / "beyond" / "seed0" / "progress.json").read_text() == progress  # every phase was recorded: none ran
