@@ -13,30 +13,38 @@ import pytest
 pytest.importorskip("trl", reason="TRL is the bench's comparison (extra `bench`)")
 
 
-@pytest.mark.slow
-def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
-    # every part at small sizes (the numbers mean nothing); its own process, with TRL's accelerate kept off XLA as
-    # `grpo-kit bench` keeps it
+def run_bench_at_small_sizes(tmp_path, *, real: bool) -> dict:
+    """`run_bench` at small sizes in its own process (TRL's accelerate kept off XLA, as `grpo-kit bench` keeps it),
+    its report written to `tmp_path`; `real`: with the real-model and capstone sections (Gemma 3 270M, offline)."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "USE_TORCH_XLA": "0"}
+    without = "" if real else "real_model=None, capstone_preset=None,"
     script = (
         "import json; from grpo_kit.devtools.bench import BenchSizes, run_bench, write_report\n"
         "sizes = BenchSizes(prompts=2, group=4, new_tokens=8, repeats=2, rollout_repeats=2, sft_steps=10,\n"
         "                   xla_token_counts=(4, 8), learning_budget_s=3, eval_every_s=1, num_eval=8,\n"
         "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
         "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2, capstone_steps=1,\n"
-        "                   capstone_sft_steps=1,\n"
+        f"                   capstone_sft_steps=1, {without}\n"
         "                   capstone_overrides={'task': {'num_demonstrations': 8, 'num_test': 4}, 'grpo': {\n"
         "                       'prompts_per_step': 1, 'group_size': 2, 'max_new_tokens': 4, 'micro_batch_size': 2}})\n"
         f"result = run_bench(sizes, progress=False); write_report(result, {str(tmp_path)!r})\n"
-        "rounds = len(result['details']['real']['rollouts']['speedup']['all'])\n"
-        "avx2 = result['details']['capstone']['avx2']\n"
+        "real = result['details']['real']\n"
+        "rounds = len(real['rollouts']['speedup']['all']) if real else None\n"
+        "avx2 = (result['details']['capstone'] or {}).get('avx2', {})\n"
         "isa = [avx2.get('cpu_capability'), avx2.get('cpu_bf16_products')]\n"
         "print(json.dumps({**{k: v for k, v in result.items() if k != 'details'}, 'real_rounds': rounds,\n"
         "                  'capstone_avx2_isa': isa}, default=str))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
+    """Every tiny-model part (numbers mean nothing at these sizes) and the report; the real-model and capstone
+    sections are `make bench-test`'s (they load Gemma 3 270M three times: minutes)."""
+    result = run_bench_at_small_sizes(tmp_path, real=False)
     for key in ("sampler_tokens_per_s", "hf_generate_tokens_per_s"):
         assert result[key] > 0
     assert set(result["grpo_step_s"]) == set(result["trl_step_s"]) == {"0.0", "0.04"}
@@ -45,8 +53,31 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     assert low <= result["sampler_speedup"] <= high
     for beta, ratio in result["step_time_ratio"].items():  # the median of pairs lies within their spread
         assert result["step_time_ratio_spread"][beta][0] <= ratio <= result["step_time_ratio_spread"][beta][1]
+    assert result["real_model"] is None and result["capstone_preset"] is None
 
-    # the real-model section: the real Gemma 3 270M (offline copy), both sides timed
+    kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
+    assert set(kit) == set(hf) == {"4", "8"}
+    assert kit["4"] == kit["8"] > 0, f"the kit's rollout graphs depend on the number of new tokens: {kit}"
+    assert hf["8"] > hf["4"], f"HF generate's graphs were expected to grow with new tokens: {hf}"
+
+    curves = result["accuracy_vs_seconds"]
+    assert len(curves["kit"]) >= 2 and len(curves["trl"]) >= 2
+    assert curves["kit"][0] == curves["trl"][0]  # the same SFT start
+    assert all(0.0 <= acc <= 1.0 for _, acc in curves["kit"] + curves["trl"])
+
+    report = (tmp_path / "benchmarks.md").read_text()
+    assert "| rollout tokens/s" in report and "TRL" in report and "**gemma-3-270m**" not in report
+    for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "benchmarks.json").read_text())["sizes"]["new_tokens"] == 8
+
+
+@pytest.mark.bench
+def test_bench_real_model_and_capstone_rows(tmp_path):
+    """The real-model section (Gemma 3 270M, offline copy: both sides timed) and the capstone rows (the preset's own
+    step, natively and under the AVX2 stand-in), at small sizes; with the tiny parts again, as `make bench` runs
+    them."""
+    result = run_bench_at_small_sizes(tmp_path, real=True)
     assert result["real_model"] == "gemma-3-270m"
     for key in ("real_rollout_tokens_per_s", "real_hf_generate_tokens_per_s", "real_grpo_step_s", "real_trl_step_s"):
         assert result[key] > 0, key
@@ -67,23 +98,9 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     assert set(result["capstone_breakdown"]["avx2"]) == set(result["real_breakdown"]) and result[
         "capstone_avx2_isa"] == ["AVX2", False]
 
-    kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
-    assert set(kit) == set(hf) == {"4", "8"}
-    assert kit["4"] == kit["8"] > 0, f"the kit's rollout graphs depend on the number of new tokens: {kit}"
-    assert hf["8"] > hf["4"], f"HF generate's graphs were expected to grow with new tokens: {hf}"
-
-    curves = result["accuracy_vs_seconds"]
-    assert len(curves["kit"]) >= 2 and len(curves["trl"]) >= 2
-    assert curves["kit"][0] == curves["trl"][0]  # the same SFT start
-    assert all(0.0 <= acc <= 1.0 for _, acc in curves["kit"] + curves["trl"])
-
     report = (tmp_path / "benchmarks.md").read_text()
-    assert "| rollout tokens/s" in report and "TRL" in report
     assert "| capstone step s, `cpu-gemma-270m`" in report and "AVX2 stand-in (fp32)" in report
     assert "**gemma-3-270m**" in report and "step by phase" in report and "multiplies its weights in float32" in report
-    for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((tmp_path / "benchmarks.json").read_text())["sizes"]["new_tokens"] == 8
 
 
 def test_paired_ratios_and_run_agreement():
