@@ -96,12 +96,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     from .tasks import load_task
 
     checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
-    if checkpoint and not arc_stage(checkpoint, args.stage):
+    where = arc_stage(args.model, args.stage)  # an arc: one of its stages, as it holds them
+    if checkpoint and not where:
         refuse_arc_adapter(checkpoint)
     cfg = _config(args, "runs/score", model_is_name=checkpoint is None)
     task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
                      num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
-    if where := arc_stage(args.model, args.stage):  # an arc: one of its stages, as it holds them
+    if where:
         arc = _arc_model(where, args.device)
         steps = {f"{p} steps": r["steps"] for p in ("sft", "grpo", "control", "rft") if (r := arc.done(p))}
         score = score_model(arc.model, arc.tokenizer, task, cfg.output_dir, task_name=str(args.task),

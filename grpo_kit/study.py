@@ -150,7 +150,7 @@ def _cell_records(out: Path, regime: str, seeds: Sequence[int],
 def _keep_record(record_dir: str | Path, regime: str, seed: int, record: dict[str, Any]) -> None:
     """A finished cell's progress record into `record_dir`, written whole or not at all, with the machine that ran it
     (`device.describe_machine`: the cells of one study may come from several)."""
-    record = {**record, "machine": record.get("machine") or describe_machine()}
+    record = {**record, "machine": describe_machine()}
     path = _record_path(record_dir, regime, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
