@@ -35,6 +35,7 @@ PUBLIC: dict[str, str | None] = {
     "DemoConfig": "config",
     "Controls": "controls",
     "PRESETS": "config",
+    "GRPO_RECIPE": "config",
     "PRESET_TIMES": "config",
     "load_demo_config": "config",
     "Arc": "demo",

@@ -447,6 +447,13 @@ class RunConfig:
 DemoConfig = RunConfig
 """`RunConfig`'s former name, kept for code written against it."""
 
+GRPO_RECIPE: dict[str, Any] = {"gate_shaped_rewards": True, "difficulty_targeting": True,
+                               "skip_zero_advantage_groups": True}
+"""The GRPO recipe every real-Gemma preset runs (the study's, docs/capstone.md): shaped rewards count only where the
+outcome varies (verl-recipe PR #125), prompts drawn by their level's pass rate p in proportion to p(1 − p) (arXiv
+2504.03380; the word problems' level is their template, GSM8K's its solution's step count) and groups whose advantages
+are all zero left out of the update (the same gradient, less work; cpu/cuda with β 0)."""
+
 GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
 """GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
 
@@ -464,9 +471,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
     # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
-    # GRPO's recipe is the study's (docs/capstone.md): shaped rewards count only where the outcome varies, prompts
-    # drawn by their template's pass rate p in proportion to p(1 − p), and groups whose advantages are all zero left
-    # out of the update (the same gradient: the batch's normalisers still count them).
+    # GRPO's recipe is the study's (GRPO_RECIPE), as on every real-Gemma preset.
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
@@ -475,7 +480,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "grpo": {
             "steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
             "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
-            "gate_shaped_rewards": True, "difficulty_targeting": True, "skip_zero_advantage_groups": True,
+            **GRPO_RECIPE,
             "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
         "time_budget_minutes": 55,
         "control": True,
@@ -490,7 +495,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "task": GSM8K_TASK,
             "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768, "pad_to_multiple_of": 256},
             "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 8, "group_size": 8,
-                     "micro_batch_size": micro, "prompt_bucket": 256},
+                     "micro_batch_size": micro, "prompt_bucket": 256, **GRPO_RECIPE},
             "time_budget_minutes": 90,
             "eval_pass_k": 8,
         }
@@ -502,7 +507,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "task": GSM8K_TASK,
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768},
         "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4,
-                 "micro_batch_size": 8, "prompt_bucket": 64},
+                 "micro_batch_size": 8, "prompt_bucket": 64, **GRPO_RECIPE},
         "time_budget_minutes": 90,
         "eval_pass_k": 8,
     },

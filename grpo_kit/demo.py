@@ -25,6 +25,7 @@ import torch
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import RFTConfig, RunConfig, without_retired
 from .device import get_device
+from .difficulty import DifficultyTargeting
 from .evaluation import evaluate, sampled_scores
 from .grpo import GRPOTrainer
 from .metrics import read_jsonl
@@ -74,6 +75,8 @@ class Arc:
         except DataError:  # your data without worked solutions: GRPO starts from the base model
             self.has_solutions = False
         """Whether the task has worked solutions: without them SFT and the SFT control are skipped."""
+        if cfg.grpo.difficulty_targeting:  # a task whose rows have no level is refused before any work
+            DifficultyTargeting(cfg.grpo.difficulty_key).level(next(self.task.prompt_stream()))
         self.records = self._open(resume)
         torch.set_num_threads(os.cpu_count() or 1)
         self.device = get_device(device)

@@ -174,8 +174,8 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     (`capstone_config`, with its fallbacks), on the task in `source` (a data file or a hub dataset id, its columns
     named by `prompt`, `answer`, `solution`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
     with an instruction that asks for the answer format; the rewards weighted 1 each and shaped ones gated by the
-    outcome (`GRPOConfig.gate_shaped_rewards`). Quick mode (CI): the tiny Gemma, 4 SFT and 2 GRPO steps, 8 rows held
-    out."""
+    outcome (`GRPOConfig.gate_shaped_rewards`); difficulty targeting off (it needs a `level` column in your rows).
+    Quick mode (CI): the tiny Gemma, 4 SFT and 2 GRPO steps, 8 rows held out."""
     from .config import TaskConfig
 
     if quick():  # CI and the platform replicas: the tiny Gemma, so that every cell runs in seconds
@@ -189,8 +189,9 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     task = TaskConfig(kind=kind, source=str(source), prompt_column=prompt, answer_column=answer,
                       solution_column=solution, num_test=8 if quick() else num_test,
                       system_prompt=YOUR_TASK_INSTRUCTION)
-    # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies
-    grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True)
+    # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies; prompts
+    # in the stream's order (difficulty targeting needs a `level` column: turn it on if your rows have one)
+    grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True, difficulty_targeting=False)
     cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=False, rft_control=False,  # GRPO gets the whole budget
                               output_dir=str(runs_dir() / "your_task" / name))
     print(f"preset {name} · model {cfg.model.name} · your task {source} ({kind}), {task.num_test} rows held out · "

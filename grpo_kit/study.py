@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import RunConfig, apply_overrides, load_demo_config
+from .config import GRPO_RECIPE, RunConfig, apply_overrides, load_demo_config
 from .demo import Arc
 from .device import describe_machine
 from .evaluation import paired_difference, sampled_scores
@@ -62,17 +62,16 @@ STUDY_SETTINGS: dict[str, Any] = {
     "sft": {"steps": 160},
     "control_steps": 217,
     "rft_steps": 107,
-    "grpo": {"steps": 84, "gate_shaped_rewards": True, "difficulty_targeting": True,
-             "skip_zero_advantage_groups": True},
+    "grpo": {"steps": 84, **GRPO_RECIPE},
 }
 """Every cell's arc: both controls, k = 4 samples per held-out problem, and each phase's steps fixed, so that every
 cell does the same work and a busy machine slows a cell without changing what it compares. The counts come from the
 first cell (plentiful, seed 0), run on a 60-minute budget on the idle 2-core Xeon: SFT a quarter of the training time,
 160 steps at 4.2 s; GRPO 84 steps in 918 s; the SFT control 217 steps, 918 s at SFT's median step; RFT 107 steps,
-918 s at its first steps' pace. GRPO's recipe over the preset's, from the literature, fixed before the first cell
-ran: shaped rewards count only where the outcome varies (verl-recipe PR #125), prompts drawn by their template's pass
-rate p in proportion to p(1 − p) (arXiv 2504.03380), and groups whose advantages are all zero left out of the update
-(the same result, less work)."""
+918 s at its first steps' pace. GRPO's recipe (`config.GRPO_RECIPE`, which every real-Gemma preset runs), from the
+literature, fixed before the first cell ran: shaped rewards count only where the outcome varies (verl-recipe
+PR #125), prompts drawn by their template's pass rate p in proportion to p(1 − p) (arXiv 2504.03380), and groups
+whose advantages are all zero left out of the update (the same result, less work)."""
 COMPARISONS = {"grpo_minus_sft_control": ("control", "grpo"), "grpo_minus_rft": ("rft", "grpo"),
                "grpo_minus_sft": ("sft", "grpo"), "rft_minus_sft_control": ("control", "rft")}
 """The paired differences reported per regime: name → (first stage, second stage), second minus first."""

@@ -339,10 +339,11 @@ _GSM8K_CALC = re.compile(r"<<[^>]*>>")
 
 
 def gsm8k_row_to_example(row: dict[str, Any], index: int = 0, system_prompt: str | None = None) -> dict[str, Any]:
-    """Map one GSM8K row (`question`, `answer` ending in `#### 42`) to prompt / answer / completion.
+    """Map one GSM8K row (`question`, `answer` ending in `#### 42`) to prompt / answer / completion / level.
 
-    The worked solution becomes the reasoning (calculator annotations `<<…>>` removed) and the number after
-    `####` the answer (`canonical_number`: no thousands separators, currency sign or trailing zeros).
+    The worked solution becomes the reasoning (calculator annotations `<<…>>` removed), the number after `####` the
+    answer (`canonical_number`: no thousands separators, currency sign or trailing zeros) and its step count the
+    `level` (`gsm8k_level`).
     """
     for key in ("question", "answer"):
         if key not in row:
@@ -353,12 +354,22 @@ def gsm8k_row_to_example(row: dict[str, Any], index: int = 0, system_prompt: str
     final = canonical_number(match.group(1))
     if final is None:
         raise ValueError(f"GSM8K row {index}: the final answer {match.group(1)!r} is not one number")
-    reasoning = _GSM8K_CALC.sub("", row["answer"][: match.start()]).strip()
+    worked = row["answer"][: match.start()]
+    reasoning = _GSM8K_CALC.sub("", worked).strip()
     return {
         "prompt": make_messages(row["question"].strip(), system_prompt),
         "answer": final,
         "completion": format_completion(reasoning, final),
+        "level": gsm8k_level(worked),
     }
+
+
+def gsm8k_level(worked_solution: str) -> str:
+    """A GSM8K problem's difficulty level for `GRPOConfig.difficulty_targeting`: its reference solution's calculation
+    count, "3 steps" (the `<<…>>` calculator annotations; a solution without them: its non-empty lines). GSM8K's
+    solutions take 2 to 8 steps, and the step count is the usual proxy for how hard a problem is."""
+    steps = len(_GSM8K_CALC.findall(worked_solution)) or sum(1 for line in worked_solution.splitlines() if line.strip())
+    return f"{max(steps, 1)} steps"
 
 
 def load_gsm8k(
@@ -427,8 +438,10 @@ class GSM8KTask:
 # ---- tasks from your own data ------------------------------------------------------------------------------------
 #     task = gk.load_task("data/example_task.jsonl", prompt="question", answer="answer", solution="solution")
 # Columns are mapped by name: the question (text or chat messages), the right final answer, optionally a worked solution
-# (for SFT) and a per-row instruction. The same file, seed and num_test always give the same held-out rows, whose
-# hash (`DataTask.split_hash`) a score file carries; `check_no_overlap` refuses a training set holding one of them.
+# (for SFT) and a per-row instruction; a row's own `answer_type` and `level` columns (the latter for
+# `GRPOConfig.difficulty_targeting`) are kept. The same file, seed and num_test always give the same held-out rows,
+# whose hash (`DataTask.split_hash`) a score file carries; `check_no_overlap` refuses a training set holding one of
+# them.
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 """File suffix → the `datasets` builder that reads it."""
@@ -536,6 +549,8 @@ class DataTask:
             raise DataError(f"{where}, column 'answer_type': {kind!r} is not one of {', '.join(ANSWER_TYPES[:-1])}")
         example = {"prompt": question, "answer": truth,
                    "answer_type": infer_answer_type(truth) if kind == "auto" else kind}
+        if row.get("level") is not None:  # a difficulty grade, for difficulty targeting
+            example["level"] = str(row["level"])
         worked = row.get(solution) if solution else None
         if worked is not None and not isinstance(worked, str):
             raise DataError(

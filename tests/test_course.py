@@ -106,6 +106,7 @@ def test_notebook_09_names_the_users_task_once_not_the_presets(monkeypatch, tmp_
     assert len(lines) == 1 and lines[0].startswith(f"preset cpu-gemma-270m · model {cfg.model.name} · your task "
                                                    f"{data} (file), 40 rows held out · time budget "), lines
     assert cfg.task.kind == "file" and " task word_problems" not in lines[0]
+    assert cfg.grpo.gate_shaped_rewards and not cfg.grpo.difficulty_targeting  # your rows have no level column
 
 
 def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path, monkeypatch, capsys):

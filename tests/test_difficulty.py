@@ -70,3 +70,31 @@ def test_the_trainer_draws_more_prompts_from_the_level_whose_groups_differ_and_r
     assert [resumed._next_prompt()["prompt"] for _ in range(8)] == [trainer._next_prompt()["prompt"] for _ in range(8)]
     with pytest.raises(ConfigError, match="difficulty_targeting needs accuracy_reward"):
         GRPOTrainer(model, tok, [outcome], iter(rows), GRPOConfig(**SMALL, output_dir=None, difficulty_targeting=True))
+
+
+def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_column_is_kept(tmp_path, monkeypatch):
+    """Difficulty targeting on rows with no `level` column fails at the arc's start with the setting named (not
+    after SFT, at GRPO's first prompt); a data file's own `level` column reaches the prompt rows."""
+    import dataclasses
+    import json
+
+    from grpo_kit.config import TaskConfig, load_demo_config
+    from grpo_kit.demo import Arc
+    from grpo_kit.tasks import load_task
+
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": "easy" if i < 20 else "hard"}
+            for i in range(40)]
+    data = tmp_path / "task.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    levelled = load_task(data, prompt="question", num_test=8)
+    assert {r["level"] for r in levelled.test_set()} | {next(levelled.prompt_stream())["level"]} <= {"easy", "hard"}
+
+    data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "level"}) + "\n" for r in rows))
+    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = dataclasses.replace(
+        cfg, output_dir=str(tmp_path / "arc"), grpo=dataclasses.replace(cfg.grpo, difficulty_targeting=True),
+        task=TaskConfig(kind="file", source=str(data), prompt_column="question", num_test=8))
+    monkeypatch.setattr("grpo_kit.demo.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="difficulty_targeting: a prompt row has no 'level' column"):
+        Arc(cfg, progress=False)
+    assert not (tmp_path / "arc").exists()

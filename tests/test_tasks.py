@@ -58,6 +58,27 @@ def test_gsm8k_loader_on_rows_in_the_repo():
         load_gsm8k([{"question": "q"}])
 
 
+def test_a_gsm8k_problem_is_levelled_by_its_solution_steps_so_difficulty_targeting_can_draw_on_it():
+    from grpo_kit.config import PRESETS, TaskConfig, load_demo_config
+    from grpo_kit.difficulty import DifficultyTargeting
+    from grpo_kit.tasks import gsm8k_level, make_task
+
+    ds = load_gsm8k(DATA / "gsm8k_sample.jsonl")
+    rows = [json.loads(line) for line in (DATA / "gsm8k_sample.jsonl").read_text().splitlines()]
+    assert list(ds["level"]) == [f"{max(r['answer'].count('<<'), 1)} steps" for r in rows]
+    assert gsm8k_level("2 + 3 = <<2+3=5>>5 and 5 * 4 = <<5*4=20>>20\n") == "2 steps"
+    assert gsm8k_level("She has 2 + 3 = 5.\nThen 5 * 4 = 20.\n\n") == "2 steps"  # no annotations: its lines
+    task = make_task(TaskConfig(kind="gsm8k", source=str(DATA / "gsm8k_sample.jsonl"), num_test=3,
+                                num_demonstrations=2))
+    targeting, stream = DifficultyTargeting(seed=0), task.prompt_stream()
+    targeting.record([targeting.level(next(stream)) for _ in range(4)], [1.0, 0.0, 1.0, 0.0])
+    assert targeting.next_prompt(stream)["level"].endswith(" steps") and targeting.pass_rates()
+    for name in (n for n in PRESETS if "gemma" in n):  # every real-Gemma preset, GSM8K's too, runs the recipe
+        grpo = load_demo_config(name).grpo
+        assert (grpo.gate_shaped_rewards, grpo.difficulty_targeting, grpo.skip_zero_advantage_groups) == (
+            True, True, True), name
+
+
 @pytest.mark.parametrize(("text", "number", "canonical"), [
     ("72", 72.0, "72"), ("1,350", 1350.0, "1350"), ("$1,350.00", 1350.0, "1350"), ("1,562,500", 1562500.0, "1562500"),
     ("18 dollars.", 18.0, "18"), ("$27.50", 27.5, "27.5"), ("0.5 kg", 0.5, "0.5"), ("-3", -3.0, "-3"),

@@ -185,6 +185,27 @@ def test_dashboard_moves_after_warm_up_compile_nothing_new(task):
     assert after[-1]["beta"] == 0.5 and abs(after[-1]["temperature"] - 0.3) < 1e-9
 
 
+def test_the_presets_grpo_recipe_runs_on_xla_without_recompiling(task):
+    """The TPU presets run `config.GRPO_RECIPE`: gated shaped rewards and difficulty targeting are host-side (the
+    rewards, the pass rates, which prompts a step keeps), so after warm-up a step compiles nothing new."""
+    from grpo_kit.config import GRPO_RECIPE, GRPOConfig, ModelConfig
+    from grpo_kit.grpo import GRPOTrainer
+    from grpo_kit.models import load_model
+    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+
+    model, tok = load_model(ModelConfig(dtype="float32"), torch.device("cpu"))
+    model = move_model(model, get_device("xla"))
+    stream = task.prompt_stream()
+    rows = ({**row, "level": f"{len(str(row['answer']))} digits"} for row in stream)
+    cfg = GRPOConfig(steps=5, prompts_per_step=4, group_size=4, micro_batch_size=16, max_new_tokens=12, beta=0.0,
+                     temperature=1.0, learning_rate=1e-4, warmup_steps=0, output_dir=None, log_completions=0,
+                     reward_weights=DEFAULT_WEIGHTS, compile_warmup_steps=2, **GRPO_RECIPE)
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, rows, cfg)
+    history = trainer.train(5, progress=False)
+    assert [r["xla_recompiles_step"] for r in history[2:]] == [0, 0, 0], [r.get("graphs_per_phase") for r in history]
+    assert history[-1]["level_pass_rates"] and trainer.difficulty.draws >= 5 * 4
+
+
 def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
     """The two places the kit recomputes activations in the backward pass, on XLA: the chunked LM head of a
     ≥ 32k vocabulary (every real Gemma: `recompute`) and transformers' layer checkpointing
