@@ -92,6 +92,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_whole(path: Path, text: str, *, tmp: Path | None = None) -> None:
+    """Write `text` to `path` whole or not at all: into `tmp` (default `.<name>.tmp` beside it; the same file system),
+    then swapped in with one rename, so a kill leaves the old file or the new one, never half of one."""
+    tmp = tmp or path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _fsync(path: Path) -> None:
     """Flush a file's (or a directory's entries') data to disk, so a power cut or kill cannot leave it empty."""
     fd = os.open(path, os.O_RDONLY)
@@ -203,9 +211,7 @@ def add_manifest(path: str | Path) -> dict[str, str]:
         raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
     state = json.loads((path / "state.json").read_text())
     state["files"] = {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file() and f.name != "state.json"}
-    tmp = path / "state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2, default=str))
-    os.replace(tmp, path / "state.json")
+    write_whole(path / "state.json", json.dumps(state, indent=2, default=str), tmp=path / "state.json.tmp")
     return state["files"]
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint, write_whole
 from .config import RFTConfig, RunConfig, without_retired
 from .device import get_device
 from .difficulty import DifficultyTargeting
@@ -126,9 +126,8 @@ class Arc:
         return {"settings": settings, "phases": {}, "plan": {}}
 
     def _save(self) -> None:
-        tmp = self.out / MARK / "progress.json.tmp"  # inside the kit's folder: a crash leaves nothing of its own beside
-        tmp.write_text(json.dumps(self.records, indent=2))
-        os.replace(tmp, self.record_path)
+        # the temporary file inside the kit's folder: a crash leaves nothing of its own beside the user's files
+        write_whole(self.record_path, json.dumps(self.records, indent=2), tmp=self.out / MARK / "progress.json.tmp")
 
     def done(self, phase: str) -> dict[str, Any] | None:
         """The record of a finished phase (`base_eval`, `sft`, `sft_eval`, `grpo`, …), or None."""

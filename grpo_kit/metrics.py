@@ -6,13 +6,14 @@ The dashboard and plots read rows from here; nothing here knows about models or 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .checkpoint import write_whole
 
 HIST_EDGES = torch.linspace(-3.0, 3.0, 25)
 """Fixed advantage-histogram bins (24 bins on [−3, 3], outliers clamped into the end bins), so histograms
@@ -67,9 +68,7 @@ class MetricsLogger:
         with self._lock:
             self.rows = [r for r in self.rows if r.get("step", 0) <= step]
             if self.path:  # rewritten beside and swapped in: a kill leaves the old file or the new one
-                tmp = self.path.with_name(f".{self.path.name}.tmp")
-                tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-                os.replace(tmp, self.path)
+                write_whole(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

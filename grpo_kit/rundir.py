@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import previous_path, temporary_names
+from .checkpoint import previous_path, temporary_names, write_whole
 
 MARK = ".grpo_kit"
 """The kit's folder inside an output directory: run.json (the manifest) and lock."""
@@ -133,9 +133,8 @@ class RunDir:
         return self.path / MARK / "run.json"
 
     def _write(self) -> None:
-        tmp = self.manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"kind": self.kind, "entries": self.entries}, indent=2))
-        os.replace(tmp, self.manifest_path)
+        write_whole(self.manifest_path, json.dumps({"kind": self.kind, "entries": self.entries}, indent=2),
+                    tmp=self.manifest_path.with_suffix(".tmp"))
 
     def add(self, name: str) -> Path:
         """Record `name` as the kit's before it is written there; refuses a name the directory already holds

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import write_whole
 from .config import GRPO_RECIPE, RunConfig, apply_overrides, load_demo_config
 from .demo import Arc
 from .device import describe_machine
@@ -152,9 +152,7 @@ def _keep_record(record_dir: str | Path, regime: str, seed: int, record: dict[st
     record = {**record, "machine": describe_machine()}
     path = _record_path(record_dir, regime, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(record, indent=1))
 
 
 def _cell_row(cell: dict[str, Any]) -> dict[str, Any]:
