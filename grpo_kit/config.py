@@ -348,8 +348,9 @@ class GRPOConfig:
     With `cpu_bf16` the sampler's head products are bf16; its log-probs then differ from fp32 by bf16 rounding of the
     logits (< 0.1 nats), and log π's value in the update is the sampler's."""
     cpu_bf16: bool = True
-    """On a CPU with native bf16 products (AVX512-BF16 or AMX; `device.cpu_bf16_products`) and an fp32 model: the
-    rollout multiplies the layers' projections and the LM head in bf16 (`device.product_dtype`), and the update's
+    """On a CPU where bf16 products are the faster (AMX, or AVX512-BF16 on an AMD CPU; `device.cpu_bf16_products`) and
+    an fp32 model: the rollout multiplies the layers' projections and the LM head in bf16 (`device.product_dtype`),
+    and the update's
     padding-free Gemma forward multiplies the frozen base weights in bf16 (LoRA; `decoder.frozen_linears`), their
     backward following — together a third less time per capstone step than fp32 (`grpo-kit bench`'s capstone rows).
     LoRA, norms, residual sums, attention, softmax, log-probs, the loss, the trained weights, their gradients and the

@@ -201,6 +201,28 @@ def test_bf16_head_products_keep_the_draw_within_the_stated_bounds(softcap):
         assert error.max() < 0.05 and (found.entropy - want.entropy).abs().max() < 0.1
 
 
+def test_the_exp_floor_keeps_subnormals_out_and_changes_no_draw(monkeypatch):
+    """Rows whose logits span hundreds within a block would give e^{z − m_b} below fp32's smallest normal (subnormals,
+    slow on x86): with EXP_FLOOR they are 1.6e-38 instead, and the tokens, log-probs and moments are those of the
+    draw without the floor."""
+    from grpo_kit import sampling
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(2 * sampling.DRAW_BLOCK, 32, generator=gen)
+    hidden = torch.randn(16, 32, generator=gen) * torch.linspace(2.0, 8.0, 16).unsqueeze(1)
+    z = (hidden / 0.8) @ weight.T
+    tiny = torch.finfo(torch.float32).tiny
+    plain = torch.exp(z - z.amax(1, keepdim=True))
+    assert ((plain > 0) & (plain < tiny)).any()  # without the floor, subnormals
+    u = torch.rand(16, generator=gen)
+    floored = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False, uniforms=u, moments=True)
+    monkeypatch.setattr(sampling, "EXP_FLOOR", float("-inf"))
+    unfloored = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False, uniforms=u, moments=True)
+    assert torch.equal(floored[0], unfloored[0]) and torch.equal(floored[1], unfloored[1])
+    assert torch.allclose(floored[2].mean_row, unfloored[2].mean_row, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(floored[2].entropy, unfloored[2].entropy, rtol=1e-6, atol=1e-6)
+
+
 def test_the_moments_leave_out_only_blocks_without_mass_and_the_draw_is_unchanged(monkeypatch):
     """`draw_from_head(moments=True)` takes the moments' product only for blocks holding at least MOMENT_FLOOR of
     some row's mass: on peaked rows (all mass in the first of four 16,384-entry blocks) it takes one product instead
@@ -241,16 +263,23 @@ def test_the_moments_leave_out_only_blocks_without_mass_and_the_draw_is_unchange
 
 
 def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
-    """bf16 products for an fp32 CPU head only where the CPU multiplies bf16 natively and GRPO_KIT_CPU_BF16 is not
-    0; a bf16 head stays bf16, and an fp32 head stays fp32 elsewhere."""
+    """bf16 products for an fp32 CPU head only where bf16 is the faster: AMX tiles, or AVX512-BF16 on an AMD CPU
+    (an Intel one without AMX stays fp32, as does one without AVX512-BF16), and GRPO_KIT_CPU_BF16 is not 0; a bf16
+    head stays bf16."""
     from grpo_kit import device
 
     fp32, bf16 = torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.bfloat16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    for native, flag, want in ((True, "1", torch.bfloat16), (True, "0", torch.float32), (False, "1", torch.float32)):
+    cases = (  # AMX, AVX512-BF16, vendor, GRPO_KIT_CPU_BF16 → the product dtype
+        (False, True, "AuthenticAMD", "1", torch.bfloat16), (False, True, "AuthenticAMD", "0", torch.float32),
+        (False, True, "GenuineIntel", "1", torch.float32), (True, True, "GenuineIntel", "1", torch.bfloat16),
+        (True, True, "GenuineIntel", "0", torch.float32), (False, False, "AuthenticAMD", "1", torch.float32),
+        (False, True, "", "1", torch.float32))
+    for amx, native, vendor, flag, want in cases:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda native=native: native)
+        monkeypatch.setattr(device, "cpu_vendor", lambda vendor=vendor: vendor)
         monkeypatch.setenv("GRPO_KIT_CPU_BF16", flag)
-        assert device.product_dtype(fp32) == want and device.product_dtype(bf16) == torch.bfloat16
+        assert device.product_dtype(fp32) == want and device.product_dtype(bf16) == torch.bfloat16, (amx, vendor)
 
 
 def test_reference_policy_frozen_copy_and_lora(cpu):
