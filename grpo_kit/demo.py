@@ -75,8 +75,6 @@ class Arc:
         except DataError:  # your data without worked solutions: GRPO starts from the base model
             self.has_solutions = False
         """Whether the task has worked solutions: without them SFT and the SFT control are skipped."""
-        if cfg.grpo.difficulty_targeting:  # a task whose rows have no level is refused before any work
-            DifficultyTargeting(cfg.grpo.difficulty_key).level(next(self.task.prompt_stream()))
         self.records = self._open(resume)
         torch.set_num_threads(os.cpu_count() or 1)
         self.device = get_device(device)
@@ -225,6 +223,8 @@ class Arc:
         """SFT on the task's demonstrations from the base model; with a time budget sized to its share of it."""
         if record := self.done("sft"):
             return record
+        if self.cfg.grpo.difficulty_targeting:  # rows without a level would stop GRPO's first step: refused before SFT
+            DifficultyTargeting(self.cfg.grpo.difficulty_key).level(next(self.task.prompt_stream()))
         self.hold("base")
         if not self.has_solutions:  # nothing to imitate: the base model's weights stand in for the SFT model's
             run = claim(self.out / "sft", "sft")

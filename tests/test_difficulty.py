@@ -72,9 +72,10 @@ def test_the_trainer_draws_more_prompts_from_the_level_whose_groups_differ_and_r
         GRPOTrainer(model, tok, [outcome], iter(rows), GRPOConfig(**SMALL, output_dir=None, difficulty_targeting=True))
 
 
-def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_column_is_kept(tmp_path, monkeypatch):
-    """Difficulty targeting on rows with no `level` column fails at the arc's start with the setting named (not
-    after SFT, at GRPO's first prompt); a data file's own `level` column reaches the prompt rows."""
+def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_column_is_kept(tmp_path):
+    """Difficulty targeting on rows with no `level` column fails as the arc's SFT starts, with the setting named (not
+    after SFT, at GRPO's first prompt); the arc still opens (to evaluate or export what it holds). A data file's own
+    `level` column reaches the prompt rows."""
     import dataclasses
     import json
 
@@ -82,8 +83,8 @@ def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_col
     from grpo_kit.demo import Arc
     from grpo_kit.tasks import load_task
 
-    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": "easy" if i < 20 else "hard"}
-            for i in range(40)]
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i} + {i} = {2 * i}",
+             "level": "easy" if i < 20 else "hard"} for i in range(40)]
     data = tmp_path / "task.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     levelled = load_task(data, prompt="question", num_test=8)
@@ -93,8 +94,9 @@ def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_col
     cfg = load_demo_config("cpu-tiny-quick")
     cfg = dataclasses.replace(
         cfg, output_dir=str(tmp_path / "arc"), grpo=dataclasses.replace(cfg.grpo, difficulty_targeting=True),
-        task=TaskConfig(kind="file", source=str(data), prompt_column="question", num_test=8))
-    monkeypatch.setattr("grpo_kit.demo.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+        task=TaskConfig(kind="file", source=str(data), prompt_column="question", solution_column="solution",
+                        num_test=8))
+    arc = Arc(cfg, progress=False)
     with pytest.raises(ValueError, match="difficulty_targeting: a prompt row has no 'level' column"):
-        Arc(cfg, progress=False)
-    assert not (tmp_path / "arc").exists()
+        arc.sft()
+    assert not arc.done("sft") and not (tmp_path / "arc" / "sft").exists()
