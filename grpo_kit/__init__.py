@@ -37,6 +37,7 @@ PUBLIC: dict[str, str | None] = {
     "PRESETS": "config",
     "GRPO_RECIPE": "config",
     "PRESET_TIMES": "config",
+    "load_run_config": "config",
     "load_demo_config": "config",
     "Arc": "demo",
     "run_demo": "demo",

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, RunConfig, field_docs, load_demo_config
+from .config import PRESETS, RunConfig, field_docs, load_run_config
 from .rundir import claim
 
 
@@ -39,7 +39,7 @@ def _config(args: argparse.Namespace, default_out: str, *, model_is_name: bool =
     from .device import check_device_kind
 
     check_device_kind(getattr(args, "device", None))
-    cfg = load_demo_config(args.preset, args.config)
+    cfg = load_run_config(args.preset, args.config)
     if args.model and model_is_name:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=args.model))
     out = args.output_dir or (cfg.output_dir if default_out == "runs/demo" else default_out)

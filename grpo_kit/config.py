@@ -619,7 +619,7 @@ def auto_preset(hardware: str | None = None) -> str:
     return "gpu-gemma-3-1b" if hardware == "cuda" else "cpu-tiny"
 
 
-def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> RunConfig:
+def load_run_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> RunConfig:
     """Build a RunConfig from a named preset (`auto`: picked for the detected hardware), then a YAML file
     of overrides (same keys as the dataclasses)."""
     if preset == "auto":
@@ -638,3 +638,7 @@ def load_demo_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = No
             raise ConfigError(f"{yaml_path}: expected a mapping of settings at the top level, got {data!r}")
         cfg = apply_overrides(cfg, data, str(yaml_path))
     return cfg
+
+
+load_demo_config = load_run_config
+"""`load_run_config`'s former name, kept for code written against it."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .answer_format import YOUR_TASK_INSTRUCTION
-from .config import PRESET_TIMES, RunConfig, auto_preset, load_demo_config
+from .config import PRESET_TIMES, RunConfig, auto_preset, load_run_config
 
 # re-exported for the notebooks: nbk.check_exercise("03.1", globals()), nbk.hint, nbk.reveal, nbk.quiz("04.1")
 from .course import course_mode  # noqa: F401
@@ -76,14 +76,14 @@ def model_access(name: str, token: str | None = None) -> tuple[bool, str]:
 def choose_config(preset: str = "auto", model: str | None = None) -> RunConfig:
     """The config for this hardware; the tiny Gemma when there is no accelerator or no hub access."""
     name = auto_preset() if preset == "auto" else preset
-    cfg = load_demo_config(name)
+    cfg = load_run_config(name)
     if model:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=model))
     ok, why = model_access(cfg.model.name, cfg.model.hf_token)
     if not ok:
         print(f"⚠️  {why}\n"
               "    Falling back to the embedded tiny Gemma (cpu-tiny preset): every cell still runs.")
-        cfg = load_demo_config("cpu-tiny")
+        cfg = load_run_config("cpu-tiny")
     print(f"preset {name if ok else 'cpu-tiny'} · model {cfg.model.name} · hardware {environment()['hardware']}")
     return cfg
 
@@ -94,7 +94,7 @@ CAPSTONE_PRESETS = {"cuda": "gpu-gemma-3-1b", "cpu": "cpu-gemma-270m"}
 
 def _tiny_capstone() -> RunConfig:
     """Notebook 08's last fallback: the tiny Gemma on arithmetic, with the SFT control as the real presets have."""
-    return dataclasses.replace(load_demo_config("cpu-tiny"), control=True)
+    return dataclasses.replace(load_run_config("cpu-tiny"), control=True)
 
 
 def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto", *,
@@ -113,7 +113,7 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
 
     hardware = environment()["hardware"]
     name = preset if preset != "auto" else CAPSTONE_PRESETS.get(hardware, auto_preset(hardware))
-    cfg = load_demo_config(name)
+    cfg = load_run_config(name)
     ok, why = model_access(cfg.model.name, cfg.model.hf_token)
     if not ok and cfg.model.name != "gemma-3-270m-offline":
         virtual = virtual_tpu_devices()
@@ -128,7 +128,7 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
         else:
             print(f"⚠️  {cfg.model.name} cannot be loaded here ({why.splitlines()[-1].strip()}): "
                   "Gemma 3 270M from PyPI on generated word problems instead")
-            name, cfg = "cpu-gemma-270m", load_demo_config("cpu-gemma-270m")
+            name, cfg = "cpu-gemma-270m", load_run_config("cpu-gemma-270m")
         ok, why = model_access(cfg.model.name)
     if not ok:
         print(f"⚠️  no real Gemma can be loaded here ({why.splitlines()[-1].strip()}): the tiny Gemma on arithmetic "
@@ -179,7 +179,7 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     from .config import TaskConfig
 
     if quick():  # CI and the platform replicas: the tiny Gemma, so that every cell runs in seconds
-        cfg, name = load_demo_config("cpu-tiny"), "cpu-tiny"
+        cfg, name = load_run_config("cpu-tiny"), "cpu-tiny"
         cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1, max_length=512),
                                   grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4,
                                                            micro_batch_size=8))

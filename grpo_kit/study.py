@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import write_whole
-from .config import GRPO_RECIPE, RunConfig, apply_overrides, load_demo_config
+from .config import GRPO_RECIPE, RunConfig, apply_overrides, load_run_config
 from .demo import Arc
 from .device import describe_machine
 from .evaluation import paired_difference, sampled_scores
@@ -86,7 +86,7 @@ def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
     task's seed (other problems), SFT's batch order and GRPO's samples."""
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}: one of {', '.join(REGIMES)}")
-    cfg = apply_overrides(load_demo_config(preset), {**REGIMES[regime], **STUDY_SETTINGS}, f"study.{regime}")
+    cfg = apply_overrides(load_run_config(preset), {**REGIMES[regime], **STUDY_SETTINGS}, f"study.{regime}")
     cfg = apply_overrides(cfg, overrides or {}, "study")
     return dataclasses.replace(
         cfg, output_dir=str(output_dir), task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),

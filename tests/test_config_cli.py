@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from grpo_kit.cli import build_parser, main
-from grpo_kit.config import PRESETS, GRPOConfig, RunConfig, load_demo_config
+from grpo_kit.config import PRESETS, GRPOConfig, RunConfig, load_run_config
 from grpo_kit.controls import Controls
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,16 +26,16 @@ def test_every_config_field_is_documented():
 
 def test_presets_and_yaml(tmp_path):
     for name in PRESETS:
-        assert isinstance(load_demo_config(name), RunConfig)
+        assert isinstance(load_run_config(name), RunConfig)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"grpo": {"learning_rate": 5e-4, "loss_type": "dapo"}, "sft": {"steps": 7}}))
-    cfg = load_demo_config("cpu-tiny", path)
+    cfg = load_run_config("cpu-tiny", path)
     assert (cfg.grpo.learning_rate, cfg.grpo.loss_type, cfg.sft.steps) == (5e-4, "dapo", 7)
     path.write_text(yaml.safe_dump({"grpo": {"learning_rat": 1}}))
     with pytest.raises(ValueError, match="unknown setting 'learning_rat'"):
-        load_demo_config("cpu-tiny", path)
+        load_run_config("cpu-tiny", path)
     with pytest.raises(ValueError, match="unknown preset"):
-        load_demo_config("tpu-v9")
+        load_run_config("tpu-v9")
 
 
 def test_bad_grpo_settings_name_the_setting():

@@ -25,7 +25,7 @@ def test_a_missing_checkpoint_is_rebuilt_once_then_loaded(monkeypatch, tmp_path,
     announced); the next notebook on this machine loads both; the GRPO weights are trained, not the init."""
     monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
     monkeypatch.setenv("GRPO_KIT_QUICK", "1")
-    cfg = nbk.load_demo_config("cpu-tiny")
+    cfg = nbk.load_run_config("cpu-tiny")
     model, _, path = nbk.course_model("grpo", cfg, torch.device("cpu"))
     said = capsys.readouterr().out
     assert "sft: no checkpoint" in said and "grpo: no checkpoint" in said and "rebuilt and saved" in said
@@ -49,7 +49,7 @@ def test_lora_grpo_stands_on_the_sft_model_and_loads_back_the_same(monkeypatch, 
 
     monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
     monkeypatch.setenv("GRPO_KIT_QUICK", "1")
-    cfg = nbk.load_demo_config("cpu-tiny")
+    cfg = nbk.load_run_config("cpu-tiny")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=True))
     cpu = torch.device("cpu")
     trained, _, _ = nbk.course_model("grpo", cfg, cpu)  # rebuilds SFT, then GRPO on it
@@ -154,10 +154,10 @@ def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monk
     from grpo_kit.course import course_mode
 
     monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
-    tiny = course_mode(nbk.load_demo_config("cpu-tiny"), hardware="cpu")
+    tiny = course_mode(nbk.load_run_config("cpu-tiny"), hardware="cpu")
     assert tiny.preset == "cpu-tiny" and "tiny Gemma" in tiny.model
     assert [tiny.steps(k) for k in ("sft", "grpo", "experiment", "test")] == [tiny.sft_steps, tiny.grpo_steps, 8, 200]
-    gemma = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1")
+    gemma = course_mode(nbk.load_run_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1")
     assert (gemma.preset, gemma.model, gemma.hardware) == ("tpu-v5e-1-gemma-3-1b", "Gemma 3 1B-IT", "TPU v5e-1")
     times = PRESET_TIMES["tpu-v5e-1-gemma-3-1b"]
     minutes, basis = gemma.minutes("05")
@@ -167,13 +167,13 @@ def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monk
     said = capsys.readouterr().out
     assert (
         f"{gemma.grpo_steps} GRPO steps" in said and f"≈ {minutes:g} min (estimate" in said and "short version" in said)
-    short = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1", short=True)
+    short = course_mode(nbk.load_run_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1", short=True)
     assert [short.steps(k) for k in ("grpo", "experiment", "test")] == [12, 3, 48] and short.minutes("05")[
         0] < minutes / 2
     monkeypatch.setenv(
         "GRPO_KIT_QUICK", "1"
     )  # read when the mode is made; the headers ask for full mode whatever it is
-    quick = course_mode(nbk.load_demo_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1")
+    quick = course_mode(nbk.load_run_config("tpu-v5e-1-gemma-3-1b"), hardware="v5e-1")
     assert [quick.steps(k) for k in ("sft", "grpo", "experiment", "test")] == [40, 4, 3, 48]
     assert gemma.minutes("05") == (minutes, basis)
     with pytest.raises(ValueError, match="unknown kind of step 'rl'"):

@@ -265,7 +265,7 @@ def _notebook_trainer(tiny, task, monkeypatch, **changes):
 
     monkeypatch.setenv("GRPO_KIT_QUICK", "1")
     model, tok = tiny
-    cfg = nbk.course_grpo_config(nbk.load_demo_config("cpu-tiny"), output_dir="unused")
+    cfg = nbk.course_grpo_config(nbk.load_run_config("cpu-tiny"), output_dir="unused")
     cfg = dataclasses.replace(cfg, output_dir=None, log_completions=0, prompts_per_step=4, group_size=4,
                               micro_batch_size=16, warmup_steps=1,
                               reward_weights={**cfg.reward_weights, "arithmetic_steps_reward": 0.0}, **changes)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_kit.cli import main
-from grpo_kit.config import RunConfig, load_demo_config
+from grpo_kit.config import RunConfig, load_run_config
 from grpo_kit.demo import Arc
 
 
@@ -44,7 +44,7 @@ def _yaml(tmp_path):
 
 
 def _tiny(out, **changes) -> RunConfig:
-    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = load_run_config("cpu-tiny-quick")
     task = dataclasses.replace(cfg.task, num_test=16)
     return dataclasses.replace(cfg, output_dir=str(out), task=task, **changes)
 

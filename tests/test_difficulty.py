@@ -79,7 +79,7 @@ def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_col
     import dataclasses
     import json
 
-    from grpo_kit.config import TaskConfig, load_demo_config
+    from grpo_kit.config import TaskConfig, load_run_config
     from grpo_kit.demo import Arc
     from grpo_kit.tasks import load_task
 
@@ -91,7 +91,7 @@ def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_col
     assert {r["level"] for r in levelled.test_set()} | {next(levelled.prompt_stream())["level"]} <= {"easy", "hard"}
 
     data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "level"}) + "\n" for r in rows))
-    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = load_run_config("cpu-tiny-quick")
     cfg = dataclasses.replace(
         cfg, output_dir=str(tmp_path / "arc"), grpo=dataclasses.replace(cfg.grpo, difficulty_targeting=True),
         task=TaskConfig(kind="file", source=str(data), prompt_column="question", solution_column="solution",

@@ -67,14 +67,14 @@ def _your_task_context(ns, *_):
 
 
 def _setup(exercise_id, ns, tiny, task, tmp_path):
-    from grpo_kit import PlanInput, load_demo_config, plan
+    from grpo_kit import PlanInput, load_run_config, plan
     from grpo_kit import rewards as R
 
     ns.update(plan=plan, PlanInput=PlanInput, R=R, torch=torch)
     number = exercise_id[:2]
     if number in ("01", "02"):
         _tokenizer_context(ns, tiny, task)
-        ns.update(cfg=load_demo_config("cpu-tiny"), after={"accuracy": 0.3})
+        ns.update(cfg=load_run_config("cpu-tiny"), after={"accuracy": 0.3})
     contexts = {"05": _dashboard_context, "08": _arc_context, "09": _your_task_context}
     if number == "06":
         _export_context(ns, tiny, task, tmp_path)

@@ -14,7 +14,7 @@ import pytest
 
 from grpo_kit import rundir
 from grpo_kit.cli import main
-from grpo_kit.config import load_demo_config
+from grpo_kit.config import load_run_config
 from grpo_kit.demo import Arc
 
 
@@ -23,7 +23,7 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 
 
 def _tiny_arc_config(out: Path):
-    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = load_run_config("cpu-tiny-quick")
     return dataclasses.replace(cfg, output_dir=str(out), task=dataclasses.replace(cfg.task, num_test=8),
                                sft=dataclasses.replace(cfg.sft, steps=4), grpo=dataclasses.replace(cfg.grpo, steps=2))
 

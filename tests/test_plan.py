@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_kit.cli import main
-from grpo_kit.config import PRESETS, auto_preset, load_demo_config
+from grpo_kit.config import PRESETS, auto_preset, load_run_config
 from grpo_kit.models import count_parameters
 from grpo_kit.planner import GIB, MODEL_SHAPES, MODELS, PlanInput, estimate, model_spec, plan, table
 
@@ -81,7 +81,7 @@ def test_every_real_gemma_preset_fits_its_board_per_the_planner():
         board = _board(name)
         if board is None:
             continue
-        cfg = load_demo_config(name)
+        cfg = load_run_config(name)
         g = cfg.grpo
         r = plan(
             PlanInput(model=cfg.model.name, tpu=board, lora=bool(cfg.model.lora), prompts_per_step=g.prompts_per_step,
@@ -104,7 +104,7 @@ def test_auto_preset_follows_the_hardware(monkeypatch):
 
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
     assert detect_accelerator() == "v5e-8"
-    assert load_demo_config("auto").grpo.micro_batch_size == PRESETS["tpu-v5e-8-gemma-3-1b"]["grpo"]["micro_batch_size"]
+    assert load_run_config("auto").grpo.micro_batch_size == PRESETS["tpu-v5e-8-gemma-3-1b"]["grpo"]["micro_batch_size"]
 
 
 def test_plan_command(capsys):
@@ -126,14 +126,14 @@ def test_plan_flags_come_from_the_plan_input_whose_defaults_are_the_tpu_presets(
     import dataclasses
 
     from grpo_kit.cli import PLAN_FLAGS, build_parser
-    from grpo_kit.config import PRESETS, load_demo_config
+    from grpo_kit.config import PRESETS, load_run_config
     from grpo_kit.planner import PlanInput
 
     args = build_parser().parse_args(["plan"])
     for name in PLAN_FLAGS:
         assert getattr(args, name) == getattr(PlanInput(), name), name
     for preset in (name for name in PRESETS if name.startswith("tpu-")):
-        grpo = load_demo_config(preset).grpo
+        grpo = load_run_config(preset).grpo
         assert (grpo.prompts_per_step, grpo.group_size, grpo.max_new_tokens, grpo.beta) == (
             PlanInput.prompts_per_step, PlanInput.group_size, PlanInput.max_new_tokens, PlanInput.beta), preset
     assert set(PLAN_FLAGS) <= {f.name for f in dataclasses.fields(PlanInput)}
@@ -169,12 +169,12 @@ def test_every_real_gemma_preset_states_its_expected_times_and_where_they_come_f
         expected = PRESET_TIMES[name]
         assert expected["grpo_step_seconds"] > 0 and expected["run_minutes"] > 0, name
         assert expected["basis"].startswith(("measured: ", "estimate")), name
-        assert expected["run_minutes"] == load_demo_config(name).time_budget_minutes, name
+        assert expected["run_minutes"] == load_run_config(name).time_budget_minutes, name
 
 
 def test_the_cpu_gemma_preset_trains_in_float32_on_a_cpu_and_bf16_where_notebook_08_falls_back_to_it():
     from grpo_kit.device import resolve_dtype
 
-    dtype = load_demo_config("cpu-gemma-270m").model.dtype
+    dtype = load_run_config("cpu-gemma-270m").model.dtype
     assert resolve_dtype(dtype, torch.device("cpu")) == torch.float32  # the measured CPU run
     assert resolve_dtype(dtype, torch.device("xla")) == torch.bfloat16  # a TPU without access to Gemma 3 1B

@@ -143,7 +143,7 @@ def test_an_arc_directory_is_scored_at_the_stage_asked(tmp_path, capsys, monkeyp
     import dataclasses
 
     import grpo_kit.scoring as scoring
-    from grpo_kit.config import load_demo_config
+    from grpo_kit.config import load_run_config
     from grpo_kit.demo import Arc
 
     monkeypatch.setattr(
@@ -152,7 +152,7 @@ def test_an_arc_directory_is_scored_at_the_stage_asked(tmp_path, capsys, monkeyp
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i),
                                         "solution": f"{i} + {i} = {2 * i}"}) + "\n" for i in range(30)))
-    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = load_run_config("cpu-tiny-quick")
     cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "arc"), task=dataclasses.replace(
         cfg.task, kind="file", source=str(data), prompt_column="question", solution_column="solution", num_test=6),
         sft=dataclasses.replace(cfg.sft, steps=3, batch_size=4), grpo=dataclasses.replace(cfg.grpo, steps=1))
@@ -180,10 +180,10 @@ def test_an_arcs_final_checkpoint_is_scored_and_exported_whole_and_an_unfinished
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_kit.config import load_demo_config
+    from grpo_kit.config import load_run_config
     from grpo_kit.demo import Arc
 
-    cfg = load_demo_config("cpu-tiny-quick")
+    cfg = load_run_config("cpu-tiny-quick")
     cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "arc"), task=dataclasses.replace(cfg.task, num_test=6),
                               model=dataclasses.replace(cfg.model, lora=True, lora_r=4),
                               sft=dataclasses.replace(cfg.sft, steps=3, batch_size=4, learning_rate=5e-3),

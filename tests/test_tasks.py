@@ -59,7 +59,7 @@ def test_gsm8k_loader_on_rows_in_the_repo():
 
 
 def test_a_gsm8k_problem_is_levelled_by_its_solution_steps_so_difficulty_targeting_can_draw_on_it():
-    from grpo_kit.config import PRESETS, TaskConfig, load_demo_config
+    from grpo_kit.config import PRESETS, TaskConfig, load_run_config
     from grpo_kit.difficulty import DifficultyTargeting
     from grpo_kit.tasks import gsm8k_level, make_task
 
@@ -74,7 +74,7 @@ def test_a_gsm8k_problem_is_levelled_by_its_solution_steps_so_difficulty_targeti
     targeting.record([targeting.level(next(stream)) for _ in range(4)], [1.0, 0.0, 1.0, 0.0])
     assert targeting.next_prompt(stream)["level"].endswith(" steps") and targeting.pass_rates()
     for name in (n for n in PRESETS if "gemma" in n):  # every real-Gemma preset, GSM8K's too, runs the recipe
-        grpo = load_demo_config(name).grpo
+        grpo = load_run_config(name).grpo
         assert (grpo.gate_shaped_rewards, grpo.difficulty_targeting, grpo.skip_zero_advantage_groups) == (
             True, True, True), name
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.config import GRPOConfig, load_demo_config
+from grpo_kit.config import GRPOConfig, load_run_config
 from grpo_kit.controls import Controls
 from grpo_kit.validation import ConfigError
 
@@ -99,7 +99,7 @@ def test_unambiguous_values_are_coerced(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(
         "grpo: {learning_rate: 3e-4, steps: 10.0, max_seconds: '90'}\nmodel: {lora_target_modules: [q_proj, v_proj]}\n")
-    cfg = load_demo_config("cpu-tiny", path)
+    cfg = load_run_config("cpu-tiny", path)
     assert GRPOConfig(output_dir=tmp_path / "run").output_dir == str(tmp_path / "run")  # a Path is a directory name
     assert cfg.grpo.learning_rate == 3e-4 and isinstance(cfg.grpo.learning_rate, float)
     assert cfg.grpo.steps == 10 and isinstance(cfg.grpo.steps, int) and cfg.grpo.max_seconds == 90.0

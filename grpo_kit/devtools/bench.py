@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..config import GRPOConfig, ModelConfig, SFTConfig, load_demo_config
+from ..config import GRPOConfig, ModelConfig, SFTConfig, load_run_config
 from ..device import cpu_bf16_products, describe_machine
 from ..evaluation import evaluate
 from ..grpo import GRPOTrainer
@@ -103,7 +103,7 @@ class BenchSizes:
     capstone_steps: int = 3
     """Timed capstone steps per CPU variant, after one warm-up step."""
     capstone_overrides: dict[str, Any] = field(default_factory=dict)
-    """Changes to the capstone preset (`load_demo_config` overrides, e.g. a smaller model in tests); none by default."""
+    """Changes to the capstone preset (`load_run_config` overrides, e.g. a smaller model in tests); none by default."""
 
     @classmethod
     def full(cls) -> BenchSizes:
@@ -135,7 +135,7 @@ def paired_ratio(kit: list[float], reference: list[float]) -> dict[str, Any]:
 def sft_model(steps: int | None = None) -> tuple[torch.nn.Module, Any, ArithmeticTask]:
     """The tiny Gemma after the demo's SFT warm-up (`steps` None: all of it): the shared starting point. The quick
     sizes keep the full warm-up: from a much weaker start neither trainer improves within the learning run's minute."""
-    cfg = load_demo_config("cpu-tiny")
+    cfg = load_run_config("cpu-tiny")
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = ArithmeticTask(num_demonstrations=cfg.task.num_demonstrations, num_test=cfg.task.num_test)
     SFTTrainer(
@@ -393,7 +393,7 @@ def _capstone_child(preset: str, steps: int, sft_steps: int, sft_checkpoint: str
     from ..checkpoint import load_checkpoint, save_checkpoint
     from ..tasks import make_task
 
-    cfg = load_demo_config(preset)
+    cfg = load_run_config(preset)
     if overrides:
         from ..config import apply_overrides
 
@@ -426,7 +426,7 @@ def bench_learning(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask,
 
     budget_s, eval_every_s = sizes.learning_budget_s, sizes.eval_every_s
     test = task.test_set().select(range(sizes.num_eval))
-    demo = dataclasses.replace(load_demo_config("cpu-tiny").grpo, **sizes.learning_overrides)
+    demo = dataclasses.replace(load_run_config("cpu-tiny").grpo, **sizes.learning_overrides)
     points: dict[str, list[tuple[float, float]]] = {"kit": [], "trl": []}
 
     kit_model = copy.deepcopy(model)

@@ -204,12 +204,12 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
 
 def trainer_steps(steps: int) -> dict[str, object]:
     """The demo's GRPO settings on the tiny Gemma, on the GPU, with the defaults (compiled sampler on CUDA)."""
-    from ..config import load_demo_config
+    from ..config import load_run_config
     from ..grpo import GRPOTrainer
     from ..rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
     from ..tasks import ArithmeticTask
 
-    cfg = load_demo_config("cpu-tiny")
+    cfg = load_run_config("cpu-tiny")
     model, tokenizer = load_model(cfg.model, torch.device("cuda"))
     grpo = cfg.grpo
     grpo.output_dir, grpo.log_completions, grpo.reward_weights = None, 0, grpo.reward_weights or DEFAULT_WEIGHTS
@@ -240,15 +240,15 @@ def preset_times(preset: str, tokenizer_dir: str, *, steps: int, sft_steps: int,
     import tempfile
     from dataclasses import replace
 
-    from ..config import load_demo_config
+    from ..config import load_run_config
     from ..evaluation import evaluate
     from ..grpo import GRPOTrainer
     from ..rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
     from ..sft import SFTTrainer
     from ..tasks import make_task
 
-    cfg = load_demo_config(preset)
-    task = make_task(load_demo_config("cpu-gemma-270m").task)
+    cfg = load_run_config(preset)
+    task = make_task(load_run_config("cpu-gemma-270m").task)
     with tempfile.TemporaryDirectory() as tmp:
         path = random_model_dir(cfg.model.name.rsplit("/", 1)[-1], tokenizer_dir, Path(tmp) / "model")
         model, tokenizer = load_model(replace(cfg.model, name=str(path), dtype=dtype or cfg.model.dtype),
