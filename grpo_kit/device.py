@@ -6,6 +6,7 @@ change here only. torch_xla is imported lazily: importing grpo_kit never require
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -203,13 +204,20 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor as Linux names it ("GenuineIntel", "AuthenticAMD"); "" where /proc/cpuinfo does not say."""
+@functools.cache
+def cpuinfo_field(name: str) -> str:
+    """The first value of `name` in Linux's /proc/cpuinfo ("vendor_id", "model name"), read once per process; ""
+    where the file does not say."""
     try:
         return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("vendor_id")), "")
+                     if line.split(":", 1)[0].strip() == name), "")
     except OSError:
         return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("GenuineIntel", "AuthenticAMD"); "" where /proc/cpuinfo does not say."""
+    return cpuinfo_field("vendor_id")
 
 
 def cpu_bf16_products() -> bool:
@@ -531,12 +539,6 @@ def describe_machine() -> dict[str, Any]:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_amx": torch.cpu._is_amx_tile_supported(),
             "cpu_bf16_products": cpu_bf16_products(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-    try:
-        info["cpu_model"] = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
+    if model := cpuinfo_field("model name"):
+        info["cpu_model"] = model
     return info
