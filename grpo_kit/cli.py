@@ -87,10 +87,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    import torch
-
     from .checkpoint import checkpoint_state, load_checkpoint, refuse_arc_adapter
-    from .device import get_device
+    from .device import get_device, use_cpu_threads
     from .models import load_model
     from .scoring import score_model
     from .tasks import load_task
@@ -111,7 +109,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         return _scored(score, cfg.output_dir)
     # a checkpoint holds weights (or an adapter) for the preset's model; a named or exported model is whole
     model_cfg = cfg.model if checkpoint else dataclasses.replace(cfg.model, lora=False)
-    torch.set_num_threads(os.cpu_count() or 1)
+    use_cpu_threads()
     model, tokenizer = load_model(model_cfg, get_device(args.device))
     training: dict[str, Any] = {}
     if checkpoint:
@@ -143,10 +141,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None = None,
            cfg: RunConfig | None = None) -> tuple[RunConfig, Any, Any, Any, Any]:
-    import torch
-
     from .checkpoint import load_checkpoint, refuse_arc_adapter
-    from .device import get_device
+    from .device import get_device, use_cpu_threads
     from .models import load_model
     from .tasks import make_task
 
@@ -154,7 +150,7 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
     init_from = init_from or getattr(args, "init_from", None)
     if init_from:
         refuse_arc_adapter(init_from)  # before the model loads: a minute on a real Gemma
-    torch.set_num_threads(os.cpu_count() or 1)
+    use_cpu_threads()
     dev = get_device(args.device)
     model, tokenizer = load_model(cfg.model, dev)
     if init_from:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint, write_whole
 from .config import RFTConfig, RunConfig, without_retired
-from .device import get_device
+from .device import get_device, use_cpu_threads
 from .difficulty import DifficultyTargeting
 from .evaluation import evaluate, sampled_scores
 from .grpo import GRPOTrainer
@@ -76,7 +75,7 @@ class Arc:
             self.has_solutions = False
         """Whether the task has worked solutions: without them SFT and the SFT control are skipped."""
         self.records = self._open(resume)
-        torch.set_num_threads(os.cpu_count() or 1)
+        use_cpu_threads()
         self.device = get_device(device)
         t0 = time.perf_counter()
         self.model, self.tokenizer = load_model(cfg.model, self.device)

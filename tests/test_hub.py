@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -103,6 +104,29 @@ def test_a_cached_gemma_from_an_older_build_is_rebuilt(monkeypatch, tmp_path):
     (cached / hub.GEMMA_270M_MARK).write_text(hub.GEMMA_270M_BUILD + "\n")
     assert hub.gemma_270m_dir(cached) == cached
 
+
+
+def test_two_processes_asking_for_the_offline_gemma_at_once_build_it_once(tmp_path):
+    """Two processes on one machine (a notebook and the CLI, or two test workers) ask for the offline Gemma before
+    it is built: one builds it while the other waits on the lock, then finds it built."""
+    cached = tmp_path / "gemma-3-270m"
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from grpo_kit import hub\n"
+        "def build(target):\n"
+        "    with open(sys.argv[2], 'a') as log: log.write('build\\n')\n"
+        "    time.sleep(1.0)  # the other process asks meanwhile\n"
+        "    target.mkdir(); (target / hub.GEMMA_270M_MARK).write_text(hub.GEMMA_270M_BUILD)\n"
+        "hub._build_gemma_270m = build\n"
+        "print(hub.gemma_270m_dir(Path(sys.argv[1])))\n"
+    )
+    log = tmp_path / "builds.log"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(cached), str(log)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [proc.communicate(timeout=120)[0].strip() for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs)
+    assert outputs == [str(cached)] * 2 and log.read_text() == "build\n"
 
 def test_unknown_short_name_lists_the_known_ones(offline):
     with pytest.raises(ModelAccessError, match="unknown model 'gemma-9'.*gemma-3-1b-it"):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..config import GRPOConfig, ModelConfig, SFTConfig, load_run_config
-from ..device import cpu_bf16_products, describe_machine
+from ..device import cpu_bf16_products, describe_machine, use_cpu_threads
 from ..evaluation import evaluate
 from ..grpo import GRPOTrainer
 from ..models import load_model
@@ -398,7 +398,7 @@ def _capstone_child(preset: str, steps: int, sft_steps: int, sft_checkpoint: str
         from ..config import apply_overrides
 
         cfg = apply_overrides(cfg, overrides)
-    torch.set_num_threads(os.cpu_count() or 1)
+    use_cpu_threads()
     model, tokenizer = load_model(cfg.model, torch.device("cpu"))
     task = make_task(cfg.task)
     if sft_steps and Path(sft_checkpoint).exists():

@@ -126,7 +126,7 @@ def run_xla_check(
     import torch
 
     from ..config import ModelConfig
-    from ..device import compile_monitor, enable_spmd, get_device
+    from ..device import compile_monitor, enable_spmd, get_device, use_cpu_threads
     from ..models import load_model
 
     if devices > 1:
@@ -134,7 +134,7 @@ def run_xla_check(
     # Touch the XLA device before any CPU backward in this process (a CPU backward first breaks later XLA
     # backwards in torch_xla 2.9).
     xla = get_device("xla")
-    torch.set_num_threads(os.cpu_count() or 1)
+    use_cpu_threads()
     start_model, _ = load_model(ModelConfig(dtype="float32", seed=0), torch.device("cpu"))
     state = {k: v.clone() for k, v in start_model.state_dict().items()}
     del start_model
