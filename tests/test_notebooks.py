@@ -163,6 +163,7 @@ def test_each_notebook_opens_on_its_runtime_with_its_own_badges(path):
         assert "accelerator" not in nb.metadata and nb.metadata["kaggle"]["accelerator"] == "none"
 
 
+@pytest.mark.kernel
 def test_the_setup_notebook_shows_no_hub_token(monkeypatch):
     """Notebook 00 displays the chosen settings and the hub access check; run with a token in HF_TOKEN (where Colab
     and Kaggle secrets end up), none of its outputs may contain it."""

@@ -44,6 +44,7 @@ BETA_LABEL = "β (KL weight)"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.kernel,
     pytest.mark.skipif(os.environ.get("GRPO_KIT_SKIP_BROWSER") == "1", reason="GRPO_KIT_SKIP_BROWSER=1"),
 ]
 
