@@ -206,8 +206,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def use_cpu_threads() -> int:
     """Set torch's CPU threads for a run and return the count: OMP_NUM_THREADS where it is set (a shared machine, or
-    tests run two at a time), else every core `os.cpu_count()` reports. torch's own default counts physical cores,
-    which on a 2-vCPU cloud VM is one: half the machine."""
+    tests run two at a time), else every CPU `os.cpu_count()` reports."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
     count = int(threads) if threads.isdigit() and int(threads) > 0 else (os.cpu_count() or 1)
     torch.set_num_threads(count)

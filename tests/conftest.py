@@ -25,15 +25,15 @@ if xla_available():
     torch_xla.device()
 
 
-
 def pytest_collection_modifyitems(config, items):
-    """`make test` runs tests in two processes (pytest-xdist, `--dist loadgroup`). Whatever starts Jupyter kernels
+    """`make test` runs tests in a process per CPU (pytest-xdist, `--dist loadgroup`). Whatever starts Jupyter kernels
     runs in one of them, in order: the notebooks, because a later one loads an earlier one's checkpoint from `runs/`
     (as on a user's machine) and would otherwise rebuild it while the earlier one still writes it; and the tests
     marked `kernel` (a Jupyter server, a notebook client), so that no two kernels start at once."""
     for item in items:
         if item.path.suffix == ".ipynb" or item.get_closest_marker("kernel"):
             item.add_marker(pytest.mark.xdist_group("kernels"))
+
 
 @pytest.fixture(autouse=True)
 def fresh_held_out_splits():
