@@ -279,7 +279,8 @@ class GRPOTrainer(TrainingLoop):
                     loss.backward()
                     clock.lap("backward_seconds")
                     loss_total = loss_total + loss.detach()
-                    share = (m.stop - m.start) / n_trained / cfg.num_iterations
+                    # a micro-batch's rows: the last one is short when groups were left out of the update
+                    share = (min(m.stop, n_trained) - m.start) / n_trained / cfg.num_iterations
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
                 grad_norm, skipped_now = self._optimizer_step(loss_total)

@@ -314,16 +314,19 @@ def test_groups_with_zero_advantage_are_left_out_of_the_update_with_the_same_res
         assert (a - b).norm() <= 1e-5 * b.norm()
 
 
-def test_a_step_where_every_group_has_zero_advantage_still_steps_the_optimizer(sft_model, task):
+@pytest.mark.parametrize("micro_batch_size", [4, 12])
+def test_a_step_where_every_group_has_zero_advantage_still_steps_the_optimizer(sft_model, task, micro_batch_size):
     """All rewards equal: one group still runs (every weight gets its zero gradient), so Adam's moments and step
-    count move exactly as when the whole batch runs."""
+    count move exactly as when the whole batch runs. The step's statistics are means over the rows that ran, also
+    when they fill only part of a micro-batch (12 rows a micro-batch, 4 ran): the first pass's ratio is exactly 1."""
     model, tok = sft_model
     start = {k: v.clone() for k, v in model.state_dict().items()}
     runs = []
     for skip in (True, False):
         model.load_state_dict(start)
-        cfg = GRPOConfig(prompts_per_step=3, group_size=4, micro_batch_size=4, max_new_tokens=12, warmup_steps=0,
-                         log_kl=False, skip_zero_advantage_groups=skip, output_dir=None, log_completions=0)
+        cfg = GRPOConfig(prompts_per_step=3, group_size=4, micro_batch_size=micro_batch_size, max_new_tokens=12,
+                         warmup_steps=0, log_kl=False, skip_zero_advantage_groups=skip, output_dir=None,
+                         log_completions=0)
         trainer = GRPOTrainer(model, tok, [lambda prompts, completions, **kw: [0.5] * len(completions)],
                               task.prompt_stream(seed=3), cfg)
         row = trainer.train_step()
@@ -332,6 +335,8 @@ def test_a_step_where_every_group_has_zero_advantage_still_steps_the_optimizer(s
     (row_on, steps_on), (row_off, steps_off) = runs
     assert row_on["trained_fraction"] == pytest.approx(1 / 3) and row_off["trained_fraction"] == 1.0
     assert row_on["grad_norm"] == row_off["grad_norm"] == 0.0
+    assert row_on["ratio_mean"] == pytest.approx(1.0) == row_off["ratio_mean"]
+    assert row_on["clip_low"] == row_off["clip_low"] == 0.0
     assert steps_on == steps_off == [1] * len(steps_on)
 
 
