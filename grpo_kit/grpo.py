@@ -236,7 +236,8 @@ class GRPOTrainer(TrainingLoop):
             ids, attn = roll.input_ids, roll.attention_mask
         adv = shard_batch(adv.to(self.device))
         n_trained = ids.shape[0]
-        micro = [slice(s, s + cfg.micro_batch_size) for s in range(0, n_trained, cfg.micro_batch_size)]
+        # the last micro-batch is short when groups were left out of the update (its statistics weigh its rows)
+        micro = [slice(s, min(s + cfg.micro_batch_size, n_trained)) for s in range(0, n_trained, cfg.micro_batch_size)]
         temperature = controls["temperature"]
         group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
 
@@ -279,8 +280,7 @@ class GRPOTrainer(TrainingLoop):
                     loss.backward()
                     clock.lap("backward_seconds")
                     loss_total = loss_total + loss.detach()
-                    # a micro-batch's rows: the last one is short when groups were left out of the update
-                    share = (min(m.stop, n_trained) - m.start) / n_trained / cfg.num_iterations
+                    share = (m.stop - m.start) / n_trained / cfg.num_iterations
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
                 grad_norm, skipped_now = self._optimizer_step(loss_total)
