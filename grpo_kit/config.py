@@ -467,7 +467,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "task": {"num_test": 32},
     },
     # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
-    # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured run).
+    # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured runs).
     # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
