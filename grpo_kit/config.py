@@ -518,13 +518,14 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
     "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
                  "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
     "cpu-gemma-270m": {
-        "grpo_step_seconds": 29,
-        "sft_step_seconds": 4.2,
-        "eval_seconds": 45,
+        "grpo_step_seconds": 18,
+        "sft_step_seconds": 5.7,
+        "eval_seconds": 100,
         "run_minutes": 55,
-        "basis": "measured: `grpo-kit bench` capstone row on 2 CPU cores (Intel Xeon) under the AVX2 stand-in, "
-        "fp32, 3 steps from the base model; 15 s natively there (AMX, bf16 products), where an SFT "
-        "step of 8 takes 4.2 s and a greedy evaluation of 200 problems 45 s",
+        "basis": "measured: `grpo-kit bench` capstone rows on 2 CPU cores (Intel Xeon, AVX512-BF16, no AMX; fp32 "
+        "products) after 160 SFT steps, median of 3, 18.0 s natively and 18.4 s under the AVX2 stand-in; "
+        "in `grpo-kit demo` there an SFT step of 8 takes 5.6–5.8 s and a greedy evaluation of 200 problems "
+        "88–124 s",
     },
     "tpu-v5e-1-gemma-3-1b": {
         "grpo_step_seconds": 20,

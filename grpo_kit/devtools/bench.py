@@ -819,7 +819,8 @@ def _report_text(result: dict[str, Any]) -> str:
         [
             "# Benchmarks",
             "",
-            "Regenerate with `grpo-kit bench --report docs` (add `--quick` for the ~25-minute version). "
+            "Regenerate with `grpo-kit bench --report docs` (add `--quick` for a shorter run: its time is on the "
+            "Machine line). "
             "All numbers below come from one run of that command.",
             "",
             f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores ({m['torch_threads']} torch threads"
