@@ -273,18 +273,29 @@ def _percent(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f} %"
 
 
+def reading(difference: dict[str, Any] | None) -> str:
+    """What a paired difference GRPO − more SFT shows: "GRPO ahead" where its whole 95 % interval lies above 0, "more
+    SFT ahead" where it lies below, "no winner shown" where it holds 0 (and "–" where no seed has finished)."""
+    if not difference:
+        return "–"
+    if difference["low"] > 0:
+        return "GRPO ahead"
+    return "more SFT ahead" if difference["high"] < 0 else "no winner shown"
+
+
 def render_summary(summary: dict[str, Any]) -> str:
     """The study in one table, a line per regime: seeds finished, each stage's greedy accuracy (mean over the finished
-    seeds) and the deciding comparison, GRPO − more SFT, with its 95 % interval."""
+    seeds), the deciding comparison, GRPO − more SFT, with its 95 % interval, and what it shows (`reading`)."""
     planned = len(summary.get("planned_seeds", [])) or None
-    lines = ["| regime | seeds | SFT | GRPO | more SFT | RFT | GRPO − more SFT [95 % interval] |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| regime | seeds | SFT | GRPO | more SFT | RFT | GRPO − more SFT [95 % interval] | reading |",
+             "|---|---|---|---|---|---|---|---|"]
     for regime, result in summary["regimes"].items():
         accuracy = [result["stages"].get(stage, {}).get("accuracy") for stage in STAGES]
         d = result.get("grpo_minus_sft_control")
         decided = f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" if d else "–"
         seeds = f"{len(result['seeds'])}" + (f" of {planned}" if planned else "")
-        lines.append(f"| {regime} | {seeds} | " + " | ".join(map(_percent, accuracy)) + f" | {decided} |")
+        lines.append(f"| {regime} | {seeds} | " + " | ".join(map(_percent, accuracy))
+                     + f" | {decided} | {reading(d)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,7 @@ from grpo_kit.study import (
     SUMMARY_END,
     cell_config,
     machine_text,
+    reading,
     render_markdown,
     render_summary,
     run_study,
@@ -85,6 +86,14 @@ def test_the_summary_pools_finished_seeds_and_leaves_unfinished_ones_out(tmp_pat
     assert summary["primary_metric"].startswith("greedy accuracy")
 
 
+def test_the_reading_names_a_winner_only_where_the_whole_interval_is_on_its_side():
+    assert reading({"mean": 6.0, "low": 0.5, "high": 11.5}) == "GRPO ahead"
+    assert reading({"mean": -4.0, "low": -8.0, "high": -0.5}) == "more SFT ahead"
+    assert reading({"mean": 0.5, "low": 0.0, "high": 1.5}) == "no winner shown"  # an interval that touches 0 holds it
+    assert reading({"mean": -1.0, "low": -5.0, "high": 0.0}) == "no winner shown"
+    assert reading(None) == "–"  # no seed finished
+
+
 def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     t, f = True, False
     _write_cell(
@@ -110,10 +119,11 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     write_report(summary, readme)
     assert readme.read_text() == (
         f"Intro.\n{SUMMARY_BEGIN}\n"
-        "| regime | seeds | SFT | GRPO | more SFT | RFT | GRPO − more SFT [95 % interval] |\n"
-        "|---|---|---|---|---|---|---|\n"
-        f"| scarce | 1 of 1 | 0.0 % | 50.0 % | 25.0 % | 75.0 % | +25.0 [{d['low']:+.1f}, {d['high']:+.1f}] |\n"
-        f"| beyond | 0 of 1 | – | – | – | – | – |\n{SUMMARY_END}\nMore.\n")
+        "| regime | seeds | SFT | GRPO | more SFT | RFT | GRPO − more SFT [95 % interval] | reading |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        f"| scarce | 1 of 1 | 0.0 % | 50.0 % | 25.0 % | 75.0 % | +25.0 [{d['low']:+.1f}, {d['high']:+.1f}] | "
+        f"{reading(d)} |\n"
+        f"| beyond | 0 of 1 | – | – | – | – | – | – |\n{SUMMARY_END}\nMore.\n")
     assert "| GRPO | 50.0 % | 50.0 % | 25.0 % | 75.0 % | 100.0 % |" in text
     assert ("Cells ran on: AMD EPYC 9B14, 2 cores, no AMX (AVX512, bf16 weight products, torch 2.9.0) (scarce 0)."
             in text)
@@ -212,6 +222,7 @@ def test_the_published_study_is_the_committed_cells(tmp_path):
                                     for line in c["source"])}
     for page, begin, end, render in (("README.md", SUMMARY_BEGIN, SUMMARY_END, render_summary),
                                      ("notebook 08", SUMMARY_BEGIN, SUMMARY_END, render_summary),
+                                     ("docs/capstone.md", SUMMARY_BEGIN, SUMMARY_END, render_summary),
                                      ("docs/capstone.md", REPORT_BEGIN, REPORT_END, render_markdown)):
         shown = pages[page].split(begin, 1)[1].split(end, 1)[0]
         assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json docs/study.json --report`"
