@@ -234,8 +234,8 @@ class GRPOConfig:
     nothing, so while fewer than `prompts_per_step` groups of the step differ, it samples `prompts_per_step` more
     prompts — up to this many rollouts in all — and the update trains on the first `prompts_per_step` groups that
     differ (the first group if none does). 1 = off: one rollout, every group trained. Metrics (rewards, accuracy,
-    `zero_std_fraction`) cover every group sampled; `rollouts` and `trained_groups` say what the step did. cpu/cuda
-    (XLA keeps one batch shape)."""
+    `zero_std_fraction`) cover every group sampled; `rollouts` and `trained_groups` say what the step did (the
+    latter after `skip_zero_advantage_groups` too). cpu/cuda (XLA keeps one batch shape)."""
     difficulty_targeting: bool = False
     """Online difficulty targeting (`difficulty.DifficultyTargeting`, arXiv 2504.03380): track each level's pass rate
     (the `accuracy_reward` outcomes of the rollouts already made, per value of the prompt rows' `difficulty_key`) and

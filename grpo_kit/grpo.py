@@ -370,8 +370,10 @@ class GRPOTrainer(TrainingLoop):
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, adv, lengths, roll))
+        # the groups the update trained: dynamic sampling's choice, less those `skip_zero_advantage_groups` left out
+        update_rows = len(trained) if trained is not None else len(adv)
         row.update(rollouts=sampled.rollouts,
-                   trained_groups=(len(trained) if trained is not None else len(adv)) // cfg.group_size)
+                   trained_groups=round(row["trained_fraction"] * update_rows) // cfg.group_size)
         if self.difficulty is not None:
             row["level_pass_rates"] = self.difficulty.pass_rates()
         kl = row.get("kl")
@@ -478,7 +480,8 @@ class GRPOTrainer(TrainingLoop):
         total = result.total
         out: dict[str, Any] = {
             "reward_mean": float(total.mean()), "reward_std": float(total.std()),
-            "zero_std_fraction": float(zero_std_fraction(total, g)),
+            # of the rewards the advantages come from: with gated shaped rewards an all-wrong group has no signal
+            "zero_std_fraction": float(zero_std_fraction(self._advantage_rewards(result), g)),
             "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()),
             "advantage_min": float(adv.min()), "advantage_max": float(adv.max()),
             "advantage_hist": histogram(adv), "advantage_hist_edges": HIST_EDGES.tolist(),

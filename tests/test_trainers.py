@@ -307,6 +307,7 @@ def test_groups_with_zero_advantage_are_left_out_of_the_update_with_the_same_res
     (row_on, params_on), (row_off, params_off) = runs
     assert row_on["zero_std_fraction"] == pytest.approx(1 / 3) and row_off["trained_fraction"] == 1.0
     assert row_on["trained_fraction"] == pytest.approx(1.0 if overrides["loss_type"] == "bnpo" else 2 / 3)
+    assert row_on["trained_groups"] == (3 if overrides["loss_type"] == "bnpo" else 2) and row_off["trained_groups"] == 3
     assert row_on["grad_norm"] > 0
     for key in ("policy_loss", "grad_norm"):
         assert row_on[key] == pytest.approx(row_off[key], rel=1e-4, abs=1e-6), key
@@ -358,6 +359,7 @@ def test_gated_shaped_rewards_give_all_wrong_groups_no_advantage(sft_model, task
         row = trainer.train_step()
         assert row["reward_std"] > 0
         assert (row["advantage_std"] == 0) is gate
+        assert (row["zero_std_fraction"] == 1.0) is gate  # no group has a signal once the shaped term is gated
     with pytest.raises(ConfigError, match="gate_shaped_rewards needs accuracy_reward"):
         GRPOTrainer(model, tok, [length_reward], task.prompt_stream(),
                     GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=True))
