@@ -369,7 +369,7 @@ class GRPOTrainer(TrainingLoop):
 
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
-        row.update(self._reward_metrics(result, adv, lengths, roll))
+        row.update(self._reward_metrics(result, sampled.rewards, adv, lengths, roll))
         # the groups the update trained: dynamic sampling's choice, less those `skip_zero_advantage_groups` left out
         update_rows = len(trained) if trained is not None else len(adv)
         row.update(rollouts=sampled.rollouts,
@@ -448,8 +448,8 @@ class GRPOTrainer(TrainingLoop):
             if trained.numel() == len(rewards):
                 trained = None
         return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths),
-                              adv=adv, trained=trained, rollouts=len(rolls), rollout_seconds=rollout_seconds,
-                              reward_seconds=reward_seconds)
+                              rewards=rewards, adv=adv, trained=trained, rollouts=len(rolls),
+                              rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
 
     def _next_prompt(self) -> dict[str, Any]:
         """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""
@@ -475,13 +475,14 @@ class GRPOTrainer(TrainingLoop):
             monitor.end_warmup()
         return metrics
 
-    def _reward_metrics(self, result: Any, adv: torch.Tensor, lengths: torch.Tensor, roll: Rollout) -> dict[str, Any]:
+    def _reward_metrics(self, result: Any, rewards: torch.Tensor, adv: torch.Tensor, lengths: torch.Tensor,
+                        roll: Rollout) -> dict[str, Any]:
         g = self.config.group_size
         total = result.total
         out: dict[str, Any] = {
             "reward_mean": float(total.mean()), "reward_std": float(total.std()),
             # of the rewards the advantages come from: with gated shaped rewards an all-wrong group has no signal
-            "zero_std_fraction": float(zero_std_fraction(self._advantage_rewards(result), g)),
+            "zero_std_fraction": float(zero_std_fraction(rewards, g)),
             "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()),
             "advantage_min": float(adv.min()), "advantage_max": float(adv.max()),
             "advantage_hist": histogram(adv), "advantage_hist_edges": HIST_EDGES.tolist(),
@@ -561,6 +562,8 @@ class _SampledGroups:
     texts: list[str]
     prompts: list
     lengths: torch.Tensor
+    rewards: torch.Tensor
+    """The rewards the advantages come from (`GRPOTrainer._advantage_rewards`)."""
     adv: torch.Tensor
     trained: torch.Tensor | None
     rollouts: int
