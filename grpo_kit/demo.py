@@ -231,12 +231,13 @@ class Arc:
             save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"})
             self.holds = "sft"
             return self.finish("sft", {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
-        t0 = time.perf_counter()
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "sft_seconds" not in plan:
-            self.evaluate("base")  # its time sizes what is left
+            self.evaluate("base")  # its time sizes what is left (and is counted in base_eval, not here)
             plan["sft_seconds"] = self.cfg.sft_fraction * self._training_seconds()
+        t0 = time.perf_counter()
         trainer = self._sft_trainer("sft", steps=plan.get("sft_steps"))
+        t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if self.cfg.time_budget_minutes and "sft_steps" not in plan:
             trainer.train(progress=self.progress, steps=PROBE_STEPS)
             plan["sft_probe_step_seconds"] = trainer.step_seconds[-1]
@@ -275,7 +276,7 @@ class Arc:
         trainer = self.grpo_trainer()
         run = run or (lambda steps: trainer.train(steps=steps, progress=self.progress))
         # after a disconnect the steps already taken count too: the controls get the seconds GRPO trained in all
-        t0 = time.perf_counter() - sum(r["step_seconds"] for r in trainer.logger.rows)
+        t0 = time.perf_counter() - trainer.trained_seconds
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "grpo_steps" not in plan:
             share = 1 + len(self._controls())
@@ -305,6 +306,7 @@ class Arc:
         )
         self._save()
         trainer = self._sft_trainer("control", steps=plan["control_steps"])
+        t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         trainer.train(progress=self.progress)
         trainer.save(self.out / "control" / "final")
         self.holds = "control"
@@ -347,6 +349,7 @@ class Arc:
         self._note_sft_base(trainer, "rft")
         if checkpoint.exists():
             trainer.load(checkpoint)
+        t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if "rft_steps" not in plan:
             trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]

@@ -399,7 +399,7 @@ class GRPOTrainer(TrainingLoop):
         if is_xla(self.device):
             row.update(self._compile_metrics(compile_monitor().total() - compiles_before))
         self.logger.log(row)
-        self.step_seconds.append(elapsed)
+        self._count_step_seconds(elapsed)
         self._count_skipped(row)
 
         # 6. save

@@ -67,6 +67,9 @@ class TrainingLoop:
         self.step = 0
         self.step_seconds: list[float] = []
         """Wall seconds of each step this process ran (a time budget sizes the run from them)."""
+        self.trained_seconds = 0.0
+        """Wall seconds of every step the run has taken, those before a resume included (saved with each
+        checkpoint): what a phase that must last as long as another one measures."""
         self._last_save = time.monotonic()
         self._skipped_in_a_row = 0
         self.checkpoint_notes: dict[str, Any] = {}
@@ -82,6 +85,11 @@ class TrainingLoop:
         (`device.guarded_optimizer_step`); returns (grad_norm, skipped: 1 if the step was skipped)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
         return grad_norm, guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss)
+
+    def _count_step_seconds(self, seconds: float) -> None:
+        """A step took `seconds`: this process's list and the run's total (`trained_seconds`)."""
+        self.step_seconds.append(seconds)
+        self.trained_seconds += seconds
 
     def _count_skipped(self, row: dict[str, Any]) -> None:
         """The skip guard: a row whose update was skipped extends the run of skipped steps; `max_skipped_steps` in a
@@ -108,7 +116,8 @@ class TrainingLoop:
         """Weights (or adapter), optimizer, RNG states, step, `kind`, and the trainer's `extra`."""
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step,
-                               extra={"kind": self.kind, **self.checkpoint_notes, **extra},
+                               extra={"kind": self.kind, "trained_seconds": self.trained_seconds,
+                                      **self.checkpoint_notes, **extra},
                                generator=self.generator, modules=modules)
         self._last_save = time.monotonic()
         return path
@@ -127,6 +136,9 @@ class TrainingLoop:
         state = load_checkpoint(path, self.model, self.optimizer, self.generator, kind=self.kind, modules=modules)
         self.step = state["step"]
         self.logger.truncate(self.step)
+        # a checkpoint from before trained_seconds was saved: its logged steps' seconds (every step where logged)
+        self.trained_seconds = state.get("trained_seconds",
+                                         sum(row.get("step_seconds", 0.0) for row in self.logger.rows))
         return state
 
     # ---- the loop -----------------------------------------------------------------------------------

@@ -149,7 +149,7 @@ class SFTTrainer(TrainingLoop):
         row.update(
             step=self.step, learning_rate=self.scheduler.get_last_lr()[0], step_seconds=time.perf_counter() - start
         )
-        self.step_seconds.append(row["step_seconds"])
+        self._count_step_seconds(row["step_seconds"])
         self._count_skipped(row)
         return row
 

@@ -162,6 +162,40 @@ def test_an_interrupted_grpo_phase_continues_from_its_checkpoint(tmp_path):
         assert torch.allclose(p, expected[name], atol=1e-6), name
 
 
+class _Disconnect(Exception):
+    """What the test raises in place of a dropped runtime."""
+
+
+@pytest.mark.parametrize("phase", ["sft", "grpo", "control", "rft"])
+def test_a_resumed_phase_records_the_seconds_trained_before_the_disconnect(tmp_path, monkeypatch, phase):
+    """A phase's seconds (what the time budget has spent; GRPO's size the controls) count the steps taken before a
+    disconnect, from its checkpoint, not only those of the process that finished it. The steps before the
+    disconnect are made to count 500 s each, so a phase that restarted its clock records far less."""
+    from grpo_kit.loop import TrainingLoop
+
+    cfg = _tiny(tmp_path / "arc", control=True, rft_control=True, control_steps=4, rft_steps=4)
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4, save_every_seconds=1e-9),
+                              grpo=dataclasses.replace(cfg.grpo, steps=4, save_every_seconds=1e-9))
+    arc = Arc(cfg, "cpu", progress=False, rewards=[length_reward])
+    for earlier in ("sft", "grpo", "control", "rft")[: ("sft", "grpo", "control", "rft").index(phase)]:
+        getattr(arc, earlier)()
+    counted = TrainingLoop._count_step_seconds
+
+    def slow_then_gone(self, seconds):  # steps 1 and 2 are saved; the runtime drops in step 3
+        if self.step > 2:
+            raise _Disconnect
+        counted(self, seconds + 500.0)
+
+    monkeypatch.setattr(TrainingLoop, "_count_step_seconds", slow_then_gone)
+    with pytest.raises(_Disconnect):
+        getattr(arc, phase)()
+    monkeypatch.setattr(TrainingLoop, "_count_step_seconds", counted)
+
+    record = getattr(Arc(cfg, "cpu", progress=False, rewards=[length_reward]), phase)()  # a new process
+    assert record["steps"] == 4
+    assert 1000.0 < record["seconds"] < 1000.0 + 300.0
+
+
 def test_demo_settings_are_validated():
     from grpo_kit.validation import ConfigError
 

@@ -82,6 +82,8 @@ def test_sft_resumed_from_its_checkpoint_continues_exactly(tiny, task, tmp_path)
     resumed = SFTTrainer(model, tok, task.demonstrations(), cfg, resume_metrics=True)
     resumed.load(tmp_path / "sft" / "checkpoint")
     assert resumed.step == 3 and [r["step"] for r in resumed.logger.rows] == [1, 2, 3]
+    # the seconds of the steps before the checkpoint come with it (a resumed phase's time counts them)
+    assert resumed.trained_seconds == pytest.approx(sum(r["step_seconds"] for r in rows[:3]))
     rows_resumed = resumed.train(progress=False)
     assert [r["step"] for r in rows_resumed] == list(range(1, 7))
     assert [(r["loss"], r["learning_rate"]) for r in rows_resumed[3:]] == [
