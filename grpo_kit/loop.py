@@ -113,7 +113,7 @@ class TrainingLoop:
     def _save(
         self, path: str | Path, extra: dict[str, Any], *, modules: dict[str, torch.nn.Module] | None = None
     ) -> Path:
-        """Weights (or adapter), optimizer, RNG states, step, `kind`, and the trainer's `extra`."""
+        """Weights (or adapter), optimizer, RNG states, step, `kind`, the seconds trained, and the trainer's `extra`."""
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step,
                                extra={"kind": self.kind, "trained_seconds": self.trained_seconds,
