@@ -7,7 +7,7 @@ import torch
 
 from grpo_kit.cli import main
 from grpo_kit.config import RunConfig, load_run_config
-from grpo_kit.demo import Arc
+from grpo_kit.demo import STAGES, Arc
 
 
 def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
@@ -177,7 +177,7 @@ def test_a_resumed_phase_records_the_seconds_trained_before_the_disconnect(tmp_p
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4, save_every_seconds=1e-9),
                               grpo=dataclasses.replace(cfg.grpo, steps=4, save_every_seconds=1e-9))
     arc = Arc(cfg, "cpu", progress=False, rewards=[length_reward])
-    for earlier in ("sft", "grpo", "control", "rft")[: ("sft", "grpo", "control", "rft").index(phase)]:
+    for earlier in STAGES[1 : STAGES.index(phase)]:  # the phases before it, finished
         getattr(arc, earlier)()
     counted = TrainingLoop._count_step_seconds
 
