@@ -12,6 +12,9 @@ os.environ.setdefault("GRPO_KIT_CPU_BF16", "0")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# the kernel-starting tests in one xdist process, in order (hooks, found here by name)
+from kernel_group import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402, F401
+
 from grpo_kit.config import ModelConfig  # noqa: E402
 from grpo_kit.device import xla_available  # noqa: E402
 from grpo_kit.models import load_model  # noqa: E402
@@ -23,16 +26,6 @@ if xla_available():
     import torch_xla
 
     torch_xla.device()
-
-
-def pytest_collection_modifyitems(config, items):
-    """`make test` runs tests in a process per CPU (pytest-xdist, `--dist loadgroup`). Whatever starts Jupyter kernels
-    runs in one of them, in order: the notebooks, because a later one loads an earlier one's checkpoint from `runs/`
-    (as on a user's machine) and would otherwise rebuild it while the earlier one still writes it; and the tests
-    marked `kernel` (a Jupyter server, a notebook client), so that no two kernels start at once."""
-    for item in items:
-        if item.path.suffix == ".ipynb" or item.get_closest_marker("kernel"):
-            item.add_marker(pytest.mark.xdist_group("kernels"))
 
 
 @pytest.fixture(autouse=True)
