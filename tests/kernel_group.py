@@ -4,9 +4,10 @@ on a user's machine) and would otherwise rebuild it while the earlier one still 
 `kernel` (a Jupyter server, a notebook client), so that no two kernels start at once.
 
 The group is decided on the controller from the test's id (`starts_kernels`), through xdist's scheduler hook. An
-`xdist_group` marker is not enough: xdist appends the group to `item._nodeid`, which pytest 9.2 no longer reads, so
-the marked tests were spread over both processes and notebook 06 rebuilt notebook 05's checkpoint while 05 was
-still training into the same folder. A test marked `kernel` whose id the rule misses fails before it runs."""
+`xdist_group` marker is not enough: xdist appends the group to `item._nodeid`, which pytest 9.2 no longer reads
+(pytest-xdist issue 1386, open), so marked tests spread over both processes, and notebook 06 would rebuild notebook
+05's checkpoint while 05 still trains into the same folder. A test marked `kernel` whose id the rule misses fails
+before it runs."""
 
 from __future__ import annotations
 
