@@ -39,6 +39,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist runs the tests too
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `--dist loadgroup`: xdist's scope scheduling with every kernel-starting test in one scope (one process,
     in collection order) and each other test on its own."""
