@@ -468,6 +468,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
     # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured runs).
+    # The task is the study's scarce regime: 32 worked solutions (enough for the format), GRPO on answer-only
+    # problems. There GRPO beat as much more SFT over three seeds; with 200 solutions (plentiful) the two were not
+    # told apart (study.REGIMES, docs/capstone.md).
     # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
@@ -475,7 +478,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # GRPO's recipe is the study's (GRPO_RECIPE), as on every real-Gemma preset.
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
-        "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 200, "num_test": 200,
+        "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 32, "num_test": 200,
                  "system_prompt": WORD_PROBLEM_INSTRUCTION},
         "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5, "log_every": 5},
         "grpo": {

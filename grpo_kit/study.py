@@ -5,8 +5,9 @@ Three regimes of the generated word problems, each run with several seeds. A cel
 that train for as long as GRPO did: SFT continued on the same solutions, and rejection-sampling fine-tuning (RFT: SFT
 on the model's own right answers to GRPO's prompts). Each model is scored on the cell's 200 held-out problems.
 
-    plentiful  200 worked solutions of 2- and 3-step problems (the capstone's task); tested on 2- and 3-step ones
-    scarce     32 worked solutions (enough to learn the format); GRPO and RFT learn from answer-only problems
+    plentiful  200 worked solutions of 2- and 3-step problems; tested on 2- and 3-step ones
+    scarce     32 worked solutions (enough to learn the format); GRPO and RFT learn from answer-only problems (the
+               `cpu-gemma-270m` preset's task)
     beyond     worked solutions of 2-step problems only; GRPO's prompts and the test set are 3-step problems
 
 Fixed before running: the primary metric is greedy accuracy on the held-out problems; the comparison that decides is
@@ -45,9 +46,10 @@ from .rundir import claim
 REGIMES: dict[str, dict[str, Any]] = {
     "plentiful": {"task": {"num_demonstrations": 200}},
     "scarce": {"task": {"num_demonstrations": 32}},
-    "beyond": {"task": {"operations": [3], "demonstration_operations": [2]}},
+    "beyond": {"task": {"num_demonstrations": 200, "operations": [3], "demonstration_operations": [2]}},
 }
-"""Each regime's settings over the preset's (see the module docstring)."""
+"""Each regime's settings over the preset's (see the module docstring); each names its number of worked solutions,
+so that a cell does not change with the preset's."""
 REGIME_TEXT = {
     "plentiful": "200 worked solutions of the test's kind (2- and 3-step problems)",
     "scarce": "32 worked solutions; GRPO and RFT learn from answer-only problems",
