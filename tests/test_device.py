@@ -3,7 +3,10 @@ says how to get one; nothing falls back to the host CPU silently."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -118,3 +121,16 @@ def test_a_run_takes_omp_num_threads_where_it_is_set_else_every_core(monkeypatch
         assert count == (2 if expected == "cores" else expected) == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_importing_the_kit_flushes_denormals_on_every_cpu_thread():
+    """`device.flush_denormals`: after `import grpo_kit` a product whose result is a denormal float is zero on every
+    thread of a parallel op (without it, 1e-30 × 1e-10 is the denormal 1e-40, which CPUs compute with slowly)."""
+    code = ("import torch, grpo_kit\n"
+            "torch.set_num_threads(2)\n"
+            "x = torch.full((1 << 22,), 1e-30) * torch.full((1 << 22,), 1e-10)\n"
+            "print(int((x != 0).sum()))\n")
+    bare = code.replace(", grpo_kit", "")
+    run = functools.partial(subprocess.run, capture_output=True, text=True, check=True)
+    assert run([sys.executable, "-c", bare]).stdout.split() == [str(1 << 22)]  # the check can fail
+    assert run([sys.executable, "-c", code]).stdout.split() == ["0"]
