@@ -158,11 +158,11 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed():
     assert cfg.sft.seed == cfg.grpo.seed == 2 and cfg.control and cfg.rft_control and cfg.eval_pass_k == 4
     assert cfg.grpo.gate_shaped_rewards and cfg.grpo.difficulty_targeting and cfg.grpo.learning_rate == 2e-5
     assert cfg.task.num_demonstrations == 200  # the regime's own, not the preset's
-    assert cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task.num_demonstrations == 32
+    scarce = cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task
+    assert scarce.num_demonstrations == 32
     assert cell_config("cpu-gemma-270m", "plentiful", 0, "runs/x").task.num_demonstrations == 200
     # the capstone preset runs the scarce regime's task, where the study found GRPO ahead of more SFT
-    preset = load_run_config("cpu-gemma-270m")
-    assert preset.task == cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task
+    assert load_run_config("cpu-gemma-270m").task == scarce
     # the same work in every cell, whatever else the machine does: steps fixed, no time budget
     assert cfg.time_budget_minutes is None and (cfg.sft.steps, cfg.grpo.steps, cfg.control_steps, cfg.rft_steps) == (
         160, 84, 217, 107)
