@@ -72,7 +72,7 @@ study: $(STAMP)
 	cp runs/study/study.png docs/study.png
 	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md README.md notebooks/08_gemma_gsm8k.ipynb
 
-# docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without).
+# docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)
 	$(BIN)/grpo-kit bench --quick --report docs
 

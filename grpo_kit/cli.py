@@ -592,7 +592,7 @@ def _developer_parsers(sub: Any) -> None:
              "per second",
     )
     p.add_argument(
-        "--quick", action="store_true", help="fewer repeats, a 60 s learning budget: ≤ 25 minutes on 2 cores"
+        "--quick", action="store_true", help="fewer repeats, a 60 s learning budget: 18–49 minutes on 2 cores"
     )
     p.add_argument("--no-xla", action="store_true", help="skip the XLA graph counts")
     p.add_argument("--no-real-model", action="store_true", help="skip the real-model section (Gemma 3 270M)")

@@ -50,7 +50,8 @@ from ..tasks import ArithmeticTask
 
 @dataclass(frozen=True)
 class BenchSizes:
-    """How big and how long each benchmark runs. `full()` for docs/benchmarks.md, `quick()` for ≤ 25 minutes."""
+    """How big and how long each benchmark runs. `full()` for docs/benchmarks.md, `quick()` for a shorter run
+    (18–49 minutes on 2 CPU cores)."""
 
     prompts: int = 16
     """Prompts per rollout and per GRPO step."""
@@ -549,7 +550,7 @@ def machine() -> dict[str, Any]:
 
 
 def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> dict[str, Any]:
-    """Every benchmark at `sizes` (`BenchSizes.quick()` keeps it under ~25 minutes on 2 CPU cores)."""
+    """Every benchmark at `sizes` (`BenchSizes.quick()`: 18–49 minutes on 2 CPU cores)."""
 
     def say(msg: str) -> None:
         if progress:
