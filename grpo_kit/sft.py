@@ -16,9 +16,9 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from .config import SFTConfig
-from .decoder import final_softcap
-from .device import data_parallel_size, is_xla, mark_step, shard_batch
-from .logprobs import token_logprobs_and_entropy
+from .decoder import final_softcap, supports
+from .device import data_parallel_size, host_syncs_are_cheap, is_xla, mark_step, product_dtype, shard_batch
+from .logprobs import completion_logprobs, token_logprobs_and_entropy
 from .loop import TrainingLoop
 from .metrics import to_host
 from .models import base_model
@@ -65,15 +65,45 @@ def collate(examples: list[tuple[list[int], int]], pad_id: int, bucket: int) -> 
     return {"input_ids": ids, "attention_mask": attn, "target_mask": target[:, 1:]}
 
 
+def split_prompts(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A `collate` batch laid out as GRPO's rollouts are, (B, P + N): each prompt left-padded to P (the longest
+    prompt), its completion from column P on, right-padded to N (the longest completion). Returns (input_ids,
+    attention_mask, P); padding ids are 0 and masked. Reads the masks on the host."""
+    ids, attn, target = batch["input_ids"], batch["attention_mask"], batch["target_mask"]
+    width = ids.shape[1]
+    starts = attn.argmax(1).tolist()  # first real token (rows are left-padded)
+    firsts = (target.argmax(1) + 1).tolist()  # first completion token (target_mask[t]: token t + 1 is one)
+    prompt_len = max(f - s for s, f in zip(starts, firsts, strict=True))
+    total = prompt_len + max(width - f for f in firsts)
+    out, mask = ids.new_zeros((ids.shape[0], total)), attn.new_zeros((ids.shape[0], total))
+    for row, (start, first) in enumerate(zip(starts, firsts, strict=True)):
+        out[row, prompt_len - (first - start) : prompt_len] = ids[row, start:first]
+        out[row, prompt_len : prompt_len + width - first] = ids[row, first:]
+        mask[row, prompt_len - (first - start) : prompt_len + width - first] = 1
+    return out, mask, prompt_len
+
+
 def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completion_only_head: bool | None = None,
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             padding_free: bool = False, products: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean negative log-likelihood of completion tokens: −Σ m log π(y_t | y_<t) / Σ m. Returns (loss, tokens).
 
     `completion_only_head` (default: off XLA) runs the LM head only at the completion positions — with Gemma's
     262k-entry vocabulary the head costs more than the body, and prompt and padding positions are about half of
-    each row; the same loss up to float order. XLA keeps the padded shape (a fixed graph per bucket)."""
+    each row; the same loss up to float order. XLA keeps the padded shape (a fixed graph per bucket).
+
+    `padding_free` (Gemma on cpu/cuda; `SFTConfig.padding_free`) runs the forward GRPO's update runs
+    (`logprobs.completion_logprobs` on `split_prompts`' layout): the real tokens only, and with `products` (bf16
+    on a CPU with native bf16 products; `SFTConfig.cpu_bf16`) the frozen base weights multiplied in that dtype.
+    The same loss up to float order, and bf16 rounding with `products`."""
     hf = base_model(model)
     ids, attn = batch["input_ids"], batch["attention_mask"]
+    if padding_free and supports(hf) and host_syncs_are_cheap(ids.device):
+        ids, attn, prompt_len = split_prompts(batch)
+        logp, _ = completion_logprobs(model, ids, attn, prompt_len, padding_free=True, entropy_grad=False,
+                                      product_dtype=products)
+        mask = attn[:, prompt_len:].to(logp.dtype)
+        tokens = mask.sum()
+        return -(logp * mask).sum() / tokens.clamp(min=1), tokens
     hidden = hf.model(
         input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False
     ).last_hidden_state
@@ -119,6 +149,8 @@ class SFTTrainer(TrainingLoop):
                 f"mesh: make it a multiple of {devices}"
             )
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
+        embeddings = base_model(model).get_input_embeddings().weight
+        self.products = product_dtype(embeddings) if cfg.cpu_bf16 is not False else None  # as GRPO's update
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self._order: list[int] = []
 
@@ -137,7 +169,8 @@ class SFTTrainer(TrainingLoop):
         batch = self._next_batch()
         stats: dict[str, Any] = {"tokens": 0}
         if batch is not None:
-            loss, tokens = sft_loss(self.model, batch)
+            loss, tokens = sft_loss(self.model, batch, padding_free=self.config.padding_free is not False,
+                                    products=self.products)
             loss.backward()
             grad_norm, skipped = self._optimizer_step(loss.detach())
             stats = {"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped}

@@ -576,6 +576,72 @@ def test_sft_loss_with_the_head_on_completion_positions_only_equals_the_padded_o
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_split_prompts_lays_a_collate_batch_out_as_rollouts_are():
+    """`sft.split_prompts`: each prompt ends at column P, its completion starts there; the mask covers exactly the
+    real tokens; the same tokens in the same order as the left-padded batch."""
+    from grpo_kit.sft import collate, split_prompts
+
+    examples = [([5, 6, 7, 8, 9], 2), ([11, 12, 13, 14, 15, 16, 17], 5), ([21, 22, 23], 1)]
+    ids, mask, prompt_len = split_prompts(collate(examples, pad_id=0, bucket=8))
+    assert prompt_len == 5 and ids.shape == (3, 5 + 3)
+    assert ids.tolist() == [[0, 0, 0, 5, 6, 7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 0], [0, 0, 0, 0, 21, 22, 23, 0]]
+    assert mask.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 0]]
+
+
+@pytest.mark.parametrize("large_vocabulary", [False, True])  # the plain head, and the fused frozen head (LoRA, 40,960)
+def test_padding_free_sft_loss_equals_the_padded_one(large_vocabulary):
+    """`sft_loss(padding_free=True)` (GRPO's packed forward on the real tokens) against the padded HF forward: the
+    same loss, token count and gradients up to float order; with the frozen base weights multiplied in bf16
+    (`products`, LoRA only), the loss within 0.02 and the gradients within 3 % (norm of the difference)."""
+    from grpo_kit.sft import collate, sft_loss
+
+    model = lora_gemma3_streamed_vocabulary() if large_vocabulary else gemma3_sliding()
+    vocab = model.config.vocab_size if hasattr(model, "config") else 256
+    gen = torch.Generator().manual_seed(0)
+    examples = [(torch.randint(3, vocab, (n,), generator=gen).tolist(), p) for n, p in ((9, 4), (14, 6), (5, 2))]
+    batch = collate(examples, pad_id=0, bucket=8)
+
+    def loss_and_grads(**kwargs) -> tuple[torch.Tensor, list[torch.Tensor]]:  # noqa: ANN003
+        model.zero_grad()
+        loss, tokens = sft_loss(model, batch, **kwargs)
+        loss.backward()
+        assert int(tokens) == sum(len(ids) - p for ids, p in examples)
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad and p.grad is not None]
+
+    packed, padded = loss_and_grads(padding_free=True), loss_and_grads(completion_only_head=False)
+    assert torch.allclose(packed[0], padded[0], rtol=1e-5, atol=1e-6)
+    assert len(packed[1]) == len(padded[1]) > 0
+    for a, b in zip(packed[1], padded[1], strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    if large_vocabulary:
+        loss_bf16, grads_bf16 = loss_and_grads(padding_free=True, products=torch.bfloat16)
+        assert (loss_bf16 - padded[0]).abs() < 0.02 and not torch.equal(loss_bf16, packed[0])
+        for a, b in zip(grads_bf16, padded[1], strict=True):
+            assert (a - b).norm() <= 0.03 * b.norm() + 1e-7
+
+
+def test_sft_trainer_multiplies_frozen_weights_in_bf16_only_where_grpo_does(task, monkeypatch):
+    """`SFTConfig.cpu_bf16`: bf16 products on a CPU that has them natively (stood in for here), for an fp32 model;
+    the model's own dtype with it off or without such a CPU; a step trains either way."""
+    from grpo_kit import device
+    from grpo_kit.config import SFTConfig
+    from grpo_kit.models import build_tiny_tokenizer
+    from grpo_kit.sft import SFTTrainer
+
+    model, tok, rows = lora_gemma3_streamed_vocabulary(), build_tiny_tokenizer(), task.demonstrations().select(range(4))
+
+    def trainer(**kwargs) -> SFTTrainer:  # noqa: ANN003
+        return SFTTrainer(model, tok, rows, SFTConfig(batch_size=2, steps=1, output_dir=None, **kwargs))
+
+    monkeypatch.setattr(device, "cpu_bf16_products", lambda: False)
+    assert trainer().products == torch.float32
+    monkeypatch.setattr(device, "cpu_bf16_products", lambda: True)
+    assert trainer().products == torch.bfloat16
+    assert trainer(cpu_bf16=False).products is None
+    row = trainer().train_step()
+    assert row["loss"] > 0 and row["tokens"] > 0
+
+
 def test_head_casts_are_kept_while_the_weight_is_unchanged():
     """`sampling.head_casts`: the same bf16 copy (and transpose) for the same unchanged weight; a new one, with the
     new values, once the weight changes in place (an optimizer step), and for another weight."""
