@@ -537,10 +537,10 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
         "sft_step_seconds": 5.7,
         "eval_seconds": 100,
         "run_minutes": 55,
-        "basis": "measured: `grpo-kit bench` capstone rows on 2 CPU cores (Intel Xeon, AVX512-BF16, no AMX; fp32 "
-        "products) after 160 SFT steps, median of 3, 18.0 s natively and 18.4 s under the AVX2 stand-in; "
-        "in `grpo-kit demo` there an SFT step of 8 takes 5.6–5.8 s and a greedy evaluation of 200 problems "
-        "88–124 s",
+        "basis": "measured: `grpo-kit bench` capstone rows after 160 SFT steps, medians of 3, on 2 CPU cores: "
+        "an AMD EPYC (Zen 4, bf16 products) 11.6 s natively and 26.3 s under the AVX2 stand-in, an Intel Xeon "
+        "(AVX512-BF16, no AMX; fp32) 18.0 s and 18.4 s; in `grpo-kit demo` an SFT step of 8 takes 5.3–5.9 s "
+        "on either (medians) and a greedy evaluation of 200 problems 73–124 s",
     },
     "tpu-v5e-1-gemma-3-1b": {
         "grpo_step_seconds": 20,

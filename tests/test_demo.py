@@ -66,8 +66,11 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     assert plan["sft_steps"] == max(2, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
     assert plan["sft_step_seconds"] > 0  # the median SFT step, which sizes the control
     assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
-    # GRPO: a third of what was left (each control gets as much), in steps of the measured length
-    assert summary["grpo_steps"] == plan["grpo_steps"] >= 2
+    # GRPO: a third of what was left (each control gets as much), in steps of the measured length, and stopped at
+    # that third if its steps grow slower (by at most one step past it)
+    assert 2 <= summary["grpo_steps"] <= plan["grpo_steps"]
+    assert summary["grpo_seconds"] <= plan["grpo_seconds"] + max(phases["grpo"]["step_seconds"]) + 5  # + the save
+    assert summary["grpo_steps"] == plan["grpo_steps"] or summary["grpo_seconds"] > plan["grpo_seconds"]
     grpo_seconds_after_probe = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
     assert plan["grpo_steps"] == 2 + max(0, math.floor(grpo_seconds_after_probe / plan["grpo_step_seconds"]))
     assert plan["grpo_step_seconds"] == phases["grpo"]["step_seconds"][1]
@@ -90,6 +93,31 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     assert {"rft → grpo", "sft → rft"} <= set(summary["paired"])
     assert summary["test_size"] == 16 and set(summary["phase_seconds"]) == {
         "load", "base_eval", "sft", "sft_eval", "grpo", "grpo_eval", "control", "control_eval", "rft", "rft_eval"}
+
+
+def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monkeypatch):
+    """GRPO's steps are sized from its probe; steps that then run slower than the probe's stop at its share of
+    the budget instead of overrunning it (by at most the step that crosses it), and the control gets the seconds
+    GRPO took. Stood in for by sizing GRPO to 1,000 steps after the probe."""
+    cfg = _tiny(tmp_path / "arc", time_budget_minutes=0.5, control=True, sft_fraction=0.4)
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000))
+    sized = Arc._size_after_probe
+
+    def too_many(self, phase, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        steps = sized(self, phase, **kwargs)
+        if phase == "grpo":
+            steps = self.records["plan"]["grpo_steps"] = 1000
+        return steps
+
+    monkeypatch.setattr(Arc, "_size_after_probe", too_many)
+    arc = Arc(cfg, "cpu", progress=False)
+    summary = arc.run()
+    plan, grpo = summary["plan"], arc.records["phases"]["grpo"]
+    assert plan["grpo_steps"] == 1000 and 2 < summary["grpo_steps"] < 1000
+    # its seconds also count saving the final weights (well under 5 s for the tiny model)
+    assert plan["grpo_seconds"] < summary["grpo_seconds"] <= plan["grpo_seconds"] + max(grpo["step_seconds"]) + 5
+    assert plan["control_steps"] == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
+    assert cfg.grpo.max_seconds is None  # the deadline is the trainer's, not the run's settings
 
 
 def _rows(path):
