@@ -287,9 +287,9 @@ class Arc:
             self._size_after_probe("grpo", seconds=plan["grpo_seconds"], step_seconds=plan["grpo_step_seconds"],
                                    started=t0, step=trainer.step)
         if self.cfg.time_budget_minutes:  # and a deadline: steps slower than the probe's stop at GRPO's share
-            left = plan["grpo_seconds"] - (time.perf_counter() - t0)
-            trainer.config.max_seconds = min(left, trainer.config.max_seconds or left)  # (the trainer's own copy)
-        out_of_time = trainer.config.max_seconds is not None and trainer.config.max_seconds <= 0
+            trainer.trained_seconds_limit = plan["grpo_seconds"]  # in training time: a pause does not count
+        limit = trainer.trained_seconds_limit
+        out_of_time = limit is not None and trainer.trained_seconds >= limit
         if not trainer.controls.snapshot()["stop_requested"] and not out_of_time:  # a stop in the probe ends it
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
         trainer.save(self.out / "grpo" / "final")

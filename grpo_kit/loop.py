@@ -70,6 +70,9 @@ class TrainingLoop:
         self.trained_seconds = 0.0
         """Wall seconds of every step the run has taken, those before a resume included (saved with each
         checkpoint): what a phase that must last as long as another one measures."""
+        self.trained_seconds_limit: float | None = None
+        """Stop once `trained_seconds` reaches this (None: no limit): a deadline in training time, so that a pause
+        (the dashboard's) or a disconnect does not count against it (`demo.Arc` sets it for GRPO's share)."""
         self._last_save = time.monotonic()
         self._skipped_in_a_row = 0
         self.checkpoint_notes: dict[str, Any] = {}
@@ -178,8 +181,9 @@ class TrainingLoop:
 
     def _run(self, target: int, *, progress: bool, before_step: Callable[[], bool] | None = None,
              after_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Step until `target` steps are done, `before_step()` returns False, or `max_seconds` has passed since
-        the call; `after_step(row)` runs after each step. Holds the model (`exclusive`) and shows a progress bar."""
+        """Step until `target` steps are done, `before_step()` returns False, `max_seconds` has passed since
+        the call, or `trained_seconds` has reached `trained_seconds_limit`; `after_step(row)` runs after each
+        step. Holds the model (`exclusive`) and shows a progress bar."""
         t0 = time.perf_counter()
         with self.exclusive():
             bar = tqdm(total=target, initial=self.step, desc=self.kind.upper(), disable=not progress)
@@ -195,6 +199,8 @@ class TrainingLoop:
                     if after_step is not None:
                         after_step(row)
                     if self.config.max_seconds is not None and time.perf_counter() - t0 > self.config.max_seconds:
+                        break
+                    if self.trained_seconds_limit is not None and self.trained_seconds >= self.trained_seconds_limit:
                         break
             finally:
                 bar.close()

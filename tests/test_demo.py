@@ -117,7 +117,8 @@ def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monk
     # its seconds also count saving the final weights (well under 5 s for the tiny model)
     assert plan["grpo_seconds"] < summary["grpo_seconds"] <= plan["grpo_seconds"] + max(grpo["step_seconds"]) + 5
     assert plan["control_steps"] == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
-    assert cfg.grpo.max_seconds is None  # the deadline is the trainer's, not the run's settings
+    assert cfg.grpo.max_seconds is None and arc.trainer.config.max_seconds is None  # not a setting: the trainer's
+    assert plan["grpo_seconds"] <= arc.trainer.trained_seconds <= plan["grpo_seconds"] + max(grpo["step_seconds"])
 
 
 def _rows(path):
