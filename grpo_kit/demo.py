@@ -288,9 +288,7 @@ class Arc:
                                    started=t0, step=trainer.step)
         if self.cfg.time_budget_minutes:  # and a deadline: steps slower than the probe's stop at GRPO's share
             trainer.trained_seconds_limit = plan["grpo_seconds"]  # in training time: a pause does not count
-        limit = trainer.trained_seconds_limit
-        out_of_time = limit is not None and trainer.trained_seconds >= limit
-        if not trainer.controls.snapshot()["stop_requested"] and not out_of_time:  # a stop in the probe ends it
+        if not trainer.controls.snapshot()["stop_requested"]:  # a stop pressed during the first steps ends the phase
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
         trainer.save(self.out / "grpo" / "final")
         self.holds = "grpo"

@@ -188,7 +188,8 @@ class TrainingLoop:
         with self.exclusive():
             bar = tqdm(total=target, initial=self.step, desc=self.kind.upper(), disable=not progress)
             try:
-                while self.step < target:
+                limit = self.trained_seconds_limit  # checked before each step: a run already past it takes none
+                while self.step < target and (limit is None or self.trained_seconds < limit):
                     if before_step is not None and not before_step():
                         break
                     row = self.train_step()
@@ -199,8 +200,6 @@ class TrainingLoop:
                     if after_step is not None:
                         after_step(row)
                     if self.config.max_seconds is not None and time.perf_counter() - t0 > self.config.max_seconds:
-                        break
-                    if self.trained_seconds_limit is not None and self.trained_seconds >= self.trained_seconds_limit:
                         break
             finally:
                 bar.close()

@@ -17,8 +17,8 @@ from transformers import get_cosine_schedule_with_warmup
 
 from .config import SFTConfig
 from .decoder import final_softcap, supports
-from .device import data_parallel_size, host_syncs_are_cheap, is_xla, mark_step, product_dtype, shard_batch
-from .logprobs import completion_logprobs, token_logprobs_and_entropy
+from .device import data_parallel_size, host_syncs_are_cheap, is_xla, mark_step, shard_batch
+from .logprobs import ProductPlan, completion_logprobs, token_logprobs_and_entropy
 from .loop import TrainingLoop
 from .metrics import to_host
 from .models import base_model
@@ -149,8 +149,9 @@ class SFTTrainer(TrainingLoop):
                 f"mesh: make it a multiple of {devices}"
             )
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
-        embeddings = base_model(model).get_input_embeddings().weight
-        self.products = product_dtype(embeddings) if cfg.cpu_bf16 is not False else None  # as GRPO's update
+        # the dtype GRPO's update multiplies the frozen weights in (bf16 on a CPU with native bf16 products)
+        self.products = ProductPlan(reuse_sampler_head=False, bf16_products=cfg.cpu_bf16 is not False
+                                    ).update_product_dtype(model)
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self._order: list[int] = []
 
