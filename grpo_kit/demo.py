@@ -292,7 +292,9 @@ class Arc:
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
         trainer.save(self.out / "grpo" / "final")
         self.holds = "grpo"
+        # trained_seconds (the sum of its steps' times) sizes the controls: a dashboard pause is not training time
         return self.finish("grpo", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
+                                     "trained_seconds": trainer.trained_seconds,
                                      "step_seconds": [r["step_seconds"] for r in trainer.logger.rows]})
 
     def control(self) -> dict[str, Any]:
@@ -305,7 +307,7 @@ class Arc:
         t0 = time.perf_counter()
         plan = self.records["plan"]
         plan.setdefault(
-            "control_steps", self.cfg.control_steps or max(1, round(grpo["seconds"] / plan["sft_step_seconds"]))
+            "control_steps", self.cfg.control_steps or max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
         )
         self._save()
         trainer = self._sft_trainer("control", steps=plan["control_steps"])
@@ -356,10 +358,8 @@ class Arc:
         if "rft_steps" not in plan:
             trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
-            trainer.set_steps(
-                self._size_after_probe("rft", seconds=grpo["seconds"], step_seconds=plan["rft_probe_step_seconds"],
-                                       started=t0, step=trainer.step)
-            )
+            trainer.set_steps(self._size_after_probe("rft", seconds=grpo["trained_seconds"], started=t0,
+                                                     step_seconds=plan["rft_probe_step_seconds"], step=trainer.step))
         trainer.train(progress=self.progress)
         trainer.save(self.out / "rft" / "final")
         self.holds = "rft"
@@ -369,11 +369,12 @@ class Arc:
                                     "sampled_accuracy": [r.get("sampled_accuracy") for r in rows]})
 
     def _grpo_for(self, control: str) -> dict[str, Any]:
-        """GRPO's record, which sizes `control` (it trains for as long as GRPO did)."""
+        """GRPO's record, which sizes `control`: it trains for as long as GRPO trained (`trained_seconds`; a record
+        written before the kit kept it has only the phase's wall-clock `seconds`)."""
         grpo = self.done("grpo")
         if grpo is None:
             raise RuntimeError(f"the {control} control runs for as long as GRPO did: run grpo() first")
-        return grpo
+        return {"trained_seconds": grpo["seconds"], **grpo}
 
     def _size_after_probe(self, phase: str, *, seconds: float, step_seconds: float, started: float, step: int) -> int:
         """After a phase's first steps (its probe): as many steps in all as fit `seconds` from `started` at

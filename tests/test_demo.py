@@ -74,12 +74,14 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     grpo_seconds_after_probe = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
     assert plan["grpo_steps"] == 2 + max(0, math.floor(grpo_seconds_after_probe / plan["grpo_step_seconds"]))
     assert plan["grpo_step_seconds"] == phases["grpo"]["step_seconds"][1]
-    # the control: SFT steps for GRPO's seconds at SFT's step time
+    # the control: SFT steps for the seconds GRPO trained at SFT's step time
+    trained = phases["grpo"]["trained_seconds"]
+    assert trained == pytest.approx(sum(phases["grpo"]["step_seconds"])) and trained <= summary["grpo_seconds"]
     assert summary["control_steps"] == plan["control_steps"]
-    assert plan["control_steps"] == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
-    # RFT: as many steps as fit GRPO's seconds at its own probed step time
+    assert plan["control_steps"] == max(1, round(trained / plan["sft_step_seconds"]))
+    # RFT: as many steps as fit the seconds GRPO trained at its own probed step time
     assert summary["rft_steps"] == plan["rft_steps"] >= 2
-    rft_seconds_after_probe = summary["grpo_seconds"] - plan["rft_probe_seconds"]
+    rft_seconds_after_probe = trained - plan["rft_probe_seconds"]
     assert plan["rft_steps"] == 2 + max(0, math.floor(rft_seconds_after_probe / plan["rft_probe_step_seconds"]))
     rft_rows = _rows(tmp_path / "arc" / "rft" / "rft_metrics.jsonl")
     assert [r["step"] for r in rft_rows] == list(range(1, plan["rft_steps"] + 1))
@@ -116,7 +118,7 @@ def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monk
     assert plan["grpo_steps"] == 1000 and 2 < summary["grpo_steps"] < 1000
     # its seconds also count saving the final weights (well under 5 s for the tiny model)
     assert plan["grpo_seconds"] < summary["grpo_seconds"] <= plan["grpo_seconds"] + max(grpo["step_seconds"]) + 5
-    assert plan["control_steps"] == max(1, round(summary["grpo_seconds"] / plan["sft_step_seconds"]))
+    assert plan["control_steps"] == max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
     assert cfg.grpo.max_seconds is None and arc.trainer.config.max_seconds is None  # not a setting: the trainer's
     assert plan["grpo_seconds"] <= arc.trainer.trained_seconds <= plan["grpo_seconds"] + max(grpo["step_seconds"])
 
@@ -184,11 +186,39 @@ def test_an_interrupted_grpo_phase_continues_from_its_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "arc" / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     # the seconds the controls are sized from count the steps taken before the disconnect too
-    assert record["seconds"] >= sum(r["step_seconds"] for r in rows)
+    assert record["seconds"] >= record["trained_seconds"] == pytest.approx(sum(r["step_seconds"] for r in rows))
     assert rows[-1]["grad_norm"] > 0
     expected = dict(whole.model.named_parameters())
     for name, p in resumed.model.named_parameters():
         assert torch.allclose(p, expected[name], atol=1e-6), name
+
+
+def test_the_controls_train_for_the_seconds_grpo_trained_not_for_a_pause(tmp_path):
+    """A pause during GRPO (notebook 08's dashboard holds the run between steps) is not training time: the controls
+    are sized from the seconds GRPO's steps took, not from the phase's wall clock. Stood in for by a `run` that
+    sleeps before it trains."""
+    import time
+
+    cfg = _tiny(tmp_path / "arc", control=True, rft_control=True)
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4),
+                              grpo=dataclasses.replace(cfg.grpo, steps=3))
+    arc = Arc(cfg, "cpu", progress=False)
+    arc.sft()
+
+    def paused_then_trains(steps):  # noqa: ANN001, ANN202
+        time.sleep(3.0)
+        return arc.trainer.train(steps=steps, progress=False)
+
+    grpo = arc.grpo(run=paused_then_trains)
+    assert grpo["seconds"] > grpo["trained_seconds"] + 3.0 and grpo["trained_seconds"] < 3.0
+    plan = arc.records["plan"]
+    assert arc.control()["steps"] == plan["control_steps"] == max(
+        1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
+    arc.rft()  # sized after its probe from the same seconds
+    assert plan["rft_steps"] == 2 + max(
+        0, math.floor((grpo["trained_seconds"] - plan["rft_probe_seconds"]) / plan["rft_probe_step_seconds"]))
+    del arc.records["phases"]["grpo"]["trained_seconds"]  # as a kit that did not keep it recorded GRPO
+    assert arc._grpo_for("SFT")["trained_seconds"] == grpo["seconds"]
 
 
 class _Disconnect(Exception):
