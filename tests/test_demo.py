@@ -68,9 +68,11 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
     # GRPO: a third of what was left (each control gets as much), in steps of the measured length, and stopped at
     # that third if its steps grow slower (by at most one step past it)
-    assert 2 <= summary["grpo_steps"] <= plan["grpo_steps"]
+    # (or, if its planned steps ran faster than the probe's, once more as many as fit what was left)
+    planned = plan["grpo_steps"] + plan.get("grpo_more_steps", 0)
+    assert 2 <= summary["grpo_steps"] <= planned
     assert summary["grpo_seconds"] <= plan["grpo_seconds"] + max(phases["grpo"]["step_seconds"]) + 5  # + the save
-    assert summary["grpo_steps"] == plan["grpo_steps"] or summary["grpo_seconds"] > plan["grpo_seconds"]
+    assert summary["grpo_steps"] == planned or phases["grpo"]["trained_seconds"] >= plan["grpo_seconds"]
     grpo_seconds_after_probe = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
     assert plan["grpo_steps"] == 2 + max(0, math.floor(grpo_seconds_after_probe / plan["grpo_step_seconds"]))
     assert plan["grpo_step_seconds"] == phases["grpo"]["step_seconds"][1]
@@ -121,6 +123,34 @@ def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monk
     assert plan["control_steps"] == max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
     assert cfg.grpo.max_seconds is None and arc.trainer.config.max_seconds is None  # not a setting: the trainer's
     assert plan["grpo_seconds"] <= arc.trainer.trained_seconds <= plan["grpo_seconds"] + max(grpo["step_seconds"])
+
+
+def test_a_time_budgeted_grpo_phase_sized_too_short_takes_more_steps_to_fill_its_share(tmp_path, monkeypatch):
+    """Steps that run faster than the probe's end GRPO's planned steps before its share is spent: it takes once as
+    many more as fit what is left at its median step. Stood in for by sizing GRPO to 3 steps after the probe."""
+    cfg = _tiny(tmp_path / "arc", time_budget_minutes=0.5, control=True, sft_fraction=0.4)
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000))
+    sized = Arc._size_after_probe
+
+    def too_few(self, phase, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        steps = sized(self, phase, **kwargs)
+        if phase == "grpo":
+            steps = self.records["plan"]["grpo_steps"] = 3
+        return steps
+
+    monkeypatch.setattr(Arc, "_size_after_probe", too_few)
+    arc = Arc(cfg, "cpu", progress=False)
+    summary = arc.run()
+    plan, grpo = summary["plan"], arc.records["phases"]["grpo"]
+    three = sum(grpo["step_seconds"][:3])
+    assert three < plan["grpo_seconds"] / 2  # three steps leave most of the share
+    median = sorted(grpo["step_seconds"][:3])[1]
+    assert plan["grpo_more_steps"] == math.floor((plan["grpo_seconds"] - three) / median) > 0
+    assert summary["grpo_steps"] == 3 + plan["grpo_more_steps"] or grpo["trained_seconds"] >= plan["grpo_seconds"]
+    assert grpo["trained_seconds"] > plan["grpo_seconds"] / 2
+    assert plan["control_steps"] == max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
+    again = Arc(cfg, "cpu", progress=False).grpo()  # recorded: a new process takes the same steps
+    assert again["steps"] == summary["grpo_steps"]
 
 
 def _rows(path):
