@@ -277,7 +277,7 @@ class Arc:
             return record
         trainer = self.grpo_trainer()
         run = run or (lambda steps: trainer.train(steps=steps, progress=self.progress))
-        # after a disconnect the steps already taken count too: the controls get the seconds GRPO trained in all
+        # after a disconnect the steps already taken count too, in the phase's seconds as in its trained_seconds
         t0 = time.perf_counter() - trainer.trained_seconds
         plan = self.records["plan"]
         if self.cfg.time_budget_minutes and "grpo_steps" not in plan:
