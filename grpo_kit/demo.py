@@ -308,9 +308,8 @@ class Arc:
         if "grpo_more_steps" not in plan:
             if trainer.step < plan["grpo_steps"] or trainer.controls.snapshot()["stop_requested"]:
                 return
-            times = [row["step_seconds"] for row in trainer.logger.rows if "step_seconds" in row]
-            left = plan["grpo_seconds"] - trainer.trained_seconds
-            plan["grpo_more_steps"] = max(0, math.floor(left / statistics.median(times))) if times else 0
+            median = statistics.median(row["step_seconds"] for row in trainer.logger.rows)  # GRPO logs every step
+            plan["grpo_more_steps"] = max(0, math.floor((plan["grpo_seconds"] - trainer.trained_seconds) / median))
             self._save()
         if plan["grpo_more_steps"]:
             run(plan["grpo_steps"] + plan["grpo_more_steps"])

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -99,23 +100,29 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
         "load", "base_eval", "sft", "sft_eval", "grpo", "grpo_eval", "control", "control_eval", "rft", "rft_eval"}
 
 
-def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monkeypatch):
-    """GRPO's steps are sized from its probe; steps that then run slower than the probe's stop at its share of
-    the budget instead of overrunning it (by at most the step that crosses it), and the control gets the seconds
-    GRPO took. Stood in for by sizing GRPO to 1,000 steps after the probe."""
+def _budgeted_arc_with_grpo_sized_to(grpo_steps, tmp_path, monkeypatch):
+    """The tiny arc on a 30-second budget with a control, run whole, its GRPO phase sized to `grpo_steps` after
+    the probe whatever the probe measured (`grpo.steps` 1000, so that the setting does not bind)."""
     cfg = _tiny(tmp_path / "arc", time_budget_minutes=0.5, control=True, sft_fraction=0.4)
     cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000))
     sized = Arc._size_after_probe
 
-    def too_many(self, phase, **kwargs):  # noqa: ANN001, ANN003, ANN202
+    def resized(self, phase, **kwargs):  # noqa: ANN001, ANN003, ANN202
         steps = sized(self, phase, **kwargs)
         if phase == "grpo":
-            steps = self.records["plan"]["grpo_steps"] = 1000
+            steps = self.records["plan"]["grpo_steps"] = grpo_steps
         return steps
 
-    monkeypatch.setattr(Arc, "_size_after_probe", too_many)
+    monkeypatch.setattr(Arc, "_size_after_probe", resized)
     arc = Arc(cfg, "cpu", progress=False)
-    summary = arc.run()
+    return cfg, arc, arc.run()
+
+
+def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monkeypatch):
+    """GRPO's steps are sized from its probe; steps that then run slower than the probe's stop at its share of
+    the budget instead of overrunning it (by at most the step that crosses it), and the control gets the seconds
+    GRPO took. Stood in for by sizing GRPO to 1,000 steps after the probe."""
+    cfg, arc, summary = _budgeted_arc_with_grpo_sized_to(1000, tmp_path, monkeypatch)
     plan, grpo = summary["plan"], arc.records["phases"]["grpo"]
     assert plan["grpo_steps"] == 1000 and 2 < summary["grpo_steps"] < 1000
     # its seconds also count saving the final weights (well under 5 s for the tiny model)
@@ -128,19 +135,7 @@ def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monk
 def test_a_time_budgeted_grpo_phase_sized_too_short_takes_more_steps_to_fill_its_share(tmp_path, monkeypatch):
     """Steps that run faster than the probe's end GRPO's planned steps before its share is spent: it takes once as
     many more as fit what is left at its median step. Stood in for by sizing GRPO to 3 steps after the probe."""
-    cfg = _tiny(tmp_path / "arc", time_budget_minutes=0.5, control=True, sft_fraction=0.4)
-    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000))
-    sized = Arc._size_after_probe
-
-    def too_few(self, phase, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        steps = sized(self, phase, **kwargs)
-        if phase == "grpo":
-            steps = self.records["plan"]["grpo_steps"] = 3
-        return steps
-
-    monkeypatch.setattr(Arc, "_size_after_probe", too_few)
-    arc = Arc(cfg, "cpu", progress=False)
-    summary = arc.run()
+    cfg, arc, summary = _budgeted_arc_with_grpo_sized_to(3, tmp_path, monkeypatch)
     plan, grpo = summary["plan"], arc.records["phases"]["grpo"]
     three = sum(grpo["step_seconds"][:3])
     assert three < plan["grpo_seconds"] / 2  # three steps leave most of the share
@@ -227,8 +222,6 @@ def test_the_controls_train_for_the_seconds_grpo_trained_not_for_a_pause(tmp_pat
     """A pause during GRPO (notebook 08's dashboard holds the run between steps) is not training time: the controls
     are sized from the seconds GRPO's steps took, not from the phase's wall clock. Stood in for by a `run` that
     sleeps before it trains."""
-    import time
-
     cfg = _tiny(tmp_path / "arc", control=True, rft_control=True)
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4),
                               grpo=dataclasses.replace(cfg.grpo, steps=3))
