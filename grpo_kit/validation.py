@@ -61,7 +61,12 @@ def _coerce(value: Any, hint: Any, setting: str) -> Any:
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(value, inner, setting)
+        try:
+            return _coerce(value, inner, setting)
+        except ConfigError as error:
+            if type(None) not in args:
+                raise
+            raise ConfigError(f"{error}, or null (None)") from None
     if hint is float:
         if isinstance(value, str):
             try:
