@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import statistics
 import time
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from grpo_kit.cli import main
 from grpo_kit.config import RunConfig, load_run_config
-from grpo_kit.demo import STAGES, Arc
+from grpo_kit.demo import SFT_PROBE_STEPS, STAGES, Arc
 
 
 def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
@@ -54,7 +55,7 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     cfg = _tiny(tmp_path / "arc", time_budget_minutes=1.0, control=True, rft_control=True, sft_fraction=0.4,
                 eval_pass_k=2)
     cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000),
-                              sft=dataclasses.replace(cfg.sft, steps=1000))
+                              sft=dataclasses.replace(cfg.sft, steps=1000, log_every=1))
     arc = Arc(cfg, "cpu", progress=False)
     summary = arc.run()
     plan, phases = summary["plan"], arc.records["phases"]
@@ -64,7 +65,11 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     left = 60 - arc.records["load"]["seconds"] - base_eval["seconds"] - 4 * 3 * base_eval["greedy_seconds"]
     assert plan["sft_seconds"] == pytest.approx(0.4 * left)
     assert summary["sft_steps"] == plan["sft_steps"]
-    assert plan["sft_steps"] == max(2, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
+    # its step count from the median of its probe's steps after the first
+    sft_rows = _rows(tmp_path / "arc" / "sft" / "sft_metrics.jsonl")
+    probe = [r["step_seconds"] for r in sft_rows if 2 <= r["step"] <= SFT_PROBE_STEPS]
+    assert plan["sft_probe_step_seconds"] == pytest.approx(statistics.median(probe))
+    assert plan["sft_steps"] == max(SFT_PROBE_STEPS, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
     assert plan["sft_step_seconds"] > 0  # the median SFT step, which sizes the control
     assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
     # GRPO: a third of what was left (each control gets as much), in steps of the measured length, and stopped at
