@@ -50,9 +50,10 @@ PROBE_STEPS = 2
 """Steps run before a phase is sized to its time: the first may compile (XLA) or warm caches; the last one's time
 is the estimate."""
 SFT_PROBE_STEPS = 6
-"""SFT's probe: an SFT step takes 0.85–1.2 × the median with its batch's lengths (5.0–6.5 s in a capstone run, whose
-second step took 4.7 s), so one step misjudges the phase by up to a fifth. The median of the probe's steps after
-the first sizes it; they run at the start of the schedule, where the run's length barely changes the rate."""
+"""SFT's and the control's probe: an SFT step takes 0.85–1.2 × the median with its batch's lengths (5.0–6.5 s in a
+capstone run, whose second step took 4.7 s), so one step misjudges the phase by up to a fifth. The median of the
+probe's steps after the first sizes the phase; they run at the start of the schedule, where the run's length barely
+changes the rate. SFT is sized again a third of the way in (`Arc._resize_sft`)."""
 
 
 class Arc:
@@ -223,7 +224,8 @@ class Arc:
         return self.finish(f"{stage}_eval", record)
 
     def sft(self) -> dict[str, Any]:
-        """SFT on the task's demonstrations from the base model; with a time budget sized to its share of it."""
+        """SFT on the task's demonstrations from the base model; with a time budget sized to its share of it after
+        its first steps, and again a third of the way in."""
         if record := self.done("sft"):
             return record
         if self.cfg.grpo.difficulty_targeting:  # rows without a level would stop GRPO's first step: refused before SFT
@@ -240,7 +242,7 @@ class Arc:
             self.evaluate("base")  # its time sizes what is left (and is counted in base_eval, not here)
             plan["sft_seconds"] = self.cfg.sft_fraction * self._training_seconds()
         t0 = time.perf_counter()
-        trainer = self._sft_trainer("sft", steps=plan.get("sft_steps"))
+        trainer = self._sft_trainer("sft", steps=plan.get("sft_resized_steps", plan.get("sft_steps")))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if self.cfg.time_budget_minutes and "sft_steps" not in plan:  # (resumed: the probe starts where it stopped)
             trainer.train(progress=self.progress, steps=trainer.step + SFT_PROBE_STEPS)
@@ -248,12 +250,27 @@ class Arc:
             plan["sft_steps"] = max(trainer.step, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
             self._save()
             trainer.set_steps(plan["sft_steps"])
+        if self.cfg.time_budget_minutes and "sft_resized_steps" not in plan:
+            self._resize_sft(trainer)
         trainer.train(progress=self.progress)
         trainer.save(self.out / "sft" / "final")
         self.holds = "sft"
-        if trainer.step_seconds:  # the control's step count comes from it
+        if trainer.step_seconds:  # the control's schedule until its own probe has run
             plan["sft_step_seconds"] = statistics.median(trainer.step_seconds)
         return self.finish("sft", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+
+    def _resize_sft(self, trainer: SFTTrainer) -> None:
+        """A third of the way through its planned steps, SFT is sized again: as many steps in all as fit what is
+        left of its share at the median of the later half of the steps timed so far (`plan["sft_resized_steps"]`,
+        saved, so that a resumed run takes the same). Its first steps can run slower than the rest (under the AVX2
+        stand-in steps 2 to 6 took 7.6 s against a median of 6.4 s) or faster."""
+        plan = self.records["plan"]
+        trainer.train(progress=self.progress, steps=max(trainer.step + 1, plan["sft_steps"] // 3))
+        recent = trainer.step_seconds[len(trainer.step_seconds) // 2 :] or [plan["sft_probe_step_seconds"]]
+        left = plan["sft_seconds"] - trainer.trained_seconds
+        plan["sft_resized_steps"] = trainer.step + max(0, math.floor(left / statistics.median(recent)))
+        self._save()
+        trainer.set_steps(plan["sft_resized_steps"])
 
     def grpo_trainer(self) -> GRPOTrainer:
         """The GRPO trainer, starting from the SFT model (or from its own checkpoint after a disconnect): for a
@@ -320,19 +337,26 @@ class Arc:
 
     def control(self) -> dict[str, Any]:
         """The control: SFT continued from the SFT model on the same demonstrations (a new warm-up and cosine
-        schedule) for as many steps as fit the seconds GRPO trained, at the SFT phase's step time."""
+        schedule) for as many steps as fit the seconds GRPO trained, sized after its first steps (`SFT_PROBE_STEPS`)
+        from their median time, with the cosine schedule over that many (`control_steps` fixes the count)."""
         if record := self.done("control"):
             return record
         grpo = self._grpo_for("SFT")
         self._start_from_sft()
         t0 = time.perf_counter()
         plan = self.records["plan"]
-        plan.setdefault(
-            "control_steps", self.cfg.control_steps or max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
-        )
-        self._save()
-        trainer = self._sft_trainer("control", steps=plan["control_steps"])
+        if self.cfg.control_steps:
+            plan.setdefault("control_steps", self.cfg.control_steps)
+        # until the probe has run, a schedule over the steps that fit at the SFT phase's pace
+        estimate = max(SFT_PROBE_STEPS, round(grpo["trained_seconds"] / plan.get("sft_step_seconds", math.inf)))
+        trainer = self._sft_trainer("control", steps=plan.get("control_steps", estimate))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
+        if "control_steps" not in plan:  # its steps can be slower than SFT's (5.4 s against 5.1 s in a capstone run)
+            trainer.train(progress=self.progress, steps=trainer.step + SFT_PROBE_STEPS)
+            plan["control_probe_step_seconds"] = statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
+            trainer.set_steps(self._size_after_probe("control", seconds=grpo["trained_seconds"], started=t0,
+                                                     step_seconds=plan["control_probe_step_seconds"],
+                                                     step=trainer.step))
         trainer.train(progress=self.progress)
         trainer.save(self.out / "control" / "final")
         self.holds = "control"

@@ -51,6 +51,13 @@ def _tiny(out, **changes) -> RunConfig:
     return dataclasses.replace(cfg, output_dir=str(out), task=task, **changes)
 
 
+def _control_steps_sized_from(plan, trained_seconds):
+    """The control's steps: its probe's, then as many as fit the rest of GRPO's trained seconds at its probe's
+    median step."""
+    after_probe = trained_seconds - plan["control_probe_seconds"]
+    return SFT_PROBE_STEPS + max(0, math.floor(after_probe / plan["control_probe_step_seconds"]))
+
+
 def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match_grpo(tmp_path):
     cfg = _tiny(tmp_path / "arc", time_budget_minutes=1.0, control=True, rft_control=True, sft_fraction=0.4,
                 eval_pass_k=2)
@@ -64,13 +71,18 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     base_eval = phases["base_eval"]
     left = 60 - arc.records["load"]["seconds"] - base_eval["seconds"] - 4 * 3 * base_eval["greedy_seconds"]
     assert plan["sft_seconds"] == pytest.approx(0.4 * left)
-    assert summary["sft_steps"] == plan["sft_steps"]
     # its step count from the median of its probe's steps after the first
     sft_rows = _rows(tmp_path / "arc" / "sft" / "sft_metrics.jsonl")
     probe = [r["step_seconds"] for r in sft_rows if 2 <= r["step"] <= SFT_PROBE_STEPS]
     assert plan["sft_probe_step_seconds"] == pytest.approx(statistics.median(probe))
     assert plan["sft_steps"] == max(SFT_PROBE_STEPS, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
-    assert plan["sft_step_seconds"] > 0  # the median SFT step, which sizes the control
+    # and again a third of the way in, from the later half of the steps so far
+    resized_at = max(SFT_PROBE_STEPS + 1, plan["sft_steps"] // 3)
+    timed = [r["step_seconds"] for r in sft_rows if r["step"] <= resized_at]
+    recent = statistics.median(timed[len(timed) // 2 :])
+    left = plan["sft_seconds"] - sum(timed)
+    assert plan["sft_resized_steps"] == resized_at + max(0, math.floor(left / recent)) == summary["sft_steps"]
+    assert plan["sft_step_seconds"] > 0  # the median SFT step
     assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
     # GRPO: a third of what was left (each control gets as much), in steps of the measured length, and stopped at
     # that third if its steps grow slower (by at most one step past it)
@@ -82,11 +94,11 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     grpo_seconds_after_probe = plan["grpo_seconds"] - plan["grpo_probe_seconds"]
     assert plan["grpo_steps"] == 2 + max(0, math.floor(grpo_seconds_after_probe / plan["grpo_step_seconds"]))
     assert plan["grpo_step_seconds"] == phases["grpo"]["step_seconds"][1]
-    # the control: SFT steps for the seconds GRPO trained at SFT's step time
+    # the control: SFT steps for the seconds GRPO trained, sized after its probe at its own steps' median
     trained = phases["grpo"]["trained_seconds"]
     assert trained == pytest.approx(sum(phases["grpo"]["step_seconds"])) and trained <= summary["grpo_seconds"]
     assert summary["control_steps"] == plan["control_steps"]
-    assert plan["control_steps"] == max(1, round(trained / plan["sft_step_seconds"]))
+    assert plan["control_steps"] == _control_steps_sized_from(plan, trained)
     # RFT: as many steps as fit the seconds GRPO trained at its own probed step time
     assert summary["rft_steps"] == plan["rft_steps"] >= 2
     rft_seconds_after_probe = trained - plan["rft_probe_seconds"]
@@ -132,7 +144,7 @@ def test_a_time_budgeted_grpo_phase_stops_when_its_share_is_spent(tmp_path, monk
     assert plan["grpo_steps"] == 1000 and 2 < summary["grpo_steps"] < 1000
     # its seconds also count saving the final weights (well under 5 s for the tiny model)
     assert plan["grpo_seconds"] < summary["grpo_seconds"] <= plan["grpo_seconds"] + max(grpo["step_seconds"]) + 5
-    assert plan["control_steps"] == max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
+    assert plan["control_steps"] == _control_steps_sized_from(plan, grpo["trained_seconds"])
     assert cfg.grpo.max_seconds is None and arc.trainer.config.max_seconds is None  # not a setting: the trainer's
     assert plan["grpo_seconds"] <= arc.trainer.trained_seconds <= plan["grpo_seconds"] + max(grpo["step_seconds"])
 
@@ -148,7 +160,7 @@ def test_a_time_budgeted_grpo_phase_sized_too_short_takes_more_steps_to_fill_its
     assert plan["grpo_more_steps"] == math.floor((plan["grpo_seconds"] - three) / median) > 0
     assert summary["grpo_steps"] == 3 + plan["grpo_more_steps"] or grpo["trained_seconds"] >= plan["grpo_seconds"]
     assert grpo["trained_seconds"] > plan["grpo_seconds"] / 2
-    assert plan["control_steps"] == max(1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
+    assert plan["control_steps"] == _control_steps_sized_from(plan, grpo["trained_seconds"])
     again = Arc(cfg, "cpu", progress=False).grpo()  # recorded: a new process takes the same steps
     assert again["steps"] == summary["grpo_steps"]
 
@@ -240,8 +252,7 @@ def test_the_controls_train_for_the_seconds_grpo_trained_not_for_a_pause(tmp_pat
     grpo = arc.grpo(run=paused_then_trains)
     assert grpo["seconds"] > grpo["trained_seconds"] + 3.0 and grpo["trained_seconds"] < 3.0
     plan = arc.records["plan"]
-    assert arc.control()["steps"] == plan["control_steps"] == max(
-        1, round(grpo["trained_seconds"] / plan["sft_step_seconds"]))
+    assert arc.control()["steps"] == plan["control_steps"] == _control_steps_sized_from(plan, grpo["trained_seconds"])
     arc.rft()  # sized after its probe from the same seconds
     assert plan["rft_steps"] == 2 + max(
         0, math.floor((grpo["trained_seconds"] - plan["rft_probe_seconds"]) / plan["rft_probe_step_seconds"]))
