@@ -50,10 +50,10 @@ PROBE_STEPS = 2
 """Steps run before a phase is sized to its time: the first may compile (XLA) or warm caches; the last one's time
 is the estimate."""
 SFT_PROBE_STEPS = 6
-"""SFT's and the control's probe: an SFT step takes 0.85–1.2 × the median with its batch's lengths (5.0–6.5 s in a
-capstone run, whose second step took 4.7 s), so one step misjudges the phase by up to a fifth. The median of the
-probe's steps after the first sizes the phase; they run at the start of the schedule, where the run's length barely
-changes the rate. SFT is sized again a third of the way in (`Arc._resize_sft`)."""
+"""SFT's and the control's probe: an SFT step's time varies with its batch's lengths (5.0–6.5 s in one capstone run;
+in another the second step took 4.7 s against a median of 5.1 s), so one step misjudges the phase by up to a fifth.
+The median of the probe's steps after the first sizes the phase; they run at the start of the schedule, where the
+run's length barely changes the rate. SFT is sized again a third of the way in (`Arc._resize_sft`)."""
 
 
 class Arc:

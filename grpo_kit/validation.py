@@ -63,8 +63,8 @@ def _coerce(value: Any, hint: Any, setting: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         try:
             return _coerce(value, inner, setting)
-        except ConfigError as error:
-            if type(None) not in args:
+        except ConfigError as error:  # the setting itself may also be null (not one of its items)
+            if not str(error).startswith(f"{setting}="):
                 raise
             raise ConfigError(f"{error}, or null (None)") from None
     if hint is float:

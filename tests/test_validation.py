@@ -66,6 +66,18 @@ def _snapshot(out):
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 
+def test_an_optional_setting_says_null_is_allowed_and_its_items_do_not(tmp_path):
+    path = tmp_path / "bad.yaml"
+    for text, message in (("task: {demonstration_operations: 3}",
+                           "TaskConfig.demonstration_operations=3: expected a list of whole numbers, or null (None)"),
+                          ("task: {demonstration_operations: [two]}",
+                           "TaskConfig.demonstration_operations[0]='two': expected a whole number")):
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError) as refused:
+            load_run_config("cpu-tiny", path)
+        assert str(refused.value) == message
+
+
 @pytest.mark.parametrize(("text", "message"), BAD_YAML, ids=[t for t, _ in BAD_YAML])
 def test_bad_yaml_setting_exits_2_naming_it(tmp_path, out_dir, capsys, text, message):
     path = tmp_path / "bad.yaml"
