@@ -245,8 +245,7 @@ class Arc:
         trainer = self._sft_trainer("sft", steps=plan.get("sft_resized_steps", plan.get("sft_steps")))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if self.cfg.time_budget_minutes and "sft_steps" not in plan:  # (resumed: the probe starts where it stopped)
-            trainer.train(progress=self.progress, steps=trainer.step + SFT_PROBE_STEPS)
-            plan["sft_probe_step_seconds"] = statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
+            plan["sft_probe_step_seconds"] = self._probe_sft_steps(trainer)
             plan["sft_steps"] = max(trainer.step, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
             self._save()
             trainer.set_steps(plan["sft_steps"])
@@ -258,6 +257,12 @@ class Arc:
         if trainer.step_seconds:  # the control's schedule until its own probe has run
             plan["sft_step_seconds"] = statistics.median(trainer.step_seconds)
         return self.finish("sft", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+
+    def _probe_sft_steps(self, trainer: SFTTrainer) -> float:
+        """SFT's or the control's probe: `SFT_PROBE_STEPS` more steps (a resumed phase starts where it stopped), and
+        the median time of those after the first this process ran."""
+        trainer.train(progress=self.progress, steps=trainer.step + SFT_PROBE_STEPS)
+        return statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
 
     def _resize_sft(self, trainer: SFTTrainer) -> None:
         """A third of the way through its planned steps, SFT is sized again: as many steps in all as fit what is
@@ -352,8 +357,7 @@ class Arc:
         trainer = self._sft_trainer("control", steps=plan.get("control_steps", estimate))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if "control_steps" not in plan:  # its steps can be slower than SFT's (5.4 s against 5.1 s in a capstone run)
-            trainer.train(progress=self.progress, steps=trainer.step + SFT_PROBE_STEPS)
-            plan["control_probe_step_seconds"] = statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
+            plan["control_probe_step_seconds"] = self._probe_sft_steps(trainer)
             trainer.set_steps(self._size_after_probe("control", seconds=grpo["trained_seconds"], started=t0,
                                                      step_seconds=plan["control_probe_step_seconds"],
                                                      step=trainer.step))
