@@ -61,6 +61,7 @@ STUDY_SETTINGS: dict[str, Any] = {
     "eval_pass_k": 4,
     "eval_batch_size": 200,
     "time_budget_minutes": None,
+    "sft_fraction": 0.3,
     "sft": {"steps": 160},
     "control_steps": 217,
     "rft_steps": 107,
@@ -70,7 +71,9 @@ STUDY_SETTINGS: dict[str, Any] = {
 cell does the same work and a busy machine slows a cell without changing what it compares. The counts come from the
 first cell (plentiful, seed 0), run on a 60-minute budget on the idle 2-core Xeon: SFT a quarter of the training time,
 160 steps at 4.2 s; GRPO 84 steps in 918 s; the SFT control 217 steps, 918 s at SFT's median step; RFT 107 steps,
-918 s at its first steps' pace. GRPO's recipe (`config.GRPO_RECIPE`, which every real-Gemma preset runs), from the
+918 s at its first steps' pace. `sft_fraction` splits only a time budget, so it changes nothing here; it is named
+so that a cell's settings stay those its record was made with when the preset's split changes (a cell continues only
+with the settings it started with). GRPO's recipe (`config.GRPO_RECIPE`, which every real-Gemma preset runs), from the
 literature, fixed before the first cell ran: shaped rewards count only where the outcome varies (verl-recipe
 PR #125), prompts drawn by their template's pass rate p in proportion to p(1 − p) (arXiv 2504.03380), and groups
 whose advantages are all zero left out of the update (the same result, less work)."""

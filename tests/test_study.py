@@ -166,6 +166,8 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed():
     # the same work in every cell, whatever else the machine does: steps fixed, no time budget
     assert cfg.time_budget_minutes is None and (cfg.sft.steps, cfg.grpo.steps, cfg.control_steps, cfg.rft_steps) == (
         160, 84, 217, 107)
+    # nor with the preset's time split, which a cell does not use: a cell started before the split changed continues
+    assert cfg.sft_fraction == 0.3 != load_run_config("cpu-gemma-270m").sft_fraction
     assert set(REGIMES) == {"plentiful", "scarce", "beyond"}
     with pytest.raises(ValueError, match="unknown regime 'easy'"):
         cell_config("cpu-gemma-270m", "easy", 0, "runs/x")
