@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.config import load_run_config
+from grpo_kit.config import PRESETS, load_run_config
 from grpo_kit.device import describe_machine
 from grpo_kit.evaluation import paired_difference
 from grpo_kit.study import (
@@ -152,7 +152,7 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     assert plain.read_text() == "no markers\n"
 
 
-def test_each_cell_is_the_preset_with_its_regime_and_seed():
+def test_each_cell_is_the_preset_with_its_regime_and_seed(monkeypatch):
     cfg = cell_config("cpu-gemma-270m", "beyond", 2, "runs/x")
     assert cfg.task.operations == (3,) and cfg.task.demonstration_operations == (2,) and cfg.task.seed == 1234 + 2
     assert cfg.sft.seed == cfg.grpo.seed == 2 and cfg.control and cfg.rft_control and cfg.eval_pass_k == 4
@@ -167,7 +167,9 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed():
     assert cfg.time_budget_minutes is None and (cfg.sft.steps, cfg.grpo.steps, cfg.control_steps, cfg.rft_steps) == (
         160, 84, 217, 107)
     # nor with the preset's time split, which a cell does not use: a cell started before the split changed continues
-    assert cfg.sft_fraction == 0.3 != load_run_config("cpu-gemma-270m").sft_fraction
+    for split in (0.2, 0.45):
+        monkeypatch.setitem(PRESETS, "cpu-gemma-270m", {**PRESETS["cpu-gemma-270m"], "sft_fraction": split})
+        assert cell_config("cpu-gemma-270m", "beyond", 2, "runs/x") == cfg and cfg.sft_fraction == 0.3
     assert set(REGIMES) == {"plentiful", "scarce", "beyond"}
     with pytest.raises(ValueError, match="unknown regime 'easy'"):
         cell_config("cpu-gemma-270m", "easy", 0, "runs/x")
