@@ -347,11 +347,13 @@ DRAW_BLOCK = 16384
 """Vocabulary entries per block of `draw_from_head` (a 16384 × 640 bf16 block is 20 MiB; its fp32 logits for 32 rows
 2 MiB): larger blocks mean fewer, larger products and fewer small ops per decode step."""
 
-MOMENT_FLOOR = 2.0**-20
-"""A block of `draw_from_head` whose share of every row's probability mass is below this (≈ 9.5e-7) is left out of
-the moments' product π W: at most V / DRAW_BLOCK such blocks, so at most 16 · 2⁻²⁰ ≈ 1.5e-5 of a row's mass is
-missing from its E = π W (bf16 rounding alone is 2⁻⁹). After SFT most blocks of Gemma's vocabulary hold no more
-than that for any row of a step, and each one left out is one product over 16,384 rows of the head not read."""
+MOMENT_FLOOR = 2.0**-25
+"""A SAMPLE_BLOCK-entry tile of the vocabulary whose share of every row's probability mass is below this (≈ 3e-8)
+is left out of the moments' product π W: at most V / SAMPLE_BLOCK such tiles (512 for Gemma's 262,144 entries), so
+at most 512 · 2⁻²⁵ = 2⁻¹⁶ ≈ 1.5e-5 of a row's mass is missing from its E = π W (bf16 rounding alone is 2⁻⁹).
+After SFT a decode step's rows hold more than that in a median of 16 of Gemma's 512 tiles (mean 64, over two of
+the capstone's GRPO steps after its SFT), which lie in 4 of its 16 DRAW_BLOCK blocks (mean 6.3): each tile left
+out is 512 rows of the head not read."""
 
 EXP_FLOOR = -87.0
 """`draw_from_head` takes e^{z − m_b} of z − m_b ≥ −87 (e^−87 ≈ 1.6e-38, the smallest normal fp32 is 1.2e-38): the
@@ -394,8 +396,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     Same tokens as `choose_tokens` on the full logits except where u lands within float rounding of a CDF
     boundary; log-probs equal up to float summation order. With `moments` (no softcap) it also gives `HeadMoments`:
     per block Σ e^{z−m_b} W_blk, rescaled by e^{m_b − M}, summed and divided by the total mass — one more product
-    per block, skipped for blocks holding under MOMENT_FLOOR of every row's mass — is π W, and Σ π z = (π W)·h/T
-    needs no pass of its own; returned third (else None).
+    per run of kept tiles (a tile under MOMENT_FLOOR of every row's mass is left out) — is π W, and
+    Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
     Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
     exponentials are taken in place, so a block costs its products and four passes over its logits. `weight_t`, Wᵀ
     as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_blk e: the large operand
@@ -430,8 +432,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     found = None
     if moments:
         per_mass = scales / total  # (blocks, rows): e^{m_b − M} / Σ, which turns a block's e^{z − m_b} into π
-        shares = torch.stack([m.sum(0) for m in masses]) * per_mass  # each block's share of each row's mass
-        mean_row = _head_mean(weight, exps, per_mass, shares, weight_t=weight_t)
+        kept = (tiles >= MOMENT_FLOOR * total.unsqueeze(1)).any(0)  # tiles holding enough of some row's mass
+        mean_row = _head_mean(weight, exps, per_mass, kept, weight_t=weight_t)
         found = HeadMoments(mean_row, lse - (mean_row * h).sum(-1) / t)
     if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
         return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse, found
@@ -461,24 +463,38 @@ def _stream_blocks(weight: torch.Tensor, xt: torch.Tensor, capped: Callable[[tor
     return maxima, masses, best, exps
 
 
-def _head_mean(weight: torch.Tensor, exps: list[torch.Tensor], per_mass: torch.Tensor, shares: torch.Tensor, *,
+def _head_mean(weight: torch.Tensor, exps: list[torch.Tensor], per_mass: torch.Tensor, kept: torch.Tensor, *,
                weight_t: torch.Tensor | None) -> torch.Tensor:
     """π W (rows, d) = Σ_b (e_b W_blk) · e^{m_b − M} / Σ from each block's e_b = e^{z − m_b} (`_stream_blocks`) and
-    `per_mass` e^{m_b − M} / Σ (blocks, rows), the product taken only for blocks where some row's share of the mass
-    (`shares`, blocks × rows) reaches MOMENT_FLOOR.
-    With `weight_t` (Wᵀ, contiguous (d, V)) the product is Wᵀ_blk e_b: the large operand read in its natural layout,
-    ~2× faster on the CPU than e_bᵀ W_blk, which repacks W_blk on every call."""
-    mean_row = torch.zeros(shares.shape[1], weight.shape[1], device=weight.device)
-    for index, (e, scale, share) in enumerate(zip(exps, per_mass, shares, strict=True)):
-        if not bool((share >= MOMENT_FLOOR).any()):
-            continue
-        start = index * DRAW_BLOCK
+    `per_mass` e^{m_b − M} / Σ (blocks, rows), the product taken only over the SAMPLE_BLOCK-entry tiles marked in
+    `kept` (V / SAMPLE_BLOCK,): one product per run of consecutive kept tiles within a block.
+    With `weight_t` (Wᵀ, contiguous (d, V)) the product is Wᵀ_run e_run: the large operand read in its natural
+    layout, ~2× faster on the CPU than e_runᵀ W_run, which repacks W_run on every call."""
+    mean_row = torch.zeros(per_mass.shape[1], weight.shape[1], device=weight.device)
+    runs = _kept_runs(kept.tolist(), DRAW_BLOCK // SAMPLE_BLOCK)
+    for first, last in runs:  # tile indices [first, last), all in one block
+        index = first * SAMPLE_BLOCK // DRAW_BLOCK
+        start, stop = first * SAMPLE_BLOCK, last * SAMPLE_BLOCK
+        e = exps[index][start - index * DRAW_BLOCK : stop - index * DRAW_BLOCK]
         if weight_t is not None:
-            rows_sum = torch.mm(weight_t[:, start : start + e.shape[0]], e).float().T  # (rows, d)
+            rows_sum = torch.mm(weight_t[:, start:stop], e).float().T  # (rows, d)
         else:
-            rows_sum = torch.mm(e.T, weight[start : start + e.shape[0]]).float()
-        mean_row += rows_sum * scale.unsqueeze(1)
+            rows_sum = torch.mm(e.T, weight[start:stop]).float()
+        mean_row += rows_sum * per_mass[index].unsqueeze(1)
     return mean_row
+
+
+def _kept_runs(kept: list[bool], per_block: int) -> list[tuple[int, int]]:
+    """The runs [first, last) of consecutive True entries of `kept`, split where a block of `per_block` entries ends."""
+    runs: list[tuple[int, int]] = []
+    for index, keep in enumerate(kept):
+        if not keep:
+            continue
+        if runs and runs[-1][1] == index and index % per_block:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs
 
 
 def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor, cdf: torch.Tensor,

@@ -225,43 +225,58 @@ def test_the_exp_floor_keeps_subnormals_out_and_changes_no_draw(monkeypatch):
     assert torch.allclose(floored[2].entropy, unfloored[2].entropy, rtol=1e-6, atol=1e-6)
 
 
-def test_the_moments_leave_out_only_blocks_without_mass_and_the_draw_is_unchanged(monkeypatch):
-    """`draw_from_head(moments=True)` takes the moments' product only for blocks holding at least MOMENT_FLOOR of
-    some row's mass: on peaked rows (all mass in the first of four 16,384-entry blocks) it takes one product instead
-    of four, the tokens and log-probs are exactly those with every block taken, and E = π W and H differ by no more
-    than the left-out mass allows (≤ 4 · 2⁻²⁰ of the largest head row); flat rows need every block."""
+def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged(monkeypatch):
+    """`draw_from_head(moments=True)` takes the moments' product only over the SAMPLE_BLOCK-entry tiles holding at
+    least MOMENT_FLOOR of some row's mass: on peaked rows (all mass on 8 entries of the first of four 16,384-entry
+    blocks) at most 8 of the 128 tiles, the tokens and log-probs are exactly those with every tile taken, and
+    E = π W and H differ by no more than the left-out mass allows (≤ 128 · 2⁻²⁵ of the largest head row); flat rows
+    need every tile."""
     from grpo_kit import sampling
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(4 * sampling.DRAW_BLOCK, 32, generator=gen)
+    tiles = weight.shape[0] // sampling.SAMPLE_BLOCK
     # each peaked row points at one of block 0's longest rows of W, so no other entry's logit comes near its own
-    peaked = weight[weight[: sampling.DRAW_BLOCK].norm(dim=1).topk(8).indices] * 6.0
+    targets = weight[: sampling.DRAW_BLOCK].norm(dim=1).topk(8).indices
+    peaked = weight[targets] * 6.0
     flat = torch.randn(8, 32, generator=gen) * 0.05
     taken = []
     head_mean = sampling._head_mean
 
-    def counting(weight, exps, per_mass, shares, *, weight_t):
-        taken.append(int((shares >= sampling.MOMENT_FLOOR).any(1).sum()))
-        return head_mean(weight, exps, per_mass, shares, weight_t=weight_t)
+    def counting(weight, exps, per_mass, kept, *, weight_t):
+        taken.append(kept.nonzero().flatten().tolist())
+        return head_mean(weight, exps, per_mass, kept, weight_t=weight_t)
 
     monkeypatch.setattr(sampling, "_head_mean", counting)
-    for hidden, blocks in ((peaked, 1), (flat, 4)):
+    peaked_tiles = sorted(set((targets // sampling.SAMPLE_BLOCK).tolist()))
+    for hidden, want_tiles in ((peaked, peaked_tiles), (flat, list(range(tiles)))):
         u = torch.rand(hidden.shape[0], generator=gen)
         tokens, logprobs, found = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False,
                                                  uniforms=u, moments=True)
-        assert taken.pop() == blocks
+        assert taken.pop() == want_tiles
         monkeypatch.setattr(sampling, "MOMENT_FLOOR", 0.0)
         all_tokens, all_logprobs, every = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False,
                                                          uniforms=u, moments=True)
         monkeypatch.undo()
         monkeypatch.setattr(sampling, "_head_mean", counting)
-        assert taken.pop() == 4
+        assert taken.pop() == list(range(tiles))
         assert torch.equal(tokens, all_tokens) and torch.equal(logprobs, all_logprobs)
-        bound = 4 * 2.0**-20 * weight.norm(dim=1).max()
+        bound = tiles * 2.0**-25 * weight.norm(dim=1).max()
         assert (found.mean_row - every.mean_row).norm(dim=1).max() <= bound
         assert (found.entropy - every.entropy).abs().max() <= bound * hidden.norm(dim=1).max() / 0.8 + 1e-5
         want = head_moments(hidden @ weight.T, weight, 0.8)
         assert torch.allclose(every.mean_row, want.mean_row, rtol=1e-4, atol=1e-4)
+
+
+def test_kept_runs_split_at_gaps_and_block_ends():
+    """`_kept_runs` gives one product per run of consecutive kept tiles, never across a block's end (each block has
+    its own scale)."""
+    from grpo_kit.sampling import _kept_runs
+
+    kept = [True, True, False, True, True, True, True, False]
+    assert _kept_runs(kept, per_block=4) == [(0, 2), (3, 4), (4, 7)]
+    assert _kept_runs(kept, per_block=8) == [(0, 2), (3, 7)]
+    assert _kept_runs([False] * 4, per_block=2) == []
 
 
 def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
