@@ -540,7 +540,8 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
         "eval_seconds": 100,
         "run_minutes": 55,
         "basis": "measured: `grpo-kit bench` capstone rows after 160 SFT steps, medians of 3, on 2 CPU cores: "
-        "an AMD EPYC (Zen 4, bf16 products) 11.6 s natively and 26.3 s under the AVX2 stand-in, an Intel Xeon "
+        "an AMD EPYC (Zen 4, bf16 products) 14.4 s natively (its three steps 10.3–14.5 s) and 19.8 s under the "
+        "AVX2 stand-in, an Intel Xeon "
         "(AVX512-BF16, no AMX; fp32) 18.0 s and 18.4 s; in `grpo-kit demo` an SFT step of 8 takes 5.3–5.9 s "
         "on either (medians) and a greedy evaluation of 200 problems 73–124 s",
     },
