@@ -266,6 +266,11 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
         assert (found.entropy - every.entropy).abs().max() <= bound * hidden.norm(dim=1).max() / 0.8 + 1e-5
         want = head_moments(hidden @ weight.T, weight, 0.8)
         assert torch.allclose(every.mean_row, want.mean_row, rtol=1e-4, atol=1e-4)
+        # the same runs of tiles through Wᵀ (`head_casts(transposed=True)`, as a rollout passes it)
+        _, _, through_t = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False, uniforms=u,
+                                         moments=True, weight_t=weight.T.contiguous())
+        assert taken.pop() == want_tiles
+        assert torch.allclose(through_t.mean_row, found.mean_row, rtol=1e-5, atol=1e-6)
 
 
 def test_kept_runs_split_at_gaps_and_block_ends():
