@@ -400,8 +400,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
     Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
     exponentials are taken in place, so a block costs its products and four passes over its logits. `weight_t`, Wᵀ
-    as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_blk e: the large operand
-    read in its natural layout, ~2× faster on the CPU than e W_blk, which repacks W_blk on every call; same values
+    as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_run e: the large operand
+    read in its natural layout, ~2× faster on the CPU than e W_run, which repacks W_run on every call; same values
     up to float summation order.
 
     The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on
