@@ -52,7 +52,7 @@ test: $(STAMP) $(CLASSIC_STAMP) browser
 	OMP_NUM_THREADS=1 GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks \
 	  --nbmake-timeout=600 -m "not bench" -n logical --dist loadgroup --durations=40
 
-# The benchmark's real-model and capstone sections end to end at small sizes (they load Gemma 3 270M three times;
+# The benchmark's real-model and capstone sections end to end at small sizes (they load Gemma 3 270M five times;
 # `make test` runs the tiny-model parts): run before changing what `make bench` reports.
 bench-test: $(STAMP)
 	$(BIN)/python -m pytest tests -m bench

@@ -32,6 +32,8 @@ import inspect
 import torch
 import torch.nn.functional as F
 
+from .device import PREPACK_MAX_ROWS, prepack_weight, prepacked_linear
+
 GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
 
 
@@ -237,12 +239,13 @@ def _stacked(parts: list[LinearParts]) -> LinearParts:
     return weight, bias, a, b
 
 
-def _apply(parts: LinearParts, x: torch.Tensor) -> torch.Tensor:
+def _apply(parts: LinearParts, x: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b (+ (x Aᵀ)(s·B)ᵀ with LoRA), returned in x's dtype. Each product runs in its weights' dtype: with
     W and b cast to bf16 (`Constants.build(product_dtype=…)`) x is rounded to bf16 for x Wᵀ only, and the LoRA
-    path stays in x's dtype."""
+    path stays in x's dtype. `packed`: W prepacked (`device.prepack_weight`), which x Wᵀ then runs through."""
     weight, bias, lora_a, lora_b = parts
-    y = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    xw = x.to(weight.dtype)
+    y = (F.linear(xw, weight, bias) if packed is None else prepacked_linear(xw, packed, bias)).to(x.dtype)
     return y if lora_a is None else y + F.linear(F.linear(x.to(lora_a.dtype), lora_a), lora_b).to(x.dtype)
 
 
@@ -276,10 +279,18 @@ class Constants:
     fused_gate_up: dict[int, LinearParts] = dataclasses.field(default_factory=dict)
     """id(MLP module) → its gate and up projections as one `LinearParts` (they read the same input): one product
     and one cast of x instead of two. Where both have `LinearParts`."""
+    prepack: bool = False
+    """Run a decode step's products (one position, at most `device.PREPACK_MAX_ROWS` rows) through each weight
+    prepacked for oneDNN (`device.prepack_weight`, made at its first such product and kept in `packed`): rollouts on
+    the CPU, whose weights do not change while they run (`build(prepack=True)`). A prefill's products stay plain,
+    so how prompts are batched (one row per group, or every row) does not change which kernel runs."""
+    packed: dict[int, torch.Tensor | None] = dataclasses.field(default_factory=dict)
+    """id(W of a `LinearParts`) → W prepacked, or None where it cannot be (`device.prepack_weight`)."""
 
     @classmethod
     def build(
-        cls, hf: torch.nn.Module, length: int, norms: bool = True, product_dtype: torch.dtype | None = None
+        cls, hf: torch.nn.Module, length: int, norms: bool = True, product_dtype: torch.dtype | None = None,
+        prepack: bool = False,
     ) -> Constants:
         with torch.no_grad():
             scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
@@ -310,7 +321,17 @@ class Constants:
                                        attn.k_proj.out_features // attn.head_dim)
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
-        return cls(scales, tables, linears, fused, fused_mlp)
+        return cls(scales, tables, linears, fused, fused_mlp, prepack=prepack)
+
+    def apply(self, parts: LinearParts, x: torch.Tensor) -> torch.Tensor:
+        """`_apply(parts, x)`, through W prepacked where `prepack` is on and x (rows, 1, in) is a decode step's."""
+        packed = None
+        if self.prepack and x.dim() == 3 and x.shape[1] == 1 and x.shape[0] <= PREPACK_MAX_ROWS:
+            key = id(parts[0])
+            if key not in self.packed:
+                self.packed[key] = prepack_weight(parts[0])
+            packed = self.packed[key]
+        return _apply(parts, x, packed)
 
     def rope(self, kind: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin at `positions` (any shape) → (*positions.shape, head_dim) each."""
@@ -368,7 +389,7 @@ def _linear(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None =
     anything else (LoRA while training) through the module."""
     parts = consts.linears.get(id(module)) if consts is not None else None
     if parts is not None:
-        return _apply(parts, x)
+        return consts.apply(parts, x)
     if type(module) is torch.nn.Linear:
         return F.linear(x, module.weight, module.bias)
     return module(x)
@@ -381,7 +402,7 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None)
     act = act.act if type(act).__name__ == "GELUTanh" else act
     fused = consts.fused_gate_up.get(id(mlp)) if consts is not None else None
     if fused is not None:
-        gate, up = _apply(fused, x).chunk(2, dim=-1)
+        gate, up = consts.apply(fused, x).chunk(2, dim=-1)
         return _linear(mlp.down_proj, act(gate) * up, consts)
     return _linear(mlp.down_proj, act(_linear(mlp.gate_proj, x, consts)) * _linear(mlp.up_proj, x, consts), consts)
 
@@ -458,7 +479,7 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     fused = consts.fused_qkv.get(id(attn)) if consts is not None else None
     if fused is not None:
         parts, qk_scale = fused
-        qkv = _apply(parts, x).unflatten(-1, (-1, head_dim))
+        qkv = consts.apply(parts, x).unflatten(-1, (-1, head_dim))
         kv_heads = attn.k_proj.out_features // head_dim  # peft's LoRA layers carry out_features too
         qk, v = qkv[..., :-kv_heads, :], qkv[..., -kv_heads:, :]
         if qk_scale is not None:

@@ -26,10 +26,14 @@ from transformers import StaticCache
 from . import decoder
 from .decoder import position_ids_from_mask
 from .device import (
+    PREPACK_MAX_ROWS,
     compile_monitor,
+    cpu_prepacked_products,
     host_syncs_are_cheap,
     mark_step,
     padded_rows,
+    prepack_weight,
+    prepacked_linear,
     product_dtype,
     shard_batch,
 )
@@ -330,6 +334,9 @@ class HeadInput:
     None = the head's own weight."""
     product_weight_t: torch.Tensor | None = None
     """Its transpose, contiguous (d, V), for the moments' product (`draw_from_head(weight_t=…)`); None = none kept."""
+    prepack: bool = False
+    """Stream that weight's blocks prepacked for oneDNN (`head_packs`, `draw_from_head(packs=…)`) when the step has
+    at most `device.PREPACK_MAX_ROWS` rows: made at the first such draw, kept while the weight is unchanged."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
@@ -363,6 +370,18 @@ microcode assists, making the moments' product over such a block several times s
 fp32 cannot represent: the same masses, tokens and moments."""
 
 _HEAD_CASTS: dict[str, Any] = {}
+_HEAD_PACKS: dict[str, Any] = {}
+
+
+def _kept_for(store: dict[str, Any], weight: torch.Tensor, extra: tuple, make: Callable[[torch.Tensor], Any]) -> Any:
+    """`make(W)`, kept in `store` for one W at a time while W is unchanged — the same tensor, storage and version (an
+    optimizer step or a load bumps the version) — so a frozen head (LoRA) is made once per run, not per rollout."""
+    key = (id(weight), weight.data_ptr(), weight._version, *extra)
+    ref = store.get("ref")
+    if store.get("key") != key or ref is None or ref() is not weight:
+        store.clear()  # the old copies go before the new ones are made
+        store.update(key=key, ref=weakref.ref(weight, lambda _: store.clear()), value=make(weight.detach()))
+    return store["value"]
 
 
 def head_casts(
@@ -370,22 +389,31 @@ def head_casts(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The LM head's weight W (V, d) as `draw_from_head` multiplies it: in `dtype` (None where that is W's own) and,
     with `transposed`, also Wᵀ as a contiguous (d, V) copy in that dtype for the moments' product (else None).
-    Kept for one head at a time while W is unchanged — the same tensor, storage and version (an optimizer step or
-    a load bumps the version) — so a frozen head (LoRA) is cast once per run instead of once per rollout."""
-    key = (id(weight), weight.data_ptr(), weight._version, dtype, transposed)
-    ref = _HEAD_CASTS.get("ref")
-    if _HEAD_CASTS.get("key") != key or ref is None or ref() is not weight:
-        _HEAD_CASTS.clear()  # the old copies go before the new ones are made
-        w = weight.detach()
+    Kept while W is unchanged (`_kept_for`): a frozen head is cast once per run instead of once per rollout."""
+
+    def make(w: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         cast = w.to(dtype) if dtype != w.dtype else None
-        cast_t = (w if cast is None else cast).T.contiguous() if transposed else None
-        _HEAD_CASTS.update(key=key, ref=weakref.ref(weight, lambda _: _HEAD_CASTS.clear()), casts=(cast, cast_t))
-    return _HEAD_CASTS["casts"]
+        return cast, (w if cast is None else cast).T.contiguous() if transposed else None
+
+    return _kept_for(_HEAD_CASTS, weight, (dtype, transposed), make)
+
+
+def head_packs(weight: torch.Tensor) -> list[torch.Tensor] | None:
+    """The head's weight as `draw_from_head` multiplies it (`head_casts`), its DRAW_BLOCK-entry blocks each prepacked
+    for oneDNN (`device.prepack_weight`: as much memory again as that weight), or None where products stay plain.
+    Kept while that weight is unchanged (`_kept_for`)."""
+
+    def make(w: torch.Tensor) -> list[torch.Tensor] | None:
+        packs = [prepack_weight(w[start : start + DRAW_BLOCK]) for start in range(0, w.shape[0], DRAW_BLOCK)]
+        return None if any(p is None for p in packs) else packs
+
+    return _kept_for(_HEAD_PACKS, weight, (), make) if cpu_prepacked_products() else None
 
 
 def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
                    softcap: float | None, greedy: bool, uniforms: torch.Tensor | None, moments: bool = False,
-                   weight_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
+                   weight_t: torch.Tensor | None = None, packs: list[torch.Tensor] | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
     leave the cache: for each block (DRAW_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
     maximum m_b and the masses Σ exp(z − m_b) of its SAMPLE_BLOCK-entry tiles (greedy: its best entry). Then
@@ -402,7 +430,8 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     exponentials are taken in place, so a block costs its products and four passes over its logits. `weight_t`, Wᵀ
     as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_run e: the large operand
     read in its natural layout, ~2× faster on the CPU than e W_run, which repacks W_run on every call; same values
-    up to float summation order.
+    up to float summation order. `packs`, W's blocks prepacked for oneDNN (`head_packs`), make each block's logits
+    x W_blkᵀ through them (faster for up to `device.PREPACK_MAX_ROWS` rows; same values up to float summation order).
 
     The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on
     a CPU with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
@@ -415,12 +444,11 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     h = hidden.float()
     x = h if softcap else h / t
     xp = x.to(weight.dtype)  # the products' operand: fp32, or bf16 with a bf16 head
-    xt = xp.T.contiguous()
 
     def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
         return torch.tanh(z / softcap) * (softcap / t) if softcap else z
 
-    maxima, masses, best, exps = _stream_blocks(weight, xt, capped, greedy=greedy, keep_exps=moments)
+    maxima, masses, best, exps = _stream_blocks(weight, xp, capped, greedy=greedy, keep_exps=moments, packs=packs)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
@@ -442,16 +470,22 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     return token, z_token - lse, found
 
 
-def _stream_blocks(weight: torch.Tensor, xt: torch.Tensor, capped: Callable[[torch.Tensor], torch.Tensor], *,
-                   greedy: bool, keep_exps: bool) -> tuple[list[torch.Tensor], ...]:
+def _stream_blocks(weight: torch.Tensor, xp: torch.Tensor, capped: Callable[[torch.Tensor], torch.Tensor], *,
+                   greedy: bool, keep_exps: bool,
+                   packs: list[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], ...]:
     """`draw_from_head`'s pass over W, DRAW_BLOCK entries at a time: per block its maxima m_b (1, rows), tile masses
     Σ e^{z − m_b} (tiles, rows), greedy's best entry (rows,) and, with `keep_exps`, e^{z − m_b} (entries, rows) in
-    W's dtype for the moments' product (`_head_mean`)."""
-    rows, block = xt.shape[1], DRAW_BLOCK
+    W's dtype for the moments' product (`_head_mean`). With `packs` (`head_packs`) each block's product runs
+    through its prepacked weight (its (rows, entries) result transposed once)."""
+    rows, block = xp.shape[0], DRAW_BLOCK
+    xt = xp.T.contiguous() if packs is None else None
     # vocabulary-major (entries × rows), as W_blk xᵀ comes out: every reduction runs over the leading dimension
     maxima, masses, best, exps = [], [], [], []
-    for start in range(0, weight.shape[0], block):
-        z = capped(torch.mm(weight[start : start + block], xt).float())
+    for index, start in enumerate(range(0, weight.shape[0], block)):
+        if packs is None:
+            z = capped(torch.mm(weight[start : start + block], xt).float())
+        else:
+            z = capped(prepacked_linear(xp, packs[index]).T.to(torch.float32, memory_format=torch.contiguous_format))
         m = z.amax(0, keepdim=True)
         maxima.append(m)
         if greedy:
@@ -620,9 +654,10 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
     if isinstance(logits, HeadInput):
         if (u is not None or settings.greedy) and logits.streams(settings):
             weight = logits.head.weight if logits.product_weight is None else logits.product_weight
+            few_rows = logits.prepack and logits.hidden.shape[0] <= PREPACK_MAX_ROWS
             return draw_from_head(logits.hidden, weight, temperature=settings.temperature, softcap=logits.softcap,
                                   greedy=settings.greedy, uniforms=u, moments=moments_of is not None,
-                                  weight_t=logits.product_weight_t)
+                                  weight_t=logits.product_weight_t, packs=head_packs(weight) if few_rows else None)
         logits = logits.logits()
     token, logprob = choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                                    greedy=settings.greedy, uniforms=u)
@@ -738,7 +773,7 @@ def sample_eager(setup: RolloutSetup) -> dict[str, torch.Tensor]:
     plen, monitor, hf = setup.length, compile_monitor(), setup.hf
     dtype = setup.product_dtype or product_dtype(hf.model.embed_tokens.weight)
     with monitor.phase("prefill", **setup.shapes):
-        consts = decoder.Constants.build(hf, plen + setup.max_new_tokens, product_dtype=dtype)
+        consts = decoder.Constants.build(hf, plen + setup.max_new_tokens, product_dtype=dtype, prepack=True)
         state = _prefill_lean(setup, consts, visible=plen, share_prefix=setup.ids.device.type == "cpu")
     with monitor.phase("decode", **setup.shapes):
         softcap = decoder.final_softcap(hf)
@@ -749,8 +784,8 @@ def sample_eager(setup: RolloutSetup) -> dict[str, torch.Tensor]:
         product_weight, product_weight_t = head_casts(head, dtype, transposed=transposed)
         _decode(state, setup, lambda s, t: HeadInput(
             decoder.forward(hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
-                            visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t),
-                drop_finished=True)
+                            visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t,
+            prepack=True), drop_finished=True)
         return _completions(state, setup)
 
 

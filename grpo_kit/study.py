@@ -51,10 +51,12 @@ REGIMES: dict[str, dict[str, Any]] = {
 """Each regime's settings over the preset's (see the module docstring); each names its number of worked solutions,
 so that a cell does not change with the preset's."""
 REGIME_TEXT = {
-    "plentiful": "200 worked solutions of the test's kind (2- and 3-step problems)",
-    "scarce": "32 worked solutions; GRPO and RFT learn from answer-only problems",
+    "plentiful": "{demonstrations} worked solutions of the test's kind (2- and 3-step problems)",
+    "scarce": "{demonstrations} worked solutions; GRPO and RFT learn from answer-only problems",
     "beyond": "worked solutions of 2-step problems only; GRPO prompts and test set 3-step",
 }
+"""Each regime in words for the study's table (`regime_text` fills in its number of worked solutions)."""
+
 STUDY_SETTINGS: dict[str, Any] = {
     "control": True,
     "rft_control": True,
@@ -83,6 +85,11 @@ COMPARISONS = {"grpo_minus_sft_control": ("control", "grpo"), "grpo_minus_rft": 
 STAGES = ("sft", "grpo", "control", "rft")
 PROBE_PROMPTS, PROBE_K = 64, 8
 """The `beyond` regime's check that GRPO has a signal at all: the SFT model's pass@8 on 64 of GRPO's prompts."""
+
+
+def regime_text(regime: str) -> str:
+    """`REGIME_TEXT` of `regime` with the number of worked solutions its settings in `REGIMES` give."""
+    return REGIME_TEXT[regime].format(demonstrations=REGIMES[regime]["task"]["num_demonstrations"])
 
 
 def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
@@ -197,7 +204,7 @@ def summarize(output_dir: str | Path, *, regimes: Sequence[str], seeds: Sequence
                                "regimes": {}}
     for regime in regimes:
         cells = _cell_records(out, regime, seeds, record_dir)
-        result: dict[str, Any] = {"text": REGIME_TEXT[regime], "seeds": [], "stages": {}, "cells": []}
+        result: dict[str, Any] = {"text": regime_text(regime), "seeds": [], "stages": {}, "cells": []}
         for cell in cells:
             row = _cell_row(cell)
             if row["finished"]:

@@ -24,7 +24,7 @@ def run_bench_at_small_sizes(tmp_path, *, real: bool) -> dict:
         "                   xla_token_counts=(4, 8), learning_budget_s=3, eval_every_s=1, num_eval=8,\n"
         "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
         "                   real_prompts=1, real_group=2, real_new_tokens=4, real_repeats=2, capstone_steps=1,\n"
-        f"                   capstone_sft_steps=1, {without}\n"
+        f"                   capstone_rounds=2, capstone_sft_steps=1, {without}\n"
         "                   capstone_overrides={'task': {'num_demonstrations': 8, 'num_test': 4}, 'grpo': {\n"
         "                       'prompts_per_step': 1, 'group_size': 2, 'max_new_tokens': 4, 'micro_batch_size': 2}})\n"
         f"result = run_bench(sizes, progress=False); write_report(result, {str(tmp_path)!r})\n"
@@ -32,8 +32,10 @@ def run_bench_at_small_sizes(tmp_path, *, real: bool) -> dict:
         "rounds = len(real['rollouts']['speedup']['all']) if real else None\n"
         "avx2 = (result['details']['capstone'] or {}).get('avx2', {})\n"
         "isa = [avx2.get('cpu_capability'), avx2.get('cpu_bf16_products')]\n"
+        "timed = {v: len(((result['details']['capstone'] or {}).get(v) or {}).get('step_s', {}).get('all', []))\n"
+        "         for v in ('native', 'avx2')}\n"
         "print(json.dumps({**{k: v for k, v in result.items() if k != 'details'}, 'real_rounds': rounds,\n"
-        "                  'capstone_avx2_isa': isa}, default=str))\n"
+        "                  'capstone_avx2_isa': isa, 'capstone_timed_steps': timed}, default=str))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -43,7 +45,7 @@ def run_bench_at_small_sizes(tmp_path, *, real: bool) -> dict:
 @pytest.mark.slow
 def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     """Every tiny-model part (numbers mean nothing at these sizes) and the report; the real-model and capstone
-    sections are `make bench-test`'s (they load Gemma 3 270M three times: minutes)."""
+    sections are `make bench-test`'s (they load Gemma 3 270M five times: minutes)."""
     result = run_bench_at_small_sizes(tmp_path, real=False)
     for key in ("sampler_tokens_per_s", "hf_generate_tokens_per_s"):
         assert result[key] > 0
@@ -97,6 +99,7 @@ def test_bench_real_model_and_capstone_rows(tmp_path):
     assert result["capstone_step_s"]["native"] > 0 and result["capstone_step_s"]["avx2"] > 0, result["capstone_step_s"]
     assert set(result["capstone_breakdown"]["avx2"]) == set(result["real_breakdown"]) and result[
         "capstone_avx2_isa"] == ["AVX2", False]
+    assert result["capstone_timed_steps"] == {"native": 2, "avx2": 2}  # one step in each of two processes per variant
 
     report = (tmp_path / "benchmarks.md").read_text()
     assert "| capstone step s, `cpu-gemma-270m`" in report and "AVX2 stand-in (fp32)" in report

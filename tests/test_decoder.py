@@ -118,8 +118,11 @@ def test_lean_prefill_logits_equal_hf_forward(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_lean_sampler_equals_hf_sampler(name):
-    """Same noise, same tokens and log-probs through the lean forward and through HF's StaticCache forward."""
+def test_lean_sampler_equals_hf_sampler(name, monkeypatch):
+    """Same noise, same tokens and log-probs through the lean forward and through HF's StaticCache forward. Plain
+    products on both sides: the random models' flat distributions over 40,000 entries turn a product's summation
+    order into other tokens (the prepacked products: `test_prepacked_products_…`)."""
+    monkeypatch.setenv("GRPO_KIT_CPU_PREPACK", "0")
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     rolls = [
@@ -659,6 +662,59 @@ def test_head_casts_are_kept_while_the_weight_is_unchanged():
     assert head_casts(weight, torch.float32, transposed=False) == (None, None)
     other = torch.randn(64, 8)
     assert torch.equal(head_casts(other, torch.bfloat16, transposed=False)[0], other.to(torch.bfloat16))
+
+
+def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
+    """Rollouts on the CPU multiply a decode step's rows by weights prepacked once for oneDNN
+    (`device.prepack_weight`): the products of `F.linear` up to float summation order. Over a greedy rollout of the
+    LoRA Gemma 3 (fused q/k/v and gate/up, o and down): the same tokens and log-probs within 1e-5 as with plain
+    products, the prepacked ones taken in decode steps only (a prefill's stay plain); with GRPO_KIT_CPU_PREPACK=0
+    none. The head's blocks, prepacked (`sampling.head_packs`), are kept while the weight is unchanged."""
+    import torch.nn.functional as F
+
+    from grpo_kit import device
+    from grpo_kit.sampling import DRAW_BLOCK, head_packs
+
+    if not device.cpu_prepacked_products():
+        pytest.skip("no oneDNN prepacking on this CPU")
+    weight, x = torch.randn(300, 48), torch.randn(5, 48)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        got = device.prepacked_linear(x.to(dtype), device.prepack_weight(weight.to(dtype))).float()
+        want = F.linear(x.to(dtype), weight.to(dtype)).float()
+        assert (got - want).abs().max() <= tolerance * want.abs().max(), dtype
+    assert device.prepack_weight(weight.double()) is None
+
+    model = lora_gemma3()
+    prompt_ids, prompt_mask, _, _ = grouped_batch()
+    shapes = []
+    products = decoder.prepacked_linear
+    monkeypatch.setattr(decoder, "prepacked_linear", lambda x, packed, bias=None: shapes.append(tuple(x.shape)) or
+                        products(x, packed, bias))
+
+    def roll() -> object:
+        return sample(model, prompt_ids, prompt_mask, 16, [1], 0, greedy=True, group_size=4,
+                      product_dtype=torch.float32)
+
+    packed = roll()
+    assert len(shapes) >= 4 * 15 and all(len(s) == 3 and s[0] <= 12 and s[1] == 1 for s in shapes), shapes[:8]
+    taken = len(shapes)
+    monkeypatch.setenv("GRPO_KIT_CPU_PREPACK", "0")
+    plain = roll()
+    assert len(shapes) == taken  # none with prepacking off
+    assert torch.equal(packed.completion_ids, plain.completion_ids)
+    assert (packed.sampling_logprobs - plain.sampling_logprobs).abs().max() < 1e-5
+    assert head_packs(torch.randn(2 * DRAW_BLOCK, 8)) is None  # off: plain products
+
+    monkeypatch.delenv("GRPO_KIT_CPU_PREPACK")
+    head = torch.randn(2 * DRAW_BLOCK, 8)
+    packs = head_packs(head)
+    assert len(packs) == 2 and head_packs(head) is packs
+    with torch.no_grad():
+        head.mul_(2.0)
+    moved = head_packs(head)
+    assert moved is not packs
+    rows = torch.randn(3, 8)
+    assert torch.allclose(device.prepacked_linear(rows, moved[1]), rows @ head[DRAW_BLOCK:].T, atol=1e-4)
 
 
 def test_bf16_base_products_in_the_update_stay_close_to_fp32():

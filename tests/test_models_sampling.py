@@ -143,11 +143,15 @@ def test_two_level_inverse_cdf_picks_what_one_prefix_sum_picks(vocab):
     assert torch.equal(inverse_cdf(probs.view(8, 8, vocab), u.view(8, 8)), expected.view(8, 8))
 
 
+@pytest.mark.parametrize("prepacked", [False, True])
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("greedy", [False, True])
-def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(softcap, greedy):
+def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(softcap, greedy, prepacked):
     """`draw_from_head` (the LM head block by block inside the draw) against `choose_tokens` on the whole logits:
-    320 draws over a 65,536-entry vocabulary with peaked and flat rows; same tokens, log-probs within 1e-4."""
+    320 draws over a 65,536-entry vocabulary with peaked and flat rows; same tokens, log-probs within 1e-4; also
+    with the head's blocks prepacked for oneDNN (`head_packs`, as a CPU rollout passes them)."""
+    from grpo_kit.sampling import head_packs
+
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(65_536, 32, generator=gen)
     hidden = torch.randn(64, 32, generator=gen) * torch.linspace(0.05, 1.5, 64).unsqueeze(1)  # flat … peaked rows
@@ -157,7 +161,10 @@ def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(sof
     tokens, logprobs, full_tokens, full_logprobs = [], [], [], []
     for _ in range(1 if greedy else 5):
         u = torch.rand(64, generator=gen)
-        got = draw_from_head(hidden, weight, temperature=0.8, softcap=softcap, greedy=greedy, uniforms=u)
+        packs = head_packs(weight) if prepacked else None
+        if prepacked and packs is None:
+            pytest.skip("no oneDNN prepacking on this CPU")
+        got = draw_from_head(hidden, weight, temperature=0.8, softcap=softcap, greedy=greedy, uniforms=u, packs=packs)
         want = choose_tokens(logits, 0.8, greedy=greedy, uniforms=u)
         tokens.append(got[0]), logprobs.append(got[1]), full_tokens.append(want[0]), full_logprobs.append(want[1])
     assert torch.equal(torch.cat(tokens), torch.cat(full_tokens))

@@ -19,6 +19,7 @@ from grpo_kit.study import (
     cell_config,
     machine_text,
     reading,
+    regime_text,
     render_markdown,
     render_summary,
     run_study,
@@ -171,6 +172,10 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed(monkeypatch):
         monkeypatch.setitem(PRESETS, "cpu-gemma-270m", {**PRESETS["cpu-gemma-270m"], "sft_fraction": split})
         assert cell_config("cpu-gemma-270m", "beyond", 2, "runs/x") == cfg and cfg.sft_fraction == 0.3
     assert set(REGIMES) == {"plentiful", "scarce", "beyond"}
+    # each regime's words take its number of worked solutions from its settings, the one place that sets it
+    assert regime_text("scarce").startswith("32 worked solutions") and regime_text("plentiful").startswith("200 ")
+    monkeypatch.setitem(REGIMES, "scarce", {"task": {"num_demonstrations": 48}})
+    assert regime_text("scarce").startswith("48 worked solutions")
     with pytest.raises(ValueError, match="unknown regime 'easy'"):
         cell_config("cpu-gemma-270m", "easy", 0, "runs/x")
 

@@ -102,7 +102,11 @@ class BenchSizes:
     their lengths and the head's distribution are those GRPO meets. From the base model a step samples 80 tokens of
     noise from a flat distribution; after 40 SFT steps the model still writes on past its answer to 80 tokens."""
     capstone_steps: int = 3
-    """Timed capstone steps per CPU variant, after one warm-up step."""
+    """Timed capstone steps per process, after one warm-up step."""
+    capstone_rounds: int = 2
+    """Processes per CPU variant, native and AVX2 stand-in taking turns; each times the same `capstone_steps` steps
+    from the same SFT checkpoint. On a shared VM the CPU's pace drifts over minutes (one native step's forward took
+    0.34 s and, four steps later with as many tokens, 0.82 s), so the rows' medians are over repeats spread in time."""
     capstone_overrides: dict[str, Any] = field(default_factory=dict)
     """Changes to the capstone preset (`load_run_config` overrides, e.g. a smaller model in tests); none by default."""
 
@@ -365,32 +369,48 @@ CAPSTONE_GOALS = {"native": 12.0, "avx2": 25.0}
 
 
 def bench_capstone(sizes: BenchSizes) -> dict[str, Any]:
-    """The capstone preset's own GRPO step, natively and under the AVX2 stand-in: each variant in a fresh process
-    (the CPU kernels are chosen when torch loads) that loads the preset's model after `capstone_sft_steps` of its SFT,
-    takes one warm-up GRPO step and times `capstone_steps` more (`python -m grpo_kit.devtools.bench capstone SPEC`).
-    The first variant to run trains the SFT steps and leaves its checkpoint in a temporary directory; the other
-    starts from that checkpoint, so both time steps of the same model."""
+    """The capstone preset's own GRPO step, natively and under the AVX2 stand-in: `capstone_rounds` fresh processes
+    per variant, taking turns (the CPU kernels are chosen when torch loads), each loading the preset's model after
+    `capstone_sft_steps` of its SFT, taking one warm-up GRPO step and timing `capstone_steps` more (`python -m
+    grpo_kit.devtools.bench capstone SPEC`). The first process trains the SFT steps and leaves its checkpoint in a
+    temporary directory; the others start from that checkpoint, so every process times steps of the same model."""
     result: dict[str, Any] = {"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
-                              "sft_steps": sizes.capstone_sft_steps, "goals_s": CAPSTONE_GOALS}
+                              "rounds": sizes.capstone_rounds, "sft_steps": sizes.capstone_sft_steps,
+                              "goals_s": CAPSTONE_GOALS}
+    children: dict[str, list[dict[str, Any]]] = {"native": [], "avx2": []}
+    errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="capstone-sft-") as sft_dir:
         spec = json.dumps({"preset": sizes.capstone_preset, "steps": sizes.capstone_steps,
                            "sft_steps": sizes.capstone_sft_steps, "sft_checkpoint": str(Path(sft_dir) / "sft"),
                            "overrides": sizes.capstone_overrides})
-        for variant, extra in (("native", {}), ("avx2", AVX2_STAND_IN)):
-            env = {k: v for k, v in os.environ.items() if k not in AVX2_STAND_IN}
-            proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "capstone", spec],
-                                  capture_output=True, text=True, env={**env, **extra}, timeout=3600)
-            if proc.returncode != 0:
-                result[variant] = {"error": proc.stderr[-2000:]}
-                continue
-            result[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+        for _ in range(sizes.capstone_rounds):
+            for variant, extra in (("native", {}), ("avx2", AVX2_STAND_IN)):
+                if variant in errors:
+                    continue
+                env = {k: v for k, v in os.environ.items() if k not in AVX2_STAND_IN}
+                proc = subprocess.run([sys.executable, "-m", "grpo_kit.devtools.bench", "capstone", spec],
+                                      capture_output=True, text=True, env={**env, **extra}, timeout=3600)
+                if proc.returncode != 0:
+                    errors[variant] = proc.stderr[-2000:]
+                    continue
+                children[variant].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for variant, runs in children.items():
+        result[variant] = {"error": errors[variant]} if variant in errors else _capstone_variant(runs)
     return result
+
+
+def _capstone_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's row from its processes' timed steps: medians over all of them."""
+    rows = [row for run in runs for row in run.pop("rows")]
+    return {**runs[0], "step_s": _stats([r["step_seconds"] for r in rows]),
+            "breakdown_s": {f"{p}_s": round(statistics.median(r[f"{p}_seconds"] for r in rows), 2) for p in PHASES},
+            "completion_length": statistics.mean(r["completion_length_mean"] for r in rows)}
 
 
 def _capstone_child(preset: str, steps: int, sft_steps: int, sft_checkpoint: str,
                     overrides: dict[str, Any]) -> dict[str, Any]:
     """In this process: `steps` timed GRPO steps of `preset` after `sft_steps` of its SFT (loaded from `sft_checkpoint`
-    where an earlier variant left it, else trained and saved there) and one warm-up step (see `bench_capstone`)."""
+    where an earlier process left it, else trained and saved there) and one warm-up step (see `bench_capstone`)."""
     from ..checkpoint import load_checkpoint, save_checkpoint
     from ..tasks import make_task
 
@@ -413,9 +433,8 @@ def _capstone_child(preset: str, steps: int, sft_steps: int, sft_checkpoint: str
     )
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo)
     rows = [trainer.train_step() for _ in range(steps + 1)][1:]
-    return {"step_s": _stats([r["step_seconds"] for r in rows]),
-            "breakdown_s": {f"{p}_s": round(statistics.median(r[f"{p}_seconds"] for r in rows), 2) for p in PHASES},
-            "completion_length": statistics.mean(r["completion_length_mean"] for r in rows),
+    keep = ("step_seconds", "completion_length_mean", *(f"{p}_seconds" for p in PHASES))
+    return {"rows": [{k: r[k] for k in keep} for r in rows],
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16_products": cpu_bf16_products(),
             "model": cfg.model.name, "prompts": grpo.prompts_per_step, "group": grpo.group_size,
             "max_new_tokens": grpo.max_new_tokens}
@@ -770,7 +789,8 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
             rows.append(
                 f"| capstone step s, `{capstone['preset']}` ({run['prompts']} × G {run['group']}, "
                 f"{run['max_new_tokens']} tokens) after {capstone['sft_steps']} SFT steps, {label} (median; "
-                f"min of {capstone['steps']}) | {run['step_s']['median']:.2f}; "
+                f"min of {capstone['steps'] * capstone.get('rounds', 1)} in {capstone.get('rounds', 1)} processes) | "
+                f"{run['step_s']['median']:.2f}; "
                 f"{run['step_s']['min']:.2f} | | | ≤ {capstone['goals_s'][variant]:g} s |"
             )
         elif capstone:
