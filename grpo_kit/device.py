@@ -296,7 +296,7 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 def prepacked_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b (x (…, in) in W's dtype) with W from `prepack_weight`; returns (…, out) in that dtype."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr="none", scalars=[], algorithm="")
 
 
 def product_dtype(weight: torch.Tensor) -> torch.dtype:
