@@ -265,9 +265,10 @@ def cpu_bf16_products() -> bool:
 
 
 PREPACK_MAX_ROWS = 64
-"""Rows (tokens) up to which a product runs through the prepacked weight (`prepacked_linear`): a decode step's
-rows and an evaluation batch's (64); a prefill's thousands of rows run through the plain weight, as oneDNN's
-kernel for a prepacked bf16 weight measured slower there (the 270M head's 16,384-row block at 132 rows: 1.31×)."""
+"""Rows up to which a decode step's products run through prepacked weights (`prepacked_linear`): a GRPO step's rows
+and an evaluation batch's (64). Larger batches (the study's evaluations of 200) run through the plain weights, as
+oneDNN's kernel for a prepacked bf16 weight measured slower there (the 270M head's 16,384-row block at 132 rows:
+1.31×, at 64 rows 0.93×); a prefill's products always do (`decoder.Constants.prepack`)."""
 
 
 def cpu_prepacked_products() -> bool:

@@ -334,9 +334,6 @@ class HeadInput:
     None = the head's own weight."""
     product_weight_t: torch.Tensor | None = None
     """Its transpose, contiguous (d, V), for the moments' product (`draw_from_head(weight_t=…)`); None = none kept."""
-    prepack: bool = False
-    """Stream that weight's blocks prepacked for oneDNN (`head_packs`, `draw_from_head(packs=…)`) when the step has
-    at most `device.PREPACK_MAX_ROWS` rows: made at the first such draw, kept while the weight is unchanged."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
@@ -654,7 +651,8 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
     if isinstance(logits, HeadInput):
         if (u is not None or settings.greedy) and logits.streams(settings):
             weight = logits.head.weight if logits.product_weight is None else logits.product_weight
-            few_rows = logits.prepack and logits.hidden.shape[0] <= PREPACK_MAX_ROWS
+            # a decode step's few rows go through the head's blocks prepacked (kept while the head is unchanged)
+            few_rows = logits.hidden.shape[0] <= PREPACK_MAX_ROWS
             return draw_from_head(logits.hidden, weight, temperature=settings.temperature, softcap=logits.softcap,
                                   greedy=settings.greedy, uniforms=u, moments=moments_of is not None,
                                   weight_t=logits.product_weight_t, packs=head_packs(weight) if few_rows else None)
@@ -784,8 +782,8 @@ def sample_eager(setup: RolloutSetup) -> dict[str, torch.Tensor]:
         product_weight, product_weight_t = head_casts(head, dtype, transposed=transposed)
         _decode(state, setup, lambda s, t: HeadInput(
             decoder.forward(hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
-                            visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t,
-            prepack=True), drop_finished=True)
+                            visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t),
+                drop_finished=True)
         return _completions(state, setup)
 
 
