@@ -53,7 +53,7 @@ SFT_PROBE_STEPS = 6
 """SFT's and the control's probe: an SFT step's time varies with its batch's lengths (5.0–6.5 s in one capstone run;
 in another the second step took 4.7 s against a median of 5.1 s), so one step misjudges the phase by up to a fifth.
 The median of the probe's steps after the first sizes the phase; they run at the start of the schedule, where the
-run's length barely changes the rate. SFT is sized again a third of the way in (`Arc._resize_sft`)."""
+run's length barely changes the rate. SFT and the control are sized again a third of the way in (`Arc._resize`)."""
 
 
 class Arc:
@@ -250,7 +250,7 @@ class Arc:
             self._save()
             trainer.set_steps(plan["sft_steps"])
         if self.cfg.time_budget_minutes and "sft_resized_steps" not in plan:
-            self._resize_sft(trainer)
+            self._resize("sft", trainer, seconds=plan["sft_seconds"])
         trainer.train(progress=self.progress)
         trainer.save(self.out / "sft" / "final")
         self.holds = "sft"
@@ -264,18 +264,19 @@ class Arc:
         trainer.train(progress=self.progress, steps=trainer.step + SFT_PROBE_STEPS)
         return statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
 
-    def _resize_sft(self, trainer: SFTTrainer) -> None:
-        """A third of the way through its planned steps, SFT is sized again: as many steps in all as fit what is
-        left of its share at the median of the later half of the steps timed so far (`plan["sft_resized_steps"]`,
-        saved, so that a resumed run takes the same). Its first steps can run slower than the rest (under the AVX2
-        stand-in steps 2 to 6 took 7.6 s against a median of 6.4 s) or faster."""
+    def _resize(self, phase: str, trainer: SFTTrainer, *, seconds: float) -> None:
+        """A third of the way through its planned steps, SFT (or the control) is sized again: as many steps in all
+        as fit what is left of its `seconds` at the median of the later half of the steps timed so far
+        (`plan["<phase>_resized_steps"]`, saved, so that a resumed run takes the same). Its first steps can run
+        slower than the rest (under the AVX2 stand-in SFT's steps 2 to 6 took 7.6 s against a median of 6.4 s) or
+        faster (a control probed at 6.3 s a step took 5.8 s, and trained 102 s less than GRPO)."""
         plan = self.records["plan"]
-        trainer.train(progress=self.progress, steps=max(trainer.step + 1, plan["sft_steps"] // 3))
-        recent = trainer.step_seconds[len(trainer.step_seconds) // 2 :] or [plan["sft_probe_step_seconds"]]
-        left = plan["sft_seconds"] - trainer.trained_seconds
-        plan["sft_resized_steps"] = trainer.step + max(0, math.floor(left / statistics.median(recent)))
+        trainer.train(progress=self.progress, steps=max(trainer.step + 1, plan[f"{phase}_steps"] // 3))
+        recent = trainer.step_seconds[len(trainer.step_seconds) // 2 :] or [plan[f"{phase}_probe_step_seconds"]]
+        left = seconds - trainer.trained_seconds
+        plan[f"{phase}_resized_steps"] = trainer.step + max(0, math.floor(left / statistics.median(recent)))
         self._save()
-        trainer.set_steps(plan["sft_resized_steps"])
+        trainer.set_steps(plan[f"{phase}_resized_steps"])
 
     def grpo_trainer(self) -> GRPOTrainer:
         """The GRPO trainer, starting from the SFT model (or from its own checkpoint after a disconnect): for a
@@ -343,7 +344,8 @@ class Arc:
     def control(self) -> dict[str, Any]:
         """The control: SFT continued from the SFT model on the same demonstrations (a new warm-up and cosine
         schedule) for as many steps as fit the seconds GRPO trained, sized after its first steps (`SFT_PROBE_STEPS`)
-        from their median time, with the cosine schedule over that many (`control_steps` fixes the count)."""
+        from their median time and again a third of the way in (`_resize`), with the cosine schedule over that many
+        (`control_steps` fixes the count)."""
         if record := self.done("control"):
             return record
         grpo = self._grpo_for("SFT")
@@ -354,13 +356,16 @@ class Arc:
             plan.setdefault("control_steps", self.cfg.control_steps)
         # until the probe has run, a schedule over the steps that fit at the SFT phase's pace
         estimate = max(SFT_PROBE_STEPS, round(grpo["trained_seconds"] / plan.get("sft_step_seconds", math.inf)))
-        trainer = self._sft_trainer("control", steps=plan.get("control_steps", estimate))
+        trainer = self._sft_trainer("control", steps=plan.get("control_resized_steps",
+                                                             plan.get("control_steps", estimate)))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if "control_steps" not in plan:  # its steps can be slower than SFT's (5.4 s against 5.1 s in a capstone run)
             plan["control_probe_step_seconds"] = self._probe_sft_steps(trainer)
             trainer.set_steps(self._size_after_probe("control", seconds=grpo["trained_seconds"], started=t0,
                                                      step_seconds=plan["control_probe_step_seconds"],
                                                      step=trainer.step))
+        if not self.cfg.control_steps and "control_resized_steps" not in plan:
+            self._resize("control", trainer, seconds=grpo["trained_seconds"])
         trainer.train(progress=self.progress)
         trainer.save(self.out / "control" / "final")
         self.holds = "control"

@@ -58,6 +58,15 @@ def _control_steps_sized_from(plan, trained_seconds):
     return SFT_PROBE_STEPS + max(0, math.floor(after_probe / plan["control_probe_step_seconds"]))
 
 
+def _resized(plan, rows, phase, seconds):
+    """SFT's or the control's steps sized again a third of the way through its planned ones: as many in all as fit
+    what is left of `seconds` at the median of the later half of the steps timed so far."""
+    resized_at = max(SFT_PROBE_STEPS + 1, plan[f"{phase}_steps"] // 3)
+    timed = [r["step_seconds"] for r in rows if r["step"] <= resized_at]
+    recent = statistics.median(timed[len(timed) // 2 :])
+    return resized_at + max(0, math.floor((seconds - sum(timed)) / recent))
+
+
 def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match_grpo(tmp_path):
     cfg = _tiny(tmp_path / "arc", time_budget_minutes=1.0, control=True, rft_control=True, sft_fraction=0.4,
                 eval_pass_k=2)
@@ -77,11 +86,7 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     assert plan["sft_probe_step_seconds"] == pytest.approx(statistics.median(probe))
     assert plan["sft_steps"] == max(SFT_PROBE_STEPS, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
     # and again a third of the way in, from the later half of the steps so far
-    resized_at = max(SFT_PROBE_STEPS + 1, plan["sft_steps"] // 3)
-    timed = [r["step_seconds"] for r in sft_rows if r["step"] <= resized_at]
-    recent = statistics.median(timed[len(timed) // 2 :])
-    left = plan["sft_seconds"] - sum(timed)
-    assert plan["sft_resized_steps"] == resized_at + max(0, math.floor(left / recent)) == summary["sft_steps"]
+    assert plan["sft_resized_steps"] == _resized(plan, sft_rows, "sft", plan["sft_seconds"]) == summary["sft_steps"]
     assert plan["sft_step_seconds"] > 0  # the median SFT step
     assert summary["sft_steps"] < 1000 and summary["grpo_steps"] < 1000  # the budget, not the step settings, ended them
     # GRPO: a third of what was left (each control gets as much), in steps of the measured length, and stopped at
@@ -97,8 +102,10 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     # the control: SFT steps for the seconds GRPO trained, sized after its probe at its own steps' median
     trained = phases["grpo"]["trained_seconds"]
     assert trained == pytest.approx(sum(phases["grpo"]["step_seconds"])) and trained <= summary["grpo_seconds"]
-    assert summary["control_steps"] == plan["control_steps"]
     assert plan["control_steps"] == _control_steps_sized_from(plan, trained)
+    # and, as SFT, again a third of the way in, so that it trains for about as long as GRPO did
+    control_rows = _rows(tmp_path / "arc" / "control" / "sft_metrics.jsonl")
+    assert plan["control_resized_steps"] == _resized(plan, control_rows, "control", trained) == summary["control_steps"]
     # RFT: as many steps as fit the seconds GRPO trained at its own probed step time
     assert summary["rft_steps"] == plan["rft_steps"] >= 2
     rft_seconds_after_probe = trained - plan["rft_probe_seconds"]
@@ -252,7 +259,8 @@ def test_the_controls_train_for_the_seconds_grpo_trained_not_for_a_pause(tmp_pat
     grpo = arc.grpo(run=paused_then_trains)
     assert grpo["seconds"] > grpo["trained_seconds"] + 3.0 and grpo["trained_seconds"] < 3.0
     plan = arc.records["plan"]
-    assert arc.control()["steps"] == plan["control_steps"] == _control_steps_sized_from(plan, grpo["trained_seconds"])
+    assert arc.control()["steps"] == plan["control_resized_steps"]
+    assert plan["control_steps"] == _control_steps_sized_from(plan, grpo["trained_seconds"])
     arc.rft()  # sized after its probe from the same seconds
     assert plan["rft_steps"] == 2 + max(
         0, math.floor((grpo["trained_seconds"] - plan["rft_probe_seconds"]) / plan["rft_probe_step_seconds"]))
