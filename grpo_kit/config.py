@@ -535,14 +535,14 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
     "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
                  "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
     "cpu-gemma-270m": {
-        "grpo_step_seconds": 18,
+        "grpo_step_seconds": 13,
         "sft_step_seconds": 5.7,
         "eval_seconds": 100,
         "run_minutes": 55,
-        "basis": "measured: `grpo-kit bench` capstone rows after 160 SFT steps, medians of 3, on 2 CPU cores: "
-        "an AMD EPYC (Zen 4, bf16 products) 14.4 s natively (its three steps 10.3–14.5 s) and 19.8 s under the "
-        "AVX2 stand-in, an Intel Xeon "
-        "(AVX512-BF16, no AMX; fp32) 18.0 s and 18.4 s; in `grpo-kit demo` an SFT step of 8 takes 5.3–5.9 s "
+        "basis": "measured: `grpo-kit bench` capstone rows after 160 SFT steps, medians of 6 in 2 processes, on 2 "
+        "CPU cores: an AMD EPYC (Zen 4, bf16 products) 10.6 s natively (its steps 9.6–12.1 s) and 12.8 s under the "
+        "AVX2 stand-in (11.7–15.0 s); an Intel Xeon (AVX512-BF16, no AMX; fp32), with plain (not prepacked) "
+        "products, 18.0 s and 18.4 s; in `grpo-kit demo` an SFT step of 8 takes 5.3–5.9 s "
         "on either (medians) and a greedy evaluation of 200 problems 73–124 s",
     },
     "tpu-v5e-1-gemma-3-1b": {

@@ -251,7 +251,7 @@ def cpu_bf16_products() -> bool:
     """Are bf16 weight products faster than fp32 on this CPU (through oneDNN, accumulating in fp32)? With AMX tiles,
     and with AVX512-BF16 on an AMD EPYC, a bf16 product runs several times faster than fp32 (a 2-core EPYC VM, Zen 4:
     a 2048² product at 416 GFLOP/s against 105, the 270M's head product for 32 rows in 51 ms against 189, and the
-    capstone's GRPO steps in 10.3–14.5 s, against 18.4–20.5 s in fp32 with AVX2 kernels). An Intel CPU with
+    capstone's GRPO step in a median of 10.6 s, against 12.8 s in fp32 with AVX2 kernels). An Intel CPU with
     AVX512-BF16 but no AMX is slower in bf16: on a 2-core Xeon VM a bf16 product of 32 rows ran at 120–165 GFLOP/s
     against fp32's 200–320, and the capstone's GRPO step in fp32 took its rollout 14.1 s against 14.5 s and its
     update's forward and backward 0.8 s against 2.9 s; there, and on CPUs without AVX512-BF16 (bf16 emulated), the
