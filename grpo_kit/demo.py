@@ -224,8 +224,8 @@ class Arc:
         return self.finish(f"{stage}_eval", record)
 
     def sft(self) -> dict[str, Any]:
-        """SFT on the task's demonstrations from the base model; with a time budget sized to its share of it after
-        its first steps, and again a third of the way in."""
+        """SFT on the task's demonstrations from the base model: `sft.steps` steps, or with a time budget and an
+        `sft_fraction` as many as fit that share of it, sized after its first steps and again a third of the way in."""
         if record := self.done("sft"):
             return record
         if self.cfg.grpo.difficulty_targeting:  # rows without a level would stop GRPO's first step: refused before SFT
@@ -238,18 +238,19 @@ class Arc:
             self.holds = "sft"
             return self.finish("sft", {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
         plan = self.records["plan"]
-        if self.cfg.time_budget_minutes and "sft_seconds" not in plan:
+        sized = bool(self.cfg.time_budget_minutes and self.cfg.sft_fraction)  # sft_fraction None: sft.steps as set
+        if sized and "sft_seconds" not in plan:
             self.evaluate("base")  # its time sizes what is left (and is counted in base_eval, not here)
             plan["sft_seconds"] = self.cfg.sft_fraction * self._training_seconds()
         t0 = time.perf_counter()
         trainer = self._sft_trainer("sft", steps=plan.get("sft_resized_steps", plan.get("sft_steps")))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
-        if self.cfg.time_budget_minutes and "sft_steps" not in plan:  # (resumed: the probe starts where it stopped)
+        if sized and "sft_steps" not in plan:  # (resumed: the probe starts where it stopped)
             plan["sft_probe_step_seconds"] = self._probe_sft_steps(trainer)
             plan["sft_steps"] = max(trainer.step, math.floor(plan["sft_seconds"] / plan["sft_probe_step_seconds"]))
             self._save()
             trainer.set_steps(plan["sft_steps"])
-        if self.cfg.time_budget_minutes and "sft_resized_steps" not in plan:
+        if sized and "sft_resized_steps" not in plan:
             self._resize("sft", trainer, seconds=plan["sft_seconds"])
         trainer.train(progress=self.progress)
         trainer.save(self.out / "sft" / "final")

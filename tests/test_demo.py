@@ -124,6 +124,22 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
         "load", "base_eval", "sft", "sft_eval", "grpo", "grpo_eval", "control", "control_eval", "rft", "rft_eval"}
 
 
+def test_without_an_sft_fraction_sft_runs_its_steps_and_the_budget_sizes_grpo_and_the_control(tmp_path):
+    cfg = _tiny(tmp_path / "arc", time_budget_minutes=0.5, control=True, sft_fraction=None)
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=1000),
+                              sft=dataclasses.replace(cfg.sft, steps=12, log_every=1))
+    arc = Arc(cfg, "cpu", progress=False)
+    summary = arc.run()
+    plan, phases = summary["plan"], arc.records["phases"]
+    # SFT: its 12 steps, neither probed nor re-sized
+    assert summary["sft_steps"] == 12 and not {"sft_seconds", "sft_steps", "sft_resized_steps"} & set(plan)
+    assert [r["step"] for r in _rows(tmp_path / "arc" / "sft" / "sft_metrics.jsonl")] == list(range(1, 13))
+    # GRPO: half of what the budget left after SFT and its evaluation, with two evaluations to come
+    spent = arc.records["load"]["seconds"] + sum(phases[p]["seconds"] for p in ("base_eval", "sft", "sft_eval"))
+    assert plan["grpo_seconds"] == pytest.approx((30 - spent - 2 * phases["sft_eval"]["greedy_seconds"]) / 2)
+    assert summary["grpo_steps"] < 1000 and "control_resized_steps" in plan  # sized by the budget
+
+
 def _budgeted_arc_with_grpo_sized_to(grpo_steps, tmp_path, monkeypatch):
     """The tiny arc on a 30-second budget with a control, run whole, its GRPO phase sized to `grpo_steps` after
     the probe whatever the probe measured (`grpo.steps` 1000, so that the setting does not bind)."""
