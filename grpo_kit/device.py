@@ -284,12 +284,21 @@ def cpu_prepacked_products() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def onednn_has_bf16() -> bool:
+    """Does oneDNN have bf16 kernels on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT)? Not on an AVX2-only one (an AMD
+    EPYC Zen 3, most laptops), where a bf16 weight cannot be prepacked and its products stay plain."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def prepack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """W (out, in) reordered once into oneDNN's blocked layout for `prepacked_linear` (an opaque tensor of the same
     size, not differentiable: rollouts only), or None where products stay plain (not on the CPU, not fp32 or bf16,
-    or `cpu_prepacked_products` off)."""
+    `cpu_prepacked_products` off, or a bf16 W on a CPU where oneDNN has no bf16 kernel: an AVX2-only one, whose
+    reorder raises "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq")."""
     if (weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in (torch.float32, torch.bfloat16)
             or not cpu_prepacked_products()):
+        return None
+    if weight.dtype == torch.bfloat16 and not onednn_has_bf16():
         return None
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)  # 32: the layout for a decode step's rows

@@ -117,11 +117,29 @@ def test_lean_prefill_logits_equal_hf_forward(name):
     assert (lean[real] - ref[real]).abs().max() < 1e-5
 
 
+def assert_same_up_to_cdf_boundaries(first, second) -> None:
+    """Two rollouts from the same noise: the same tokens and log-probs within 1e-5, except that a row may part where
+    its uniform falls on the boundary between two neighbouring entries of the inverse CDF, which the float summation
+    order of 40,000 near-equal masses moves (the random large-vocabulary model; on an AVX2-only CPU one row of 12
+    parts at its 15th token, 10,431 against 10,432, its log-probs until then within 1e-6). There the two tokens are
+    neighbours and the row's rest is not compared; at most a quarter of the rows part."""
+    same = torch.cumprod((first.completion_ids == second.completion_ids).long(), 1).bool()
+    parted = (~same).any(1).nonzero().flatten().tolist()
+    assert len(parted) <= len(same) // 4, parted
+    for row in parted:
+        col = int((~same[row]).nonzero()[0])
+        a, b = int(first.completion_ids[row, col]), int(second.completion_ids[row, col])
+        assert abs(a - b) == 1, (row, col, a, b)
+    kept = same & first.completion_mask.bool()
+    assert (first.sampling_logprobs - second.sampling_logprobs).abs()[kept].max() < 1e-5
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_lean_sampler_equals_hf_sampler(name, monkeypatch):
-    """Same noise, same tokens and log-probs through the lean forward and through HF's StaticCache forward. Plain
-    products on both sides: the random models' flat distributions over 40,000 entries turn a product's summation
-    order into other tokens (the prepacked products: `test_prepacked_products_…`)."""
+    """Same noise, same tokens and log-probs through the lean forward and through HF's StaticCache forward, up to
+    the inverse CDF's boundaries (`assert_same_up_to_cdf_boundaries`). Plain products on both sides: the random
+    models' flat distributions over 40,000 entries turn a product's summation order into other tokens (the
+    prepacked products: `test_prepacked_products_…`)."""
     monkeypatch.setenv("GRPO_KIT_CPU_PREPACK", "0")
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
@@ -130,8 +148,7 @@ def test_lean_sampler_equals_hf_sampler(name, monkeypatch):
                lean=lean)
         for lean in (True, False)
     ]
-    assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
-    assert (rolls[0].sampling_logprobs - rolls[1].sampling_logprobs).abs().max() < 1e-5
+    assert_same_up_to_cdf_boundaries(rolls[0], rolls[1])
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -669,7 +686,8 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
     (`device.prepack_weight`): the products of `F.linear` up to float summation order. Over a greedy rollout of the
     LoRA Gemma 3 (fused q/k/v and gate/up, o and down): the same tokens and log-probs within 1e-5 as with plain
     products, the prepacked ones taken in decode steps only (a prefill's stay plain); with GRPO_KIT_CPU_PREPACK=0
-    none. The head's blocks, prepacked (`sampling.head_packs`), are kept while the weight is unchanged."""
+    none. The head's blocks, prepacked (`sampling.head_packs`), are kept while the weight is unchanged. A bf16
+    weight where oneDNN has no bf16 kernel (an AVX2-only CPU) stays plain."""
     import torch.nn.functional as F
 
     from grpo_kit import device
@@ -679,10 +697,16 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
         pytest.skip("no oneDNN prepacking on this CPU")
     weight, x = torch.randn(300, 48), torch.randn(5, 48)
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        if dtype == torch.bfloat16 and not device.onednn_has_bf16():
+            continue  # an AVX2-only CPU: no bf16 kernel to prepack for (below)
         got = device.prepacked_linear(x.to(dtype), device.prepack_weight(weight.to(dtype))).float()
         want = F.linear(x.to(dtype), weight.to(dtype)).float()
         assert (got - want).abs().max() <= tolerance * want.abs().max(), dtype
     assert device.prepack_weight(weight.double()) is None
+    # where oneDNN has no bf16 kernel (AVX2 only) a bf16 weight stays plain, as reordering it would raise
+    monkeypatch.setattr(device, "onednn_has_bf16", lambda: False)
+    assert device.prepack_weight(weight.bfloat16()) is None and device.prepack_weight(weight) is not None
+    monkeypatch.undo()
 
     model = lora_gemma3()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
