@@ -704,9 +704,9 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
         assert (got - want).abs().max() <= tolerance * want.abs().max(), dtype
     assert device.prepack_weight(weight.double()) is None
     # where oneDNN has no bf16 kernel (AVX2 only) a bf16 weight stays plain, as reordering it would raise
-    monkeypatch.setattr(device, "onednn_has_bf16", lambda: False)
-    assert device.prepack_weight(weight.bfloat16()) is None and device.prepack_weight(weight) is not None
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(device, "onednn_has_bf16", lambda: False)
+        assert device.prepack_weight(weight.bfloat16()) is None and device.prepack_weight(weight) is not None
 
     model = lora_gemma3()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
