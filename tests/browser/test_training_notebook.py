@@ -1,15 +1,15 @@
 """The training notebook in a real browser, under Run All, in two front ends; Debian's headless Chromium via Playwright.
 
-- `jupyterlab`: JupyterLab 4 + ipywidgets 8 + ipykernel 7 (the lock's versions, from .venv);
+- `jupyterlab`: JupyterLab 4 + ipywidgets 8 + ipykernel 6.31 (the lock's versions, from .venv);
 - `notebook6`: classic Notebook 6.5.7 + ipywidgets 7.7.1 + ipykernel 6.17.1 + ipython 7.34.0 (Colab's versions,
   from .venv-classic, which `make test` builds from requirements/colab-frontend.txt).
 
-What a user does: open notebooks/05, press Run All, and *while the training cell is still executing* watch the reward
-plot move, drag the β slider, pause, wait, resume, press stop; then let the rest of the notebook run. The test checks,
-all during that one cell: the plot's reward panel changed at least twice; the metrics of a later step of the same run
-carry the slider's β; pause held the step count still for ≥ 5 s and resume went on; stop ended the run early; and no
-cell failed. Each front end writes `runs/browser/<frontend>/report.json` and screenshots (or under
-$GRPO_KIT_ARTIFACTS).
+What a user does: open notebooks/05, choose its short version (`SHORT = True`), press Run All, and *while the training
+cell is still executing* watch the reward plot move, drag the β slider, pause, wait, resume, press stop; then let the
+rest of the notebook run. The test checks, all during that one cell: the plot's reward panel changed at least twice;
+the metrics of a later step of the same run carry the slider's β; pause held the step count still for ≥ 5 s and resume
+went on; stop ended the run early; and no cell failed. Each front end writes `runs/browser/<frontend>/report.json` and
+screenshots (or under $GRPO_KIT_ARTIFACTS).
 
 Without Chromium the test fails with what to install: set GRPO_KIT_SKIP_BROWSER=1 to leave it out deliberately on a
 machine that cannot have it.
@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from grpo_kit.course import STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = "05_grpo_training.ipynb"
@@ -169,8 +171,25 @@ def _root(frontend: type, tmp_path: Path, notebook: str) -> tuple[Path, dict[str
     root = tmp_path / frontend.name
     root.mkdir()
     shutil.copy(REPO / "notebooks" / notebook, root / notebook)
+    if notebook == NOTEBOOK:
+        _choose_short_version(root / notebook)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(root / ".runtime")}
     return root, env
+
+
+def _choose_short_version(path: Path) -> None:
+    """Set `SHORT = True` in the copy, as a user on a slow runtime does: its training cell plans
+    `STEPS["grpo"][1]` steps (enough to steer by hand; the test presses stop at about the sixth) and the cells after
+    it run the short version's experiments, which keeps this test's cost down (with the full version's 8-step
+    experiments and 200 held-out problems each front end took ≈ 650 s on a 2-core CPU, ≈ 500 s of it after stop)."""
+    notebook = json.loads(path.read_text())
+    flags = [i for i, cell in enumerate(notebook["cells"]) for j, line in enumerate(cell["source"])
+             if line.startswith("SHORT = False")]
+    assert len(flags) == 1, f"{path.name}: expected one line starting 'SHORT = False', found {len(flags)}"
+    cell = notebook["cells"][flags[0]]
+    cell["source"] = [line.replace("SHORT = False", "SHORT = True", 1) if line.startswith("SHORT = False") else line
+                      for line in cell["source"]]
+    path.write_text(json.dumps(notebook, indent=1))
 
 
 @pytest.fixture(params=list(FRONTENDS))
@@ -178,7 +197,7 @@ def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
     """A Jupyter server of the front end on a free localhost port, serving a fresh folder holding the notebook."""
     frontend = FRONTENDS[request.param]
     root, env = _root(frontend, tmp_path, NOTEBOOK)
-    env.update(GRPO_KIT_QUICK="0",  # the full run: long enough to steer by hand; the test presses stop early
+    env.update(GRPO_KIT_QUICK="0",  # not CI's quick mode: the short version (above), long enough to steer by hand
                GRPO_KIT_SOLUTIONS="1")  # Run All goes on past the exercise cells
     with _serve(frontend, root, env) as url:
         yield frontend, url, root
@@ -305,7 +324,7 @@ def test_training_notebook_under_run_all(server):
             summary = page.locator("pre", has_text=re.compile(r"\d+ steps; reward")).first
             summary.wait_for(timeout=120_000)
             report["stopped_at_step"] = int(re.search(r"(\d+) steps; reward", summary.inner_text()).group(1))
-            report["steps_planned"] = 60
+            report["steps_planned"] = STEPS["grpo"][1]  # the short version's
 
             # The rest of the notebook runs on its own (Run All): experiments, evaluation, the exercise.
             page.wait_for_function(frontend.idle, timeout=900_000, polling=1000)
