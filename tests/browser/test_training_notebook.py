@@ -171,8 +171,6 @@ def _root(frontend: type, tmp_path: Path, notebook: str) -> tuple[Path, dict[str
     root = tmp_path / frontend.name
     root.mkdir()
     shutil.copy(REPO / "notebooks" / notebook, root / notebook)
-    if notebook == NOTEBOOK:
-        _choose_short_version(root / notebook)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(root / ".runtime")}
     return root, env
 
@@ -198,6 +196,7 @@ def server(request, tmp_path) -> Iterator[tuple[type, str, Path]]:
     """A Jupyter server of the front end on a free localhost port, serving a fresh folder holding the notebook."""
     frontend = FRONTENDS[request.param]
     root, env = _root(frontend, tmp_path, NOTEBOOK)
+    _choose_short_version(root / NOTEBOOK)
     env.update(GRPO_KIT_QUICK="0",  # not CI's quick mode: the short version (above), long enough to steer by hand
                GRPO_KIT_SOLUTIONS="1")  # Run All goes on past the exercise cells
     with _serve(frontend, root, env) as url:
