@@ -45,8 +45,8 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 # (GRPO_KIT_SOLUTIONS=1: each exercise cell runs its solution from grpo_kit/exercises.py; the files keep the blanks).
 # One test process per CPU (pytest-xdist), each with one thread: most tests are small-tensor Python work that one
 # thread runs as fast as two. Whatever starts Jupyter kernels (the notebooks, tests marked `kernel`) runs in one
-# process, in order (tests/kernel_group.py). The 40 slowest tests are listed at the end: the whole run must stay
-# within CI's 45 minutes.
+# process, in order, and so do the tests that share a costly module fixture (tests/scheduling.py). The 40 slowest
+# tests are listed at the end: the whole run must stay within CI's 45 minutes.
 test: $(STAMP) $(CLASSIC_STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tests scripts
 	OMP_NUM_THREADS=1 GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks \

@@ -12,8 +12,8 @@ os.environ.setdefault("GRPO_KIT_CPU_BF16", "0")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# the kernel-starting tests in one xdist process, in order (hooks, found here by name)
-from kernel_group import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402, F401
+# the kernel-starting tests, and those sharing a costly fixture, each in one xdist process (hooks, found here by name)
+from scheduling import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402, F401
 
 from grpo_kit.config import ModelConfig  # noqa: E402
 from grpo_kit.device import xla_available  # noqa: E402

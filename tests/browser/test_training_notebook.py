@@ -180,7 +180,7 @@ def _choose_short_version(path: Path) -> None:
     `STEPS["grpo"][1]` steps (enough to steer by hand; the test presses stop at about the sixth) and the cells after
     it run the short version's experiments. This halves the test's cost: alone on a 2-core AVX2 CPU one front end
     took 302 s, against 594 s with the full version's 60 planned steps, 8-step experiments and 200 held-out problems;
-    the two front ends run one after the other in the notebooks' process (tests/kernel_group.py)."""
+    the two front ends run one after the other in the notebooks' process (tests/scheduling.py)."""
     notebook = json.loads(path.read_text())
     flags = [i for i, cell in enumerate(notebook["cells"]) for line in cell["source"]
              if line.startswith("SHORT = False")]

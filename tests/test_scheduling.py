@@ -1,4 +1,4 @@
-"""`make test`'s grouping (tests/kernel_group.py), checked in a small pytest project of its own run the way
+"""`make test`'s grouping (tests/scheduling.py), checked in a small pytest project of its own run the way
 `make test` runs the suite: two xdist processes, `--dist loadgroup`."""
 
 from __future__ import annotations
@@ -25,15 +25,41 @@ def test_kernel(i, request):
 """
 
 
-def _project(root: Path, other_tests: str) -> Path:
-    """A project whose conftest takes the hooks of tests/kernel_group.py, with four tests under tests/browser/ (a
-    path that KERNEL_TESTS lists) and `other_tests` in tests/test_other.py."""
+SHARED_FIXTURE_TESTS = """
+import os, time
+import pytest
+
+
+@pytest.fixture(scope="module")
+def costly():
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"computed {os.environ['PYTEST_XDIST_WORKER']}\\n")
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_first(i, costly):
+    time.sleep(0.3)
+
+
+def test_second(costly):
+    time.sleep(0.3)
+"""
+
+
+def _project(root: Path, other_tests: str, *, shared: str = "") -> Path:
+    """A project whose conftest takes the hooks of tests/scheduling.py, with four tests under tests/browser/ (a
+    path that KERNEL_TESTS lists), `other_tests` in tests/test_other.py and, with `shared` (the ids listed under the
+    fixture `costly`, comma-separated), three tests that share the module fixture `costly` in tests/test_shared.py."""
     (root / "tests" / "browser").mkdir(parents=True)
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    kernel: starts Jupyter kernels\n")
     (root / "tests" / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
-        "from kernel_group import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: F401\n"
+        "import scheduling\n"
+        "from scheduling import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: F401\n"
+        f"scheduling.SHARED_FIXTURE_TESTS = {{'costly': tuple({shared!r}.split(','))}}\n"
     )
+    if shared:
+        (root / "tests" / "test_shared.py").write_text(SHARED_FIXTURE_TESTS)
     (root / "tests" / "browser" / "test_kernels.py").write_text(KERNEL_TESTS)
     (root / "tests" / "test_other.py").write_text(other_tests)
     return root / "log"
@@ -68,3 +94,23 @@ def test_a_kernel_test_the_rule_misses_fails_before_it_runs(tmp_path):
     assert done.returncode != 0
     assert "tests/test_other.py::test_starts_a_server is marked kernel but" in done.stdout + done.stderr
     assert "4 passed, 1 error" in done.stdout and "AssertionError: ran" not in done.stdout
+
+
+def test_tests_sharing_a_listed_module_fixture_run_in_one_process_and_compute_it_once(tmp_path):
+    """Without the rule the three tests spread over both processes and `costly` is computed in each."""
+    others = "import time\n\n" + "".join(f"def test_other_{i}():\n    time.sleep(0.05)\n\n\n" for i in range(8))
+    log = _project(tmp_path, others, shared="tests/test_shared.py::test_first,tests/test_shared.py::test_second")
+    done = _pytest(tmp_path, log)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    computed = [line for line in log.read_text().splitlines() if line.startswith("computed")]
+    assert len(computed) == 1, computed
+    assert "15 passed" in done.stdout, done.stdout[-500:]
+
+
+def test_a_test_using_a_listed_fixture_without_its_id_fails_before_it_runs(tmp_path):
+    log = _project(tmp_path, "def test_alone():\n    pass\n", shared="tests/test_shared.py::test_first")
+    done = _pytest(tmp_path, log)
+    assert done.returncode != 0
+    assert ("tests/test_shared.py::test_second uses the fixture costly but tests/scheduling.py's "
+            "SHARED_FIXTURE_TESTS does not list it") in done.stdout + done.stderr
+    assert "7 passed, 1 error" in done.stdout, done.stdout[-500:]
