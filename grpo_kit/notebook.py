@@ -105,9 +105,9 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     falls back and says so: GSM8K without network → generated word problems; Gemma 3 1B without access → Gemma 3
     270M from PyPI (the tiny Gemma on arithmetic where several XLA CPU devices stand in for a TPU board and share
     the host's memory: `device.virtual_tpu_devices`); no Gemma 3 270M either → the tiny Gemma on arithmetic.
-    Under quick mode (CI, platform replicas): 16 held-out problems, 4 SFT steps, 2 GRPO steps of 2 prompts × 4, no
-    time budget. `announce`: print the settings chosen and the expected step time (notebook 09 prints its own).
-    Returns (config, preset)."""
+    Under quick mode (CI, platform replicas): 8 held-out problems, 4 SFT steps (of 4 rows on Gemma 3 270M), 2 GRPO
+    steps of 2 prompts × 4 with at most 40 new tokens (the evaluations too), no time budget. `announce`: print the
+    settings chosen and the expected step time (notebook 09 prints its own). Returns (config, preset)."""
     from .device import virtual_tpu_devices
     from .tasks import make_task
 
@@ -143,11 +143,14 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
             cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, kind="word_problems", operations=(2, 3)))
     budget = time_budget_minutes if time_budget_minutes is not None else cfg.time_budget_minutes
     cfg = dataclasses.replace(cfg, output_dir=str(runs_dir() / "capstone" / name), time_budget_minutes=budget)
-    if quick():
+    if quick():  # every cell runs, on a real Gemma, in minutes: most of them go to sampling and SFT rows
+        # Gemma 3 270M on one device: 4 rows an SFT step; the other presets keep theirs (a board's devices split it)
+        sft_rows = min(cfg.sft.batch_size, 4) if name == "cpu-gemma-270m" else cfg.sft.batch_size
         cfg = dataclasses.replace(
-            cfg, time_budget_minutes=None, task=dataclasses.replace(cfg.task, num_test=16),
-            sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1),
-            grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4, micro_batch_size=8))
+            cfg, time_budget_minutes=None, task=dataclasses.replace(cfg.task, num_test=8),
+            sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1, batch_size=sft_rows),
+            grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4, micro_batch_size=8,
+                                     max_new_tokens=min(cfg.grpo.max_new_tokens, 40)))
     if announce:
         print(f"preset {name} · model {cfg.model.name} · task {cfg.task.kind} · hardware {hardware} · "
               f"time budget {_budget_text(cfg)}")
