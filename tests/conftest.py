@@ -56,15 +56,28 @@ def task() -> ArithmeticTask:
 
 
 @pytest.fixture(scope="session")
-def sft_state(task):
-    """Weights of the tiny Gemma after a short SFT warm-up (computed once per session)."""
+def sft_state(task, tmp_path_factory, worker_id):
+    """Weights of the tiny Gemma after a short SFT warm-up (150 steps: ≈ 45 s), computed once per test run: under
+    xdist by the first process that needs them, saved in the run's temporary folder, which its processes share, and
+    read back by the others."""
+    from filelock import FileLock
+
     from grpo_kit.config import SFTConfig
     from grpo_kit.sft import SFTTrainer
 
-    model, tok = load_model(ModelConfig(), torch.device("cpu"))
-    SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=150, batch_size=32, output_dir=None)).train(
-        progress=False)
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    def warmed_up() -> dict[str, torch.Tensor]:
+        model, tok = load_model(ModelConfig(), torch.device("cpu"))
+        SFTTrainer(model, tok, task.demonstrations(), SFTConfig(steps=150, batch_size=32, output_dir=None)).train(
+            progress=False)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    if worker_id == "master":  # one process: nothing to share
+        return warmed_up()
+    path = tmp_path_factory.getbasetemp().parent / "sft_state.pt"  # this run's folder (each process has one inside)
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            torch.save(warmed_up(), path)
+        return torch.load(path)
 
 
 @pytest.fixture()
