@@ -25,6 +25,9 @@ def test_kernel(i, request):
 """
 
 
+OTHER_TESTS = "import time\n\n" + "".join(f"def test_other_{i}():\n    time.sleep(0.05)\n\n\n" for i in range(8))
+"""Eight short tests outside every group, for the other process to take."""
+
 SHARED_FIXTURE_TESTS = """
 import os, time
 import pytest
@@ -78,8 +81,7 @@ def _environ() -> dict[str, str]:
 
 
 def test_kernel_tests_run_in_one_process_in_collection_order(tmp_path):
-    log = _project(tmp_path, "import time\n\n" + "".join(
-        f"def test_other_{i}():\n    time.sleep(0.05)\n\n\n" for i in range(8)))
+    log = _project(tmp_path, OTHER_TESTS)
     done = _pytest(tmp_path, log)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [line.split() for line in log.read_text().splitlines()]
@@ -98,8 +100,7 @@ def test_a_kernel_test_the_rule_misses_fails_before_it_runs(tmp_path):
 
 def test_tests_sharing_a_listed_module_fixture_run_in_one_process_and_compute_it_once(tmp_path):
     """Without the rule the three tests spread over both processes and `costly` is computed in each."""
-    others = "import time\n\n" + "".join(f"def test_other_{i}():\n    time.sleep(0.05)\n\n\n" for i in range(8))
-    log = _project(tmp_path, others, shared="tests/test_shared.py::test_first,tests/test_shared.py::test_second")
+    log = _project(tmp_path, OTHER_TESTS, shared="tests/test_shared.py::test_first,tests/test_shared.py::test_second")
     done = _pytest(tmp_path, log)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     computed = [line for line in log.read_text().splitlines() if line.startswith("computed")]
