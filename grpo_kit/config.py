@@ -54,7 +54,8 @@ class ModelConfig:
     """`tiny-gemma` (embedded, ~1M params, character vocabulary), a local Hugging Face directory, or a
     hub id such as `google/gemma-3-1b-it`. Default tiny-gemma: it trains in minutes on a laptop CPU."""
     seed: int = 0
-    """Seed for the tiny model's random initialisation (real checkpoints ignore it)."""
+    """Seed for the random initialisation: the tiny model's weights, and a LoRA adapter's A matrices (also the
+    fresh adapter put on the SFT model before GRPO and its controls). A real checkpoint's weights ignore it."""
     lora: bool | None = None
     """Train a LoRA adapter instead of all weights. None = automatic: LoRA for real Gemma (memory),
     full fine-tuning for tiny-gemma (it is small and LoRA would slow its learning)."""

@@ -124,7 +124,9 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
 
 
 def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
-    """Wrap `model` in a peft LoRA adapter (created on the CPU, before any move)."""
+    """Wrap `model` in a peft LoRA adapter (created on the CPU, before any move). Its random A matrices come from
+    `cfg.seed`, so that a seeded run is the same run in every process; the process's own random state is left
+    as it was."""
     from peft import LoraConfig, get_peft_model
 
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -133,7 +135,9 @@ def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
         raise ValueError(f"none of lora_target_modules {cfg.lora_target_modules} exist in {type(model).__name__}")
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(model, lora)
 
 
 def merge_and_restart_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:

@@ -13,7 +13,8 @@ on the model's own right answers to GRPO's prompts). Each model is scored on the
 Fixed before running: the primary metric is greedy accuracy on the held-out problems; the comparison that decides is
 GRPO − continued SFT, paired problem by problem, its 95 % interval from a bootstrap over problems within each seed
 (`paired_difference`). Also reported per stage: sampled pass@1 (mean of k samples at GRPO's temperature), maj@k,
-pass@k and the format rate. A seed changes the problems (task seed), the SFT batch order and GRPO's samples.
+pass@k and the format rate. A seed changes the problems (task seed), the LoRA adapters' initialisation, the SFT
+batch order and GRPO's samples.
 
 `run_study` runs the cells one after another (seed 0 of every regime first) in `output_dir/<regime>/seed<n>/` (an
 interrupted study continues where it stopped: each arc resumes) and writes `summary.json` and `study.png`; `grpo-kit
@@ -95,14 +96,15 @@ def regime_text(regime: str) -> str:
 def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
                 overrides: dict[str, Any] | None = None) -> RunConfig:
     """The arc of one cell: `preset` with the regime's settings, STUDY_SETTINGS, then `overrides`; `seed` moves the
-    task's seed (other problems), SFT's batch order and GRPO's samples."""
+    task's seed (other problems), the LoRA adapters' initialisation, SFT's batch order and GRPO's samples."""
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}: one of {', '.join(REGIMES)}")
     cfg = apply_overrides(load_run_config(preset), {**REGIMES[regime], **STUDY_SETTINGS}, f"study.{regime}")
     cfg = apply_overrides(cfg, overrides or {}, "study")
     return dataclasses.replace(
         cfg, output_dir=str(output_dir), task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),
-        sft=dataclasses.replace(cfg.sft, seed=seed), grpo=dataclasses.replace(cfg.grpo, seed=seed))
+        model=dataclasses.replace(cfg.model, seed=seed), sft=dataclasses.replace(cfg.sft, seed=seed),
+        grpo=dataclasses.replace(cfg.grpo, seed=seed))
 
 
 def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:

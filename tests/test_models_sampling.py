@@ -16,6 +16,7 @@ from grpo_kit.models import (
     build_tiny_tokenizer,
     count_parameters,
     load_model,
+    merge_and_restart_lora,
 )
 from grpo_kit.sampling import (
     choose_tokens,
@@ -60,6 +61,31 @@ def test_seeded_init_is_reproducible(cpu):
     c, _ = load_model(ModelConfig(seed=4), cpu)
     assert torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
+
+
+def _adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def test_lora_adapters_come_from_the_seed_not_the_process_state(cpu):
+    """A LoRA adapter's random A matrices, and the fresh adapter GRPO and its controls start from, are drawn from
+    ModelConfig.seed: two processes with the same seed train the same run. The process's random state is untouched."""
+    adapters = []
+    for seed, process_state in ((3, 111), (3, 222), (4, 111)):
+        torch.manual_seed(process_state)
+        before = torch.get_rng_state()
+        model, _ = load_model(ModelConfig(seed=seed, lora=True), cpu)
+        adapters.append(_adapter(model))
+        assert torch.equal(torch.get_rng_state(), before)
+        if seed == 3:
+            torch.manual_seed(process_state + 1)
+            adapters.append(_adapter(merge_and_restart_lora(model, ModelConfig(seed=seed, lora=True))))
+    first, fresh_first, second, fresh_second, other_seed = adapters
+    assert first and first.keys() == second.keys() == other_seed.keys()
+    assert any("lora_A" in name and p.abs().sum() > 0 for name, p in first.items())
+    assert all(torch.equal(first[n], second[n]) for n in first)
+    assert all(torch.equal(fresh_first[n], fresh_second[n]) for n in fresh_first)
+    assert not all(torch.equal(first[n], other_seed[n]) for n in first if "lora_A" in n)
 
 
 def test_prompts_are_left_padded_to_a_bucket(tiny, task):

@@ -156,7 +156,8 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
 def test_each_cell_is_the_preset_with_its_regime_and_seed(monkeypatch):
     cfg = cell_config("cpu-gemma-270m", "beyond", 2, "runs/x")
     assert cfg.task.operations == (3,) and cfg.task.demonstration_operations == (2,) and cfg.task.seed == 1234 + 2
-    assert cfg.sft.seed == cfg.grpo.seed == 2 and cfg.control and cfg.rft_control and cfg.eval_pass_k == 4
+    assert cfg.model.seed == cfg.sft.seed == cfg.grpo.seed == 2  # the LoRA adapters' initialisation too
+    assert cfg.control and cfg.rft_control and cfg.eval_pass_k == 4
     assert cfg.grpo.gate_shaped_rewards and cfg.grpo.difficulty_targeting and cfg.grpo.learning_rate == 2e-5
     assert cfg.task.num_demonstrations == 200  # the regime's own, not the preset's
     scarce = cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task
