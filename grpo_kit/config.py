@@ -492,9 +492,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # GRPO's recipe is the study's (GRPO_RECIPE), as on every real-Gemma preset.
     # SFT runs the study's 160 steps, as in the cells where GRPO beat more SFT (study.STUDY_SETTINGS), and the budget
     # sizes GRPO and the control from what is left (on a 2-core EPYC Zen 4 GRPO got 100 steps natively and 79 under
-    # the AVX2 stand-in, on a Zen 3 with AVX2 only 43, and 75 there with --time-budget 80; the cells had 84). With SFT a
-    # fifth of the time (≈ 100 steps) more SFT still paid: SFT → control +1.4 points over five demo runs, against
-    # −0.2 in the study's scarce cells; so a slow CPU keeps SFT's 160 steps and gives GRPO fewer.
+    # the AVX2 stand-in, on a Zen 3 with AVX2 only 43 and 37, and 75 there with --time-budget 80; the cells had 84).
+    # With SFT a fifth of the time (≈ 100 steps) more SFT still paid: SFT → control +1.4 points over five demo runs,
+    # against −0.2 in the study's scarce cells; so a slow CPU keeps SFT's 160 steps and gives GRPO fewer.
     "cpu-gemma-270m": {
         "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
         "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 32, "num_test": 200,

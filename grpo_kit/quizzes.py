@@ -148,7 +148,8 @@ QUIZZES: dict[str, Quiz] = {q.id: q for q in (
           ("The tokenizer requires it", False, "The tokenizer returns any length; the bucket is for the compiler.")),
     _quiz("08.1", "GRPO beats SFT by 2 points on 200 problems in one run. Is GRPO better?",
           ("Not shown: one run's standard error is ≈ 3 points; it needs seeds and a paired interval", True,
-           "Yes: two identical control runs here differed by 4.5 points. The study reports paired 95 % intervals."),
+           "Yes: two runs of the same command here ended their controls 4.5 points apart. The study reports paired "
+           "95 % intervals."),
           ("Yes, 2 points is a gain", False, "On 200 problems a single run moves by more than that from noise alone."),
           ("No, it must be worse", False, "The data says neither: it cannot tell them apart.")),
     _quiz("08.2", "Why does the capstone also train an SFT control and an RFT control for GRPO's time?",
