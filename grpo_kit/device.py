@@ -370,6 +370,15 @@ def manual_seed(seed: int, device: torch.device) -> None:
         torch_xla.manual_seed(seed)
 
 
+@contextmanager
+def seeded_cpu_rng(seed: int) -> Iterator[None]:
+    """Random draws on the CPU inside the block come from `seed`; the process's own CPU stream is restored after it,
+    so what runs later draws as if the block had not run."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def compile_stats() -> dict[str, Any]:
     """XLA graph compilations so far in this process, their total seconds, and ops that fell back to the
     CPU (`aten::*` counters: each one is a device→host→device round trip inside the graph). Zeros without

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from .answer_format import TAGS
 from .chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .config import ModelConfig
-from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, shard_parameters
+from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, seeded_cpu_rng, shard_parameters
 from .hub import MODEL_SHAPES, TINY_GEMMA, resolve_model
 
 # Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
@@ -105,8 +105,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
 
         config = AutoConfig.from_pretrained(tiny_gemma_dir())
         config._attn_implementation = "eager"
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
+        with seeded_cpu_rng(cfg.seed):
             model = AutoModelForCausalLM.from_config(config)
     else:
         model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32,
@@ -135,8 +134,7 @@ def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
         raise ValueError(f"none of lora_target_modules {cfg.lora_target_modules} exist in {type(model).__name__}")
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    with seeded_cpu_rng(cfg.seed):
         return get_peft_model(model, lora)
 
 

@@ -70,17 +70,20 @@ def _adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_lora_adapters_come_from_the_seed_not_the_process_state(cpu):
     """A LoRA adapter's random A matrices, and the fresh adapter GRPO and its controls start from, are drawn from
     ModelConfig.seed: two processes with the same seed train the same run. The process's random state is untouched."""
-    adapters = []
-    for seed, process_state in ((3, 111), (3, 222), (4, 111)):
+    def loaded(seed: int, process_state: int) -> torch.nn.Module:
         torch.manual_seed(process_state)
         before = torch.get_rng_state()
         model, _ = load_model(ModelConfig(seed=seed, lora=True), cpu)
-        adapters.append(_adapter(model))
         assert torch.equal(torch.get_rng_state(), before)
-        if seed == 3:
-            torch.manual_seed(process_state + 1)
-            adapters.append(_adapter(merge_and_restart_lora(model, ModelConfig(seed=seed, lora=True))))
-    first, fresh_first, second, fresh_second, other_seed = adapters
+        return model
+
+    def restarted(model: torch.nn.Module, process_state: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(process_state)
+        return _adapter(merge_and_restart_lora(model, ModelConfig(seed=3, lora=True)))
+
+    first_model, second_model = loaded(3, 111), loaded(3, 222)
+    first, second, other_seed = _adapter(first_model), _adapter(second_model), _adapter(loaded(4, 111))
+    fresh_first, fresh_second = restarted(first_model, 112), restarted(second_model, 223)
     assert first and first.keys() == second.keys() == other_seed.keys()
     assert any("lora_A" in name and p.abs().sum() > 0 for name, p in first.items())
     assert all(torch.equal(first[n], second[n]) for n in first)

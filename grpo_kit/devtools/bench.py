@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..config import GRPOConfig, ModelConfig, SFTConfig, load_run_config
-from ..device import cpu_bf16_products, describe_machine, use_cpu_threads
+from ..device import cpu_bf16_products, describe_machine, seeded_cpu_rng, use_cpu_threads
 from ..evaluation import evaluate
 from ..grpo import GRPOTrainer
 from ..models import load_model
@@ -200,8 +200,7 @@ class RolloutRounds:
 
     def _hf(self, r: int) -> None:
         new_tokens = self.sizes.new_tokens
-        with torch.random.fork_rng(devices=[]):  # seeded per round, and a TRL run around it keeps its own stream
-            torch.manual_seed(r)
+        with seeded_cpu_rng(r):  # seeded per round, and a TRL run around it keeps its own stream
             out = self.model.generate(input_ids=self.ids, attention_mask=self.mask, do_sample=True, temperature=1.0,
                                       top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                       pad_token_id=self.tokenizer.pad_token_id)
