@@ -80,8 +80,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     else:
         summary = run_study(args.output_dir, preset=args.preset, regimes=regimes, seeds=seeds, minutes=args.minutes,
                             progress=not args.quiet, record_dir=args.record_dir)
+    # The markers a page holds name the summary they show: --from-json's file, else this study's own summary.json.
+    source = (Path(args.from_json) if args.from_json else Path(args.output_dir) / "summary.json").as_posix()
     for path in args.report:
-        write_report(summary, path)
+        write_report(summary, path, source=source)
     _print({r: {k: v for k, v in result.items() if k != "cells"} for r, result in summary["regimes"].items()})
     return 0
 
@@ -515,8 +517,8 @@ def _study_parser(sub: Any) -> None:
     p.add_argument("--from-json", default=None, metavar="SUMMARY", help="train nothing: read this summary.json (e.g. "
                    "docs/study.json) for --report")
     p.add_argument("--report", nargs="+", default=[], metavar="MARKDOWN", help="write the results between the "
-                   "study markers of these Markdown files: the full table (docs/capstone.md), a line per regime "
-                   "(README.md)")
+                   "study markers of these Markdown files that name the summary written from (--from-json's, else "
+                   "--output-dir's summary.json): the full table (docs/capstone.md), a line per regime (README.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_study)
 

@@ -275,12 +275,23 @@ def save_summary(summary: dict[str, Any], output_dir: str | Path, *, run_dir: An
     return out / "summary.json"
 
 
-REPORT_BEGIN, REPORT_END = ("<!-- study table: generated from docs/study.json by `grpo-kit study --report` -->",
-                            "<!-- end of study table -->")
-"""The markers in a Markdown file between which `write_report` puts the full table (`render_markdown`)."""
-SUMMARY_BEGIN, SUMMARY_END = ("<!-- study summary: generated from docs/study.json by `grpo-kit study --report` -->",
-                              "<!-- end of study summary -->")
-"""The markers between which `write_report` puts the one-line-per-regime summary (`render_summary`: the README's)."""
+PUBLISHED = "docs/study.json"
+"""The published study's summary (`make study`), which README.md, docs/capstone.md and notebook 08 show."""
+
+
+def report_markers(source: str = PUBLISHED) -> dict[str, tuple[str, str]]:
+    """The markers in a Markdown file between which `write_report` puts the study summarised in `source` (the path
+    of its summary.json as the command line names it): "table", the full table (`render_markdown`), and "summary",
+    a line per regime (`render_summary`: the README's). Each pair names its source, so that one page can show two
+    studies (the published one and a replication), each between its own markers."""
+    return {"table": (f"<!-- study table: generated from {source} by `grpo-kit study --report` -->",
+                      "<!-- end of study table -->"),
+            "summary": (f"<!-- study summary: generated from {source} by `grpo-kit study --report` -->",
+                        "<!-- end of study summary -->")}
+
+
+(REPORT_BEGIN, REPORT_END), (SUMMARY_BEGIN, SUMMARY_END) = report_markers().values()
+"""The published study's markers: its full table, and its line per regime."""
 
 
 def _percent(value: float | None) -> str:
@@ -354,9 +365,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _filled(text: str, summary: dict[str, Any]) -> str | None:
-    """`text` with the study written between each pair of markers it holds (None when it holds none)."""
-    pairs = [(REPORT_BEGIN, REPORT_END, render_markdown), (SUMMARY_BEGIN, SUMMARY_END, render_summary)]
+def _filled(text: str, summary: dict[str, Any], source: str) -> str | None:
+    """`text` with the study written between each pair of `source`'s markers it holds (None when it holds none)."""
+    markers = report_markers(source)
+    pairs = [(*markers["table"], render_markdown), (*markers["summary"], render_summary)]
     present = [(begin, end, render) for begin, end, render in pairs if begin in text and end in text]
     for begin, end, render in present:
         head, rest = text.split(begin, 1)
@@ -364,23 +376,26 @@ def _filled(text: str, summary: dict[str, Any]) -> str | None:
     return text if present else None
 
 
-def write_report(summary: dict[str, Any], path: str | Path) -> Path:
-    """Put `render_markdown(summary)` between REPORT_BEGIN and REPORT_END, and `render_summary(summary)` between
-    SUMMARY_BEGIN and SUMMARY_END, in the Markdown file `path` (or in the markdown cells of the notebook `path`,
-    .ipynb), which must hold at least one pair of markers; the rest of the file is the author's."""
+def write_report(summary: dict[str, Any], path: str | Path, *, source: str = PUBLISHED) -> Path:
+    """Put `render_markdown(summary)` and `render_summary(summary)` between `report_markers(source)` (the full table,
+    and a line per regime) in the Markdown file `path` (or in the markdown cells of the notebook `path`, .ipynb),
+    which must hold at least one pair of them; the rest of the file, other studies' tables included, is the
+    author's."""
     path = Path(path)
-    missing = ValueError(f"{path}: no study table markers ({REPORT_BEGIN} … {REPORT_END}, or {SUMMARY_BEGIN} … "
-                         f"{SUMMARY_END}) to write between")
+    markers = report_markers(source)
+    missing = ValueError(f"{path}: no markers for the study in {source} ({markers['table'][0]} … "
+                         f"{markers['table'][1]}, or {markers['summary'][0]} … {markers['summary'][1]}) to write "
+                         "between")
     if path.suffix != ".ipynb":
-        text = _filled(path.read_text(), summary)
+        text = _filled(path.read_text(), summary, source)
         if text is None:
             raise missing
         path.write_text(text)
         return path
     notebook, filled = json.loads(path.read_text()), 0
     for cell in notebook["cells"]:
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if cell["cell_type"] == "markdown" and (text := _filled(source, summary)) is not None:
+        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "markdown" and (text := _filled(text, summary, source)) is not None:
             cell["source"], filled = text.splitlines(keepends=True), filled + 1
     if not filled:
         raise missing

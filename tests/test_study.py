@@ -22,6 +22,7 @@ from grpo_kit.study import (
     regime_text,
     render_markdown,
     render_summary,
+    report_markers,
     run_study,
     summarize,
     write_report,
@@ -148,9 +149,48 @@ def test_the_report_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     assert "".join(written[1]["source"]) == f"## Study\n{SUMMARY_BEGIN}\n{render_summary(summary)}{SUMMARY_END}\nAfter."
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
-    with pytest.raises(ValueError, match="no study table markers"):
+    with pytest.raises(ValueError, match="no markers for the study in docs/study.json"):
         write_report(summary, plain)
     assert plain.read_text() == "no markers\n"
+
+
+def test_one_page_shows_two_studies_each_between_the_markers_naming_its_summary(tmp_path, capsys):
+    t, f = True, False
+    _write_cell(tmp_path / "a", "scarce", 0, {"sft": [f, f], "grpo": [t, t], "control": [t, f], "rft": [f, f]})
+    _write_cell(tmp_path / "b", "scarce", 0, {"sft": [f, f], "grpo": [f, f], "control": [t, t], "rft": [t, f]})
+    published = summarize(tmp_path / "a", regimes=["scarce"], seeds=[0])
+    replication = summarize(tmp_path / "b", regimes=["scarce"], seeds=[0, 1, 2])
+    (tmp_path / "replication.json").write_text(json.dumps(replication))
+    mine = tmp_path / "runs" / "mine"
+    (table_begin, table_end), (line_begin, line_end) = report_markers("docs/study.json").values()
+    (again_begin, again_end), (again_line, again_line_end) = report_markers(
+        (tmp_path / "replication.json").as_posix()).values()
+    (mine_begin, mine_end), _ = report_markers((mine / "summary.json").as_posix()).values()
+    page = tmp_path / "page.md"
+    page.write_text(f"A\n{table_begin}\n{table_end}\nB\n{line_begin}\n{line_end}\nC\n{again_begin}\nold\n"
+                    f"{again_end}\nD\n{again_line}\n{again_line_end}\nE\n{mine_begin}\n{mine_end}\n")
+    write_report(published, page)
+    assert main(["study", "--from-json", str(tmp_path / "replication.json"), "--report", str(page)]) == 0
+    capsys.readouterr()
+    assert page.read_text() == (
+        f"A\n{table_begin}\n{render_markdown(published)}{table_end}\nB\n{line_begin}\n{render_summary(published)}"
+        f"{line_end}\nC\n{again_begin}\n{render_markdown(replication)}{again_end}\nD\n{again_line}\n"
+        f"{render_summary(replication)}{again_line_end}\nE\n{mine_begin}\n{mine_end}\n")
+    assert "| scarce | 1 of 3 |" in render_summary(replication)  # a replication still under way says so
+    write_report(replication, page, source=(tmp_path / "replication.json").as_posix())
+    assert page.read_text().count(render_summary(replication)) == 1  # each table written once, where its markers are
+    # A study written from its run directory fills only the markers naming that directory's summary.json.
+    _write_cell(tmp_path / "c", "scarce", 0, {"sft": [t, f], "grpo": [t, t], "control": [f, f], "rft": [t, t]})
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "scarce-seed0.json").write_text((tmp_path / "c" / "scarce" / "seed0" / "progress.json").read_text())
+    before = page.read_text()
+    assert main(["study", "--output-dir", str(mine), "--record-dir", str(records), "--regimes", "scarce", "--seeds",
+                 "1", "--summary-only", "--report", str(page)]) == 0
+    capsys.readouterr()
+    mine_table = render_markdown(summarize(tmp_path / "none", regimes=["scarce"], seeds=[0], record_dir=records))
+    assert "| GRPO | 100.0 % |" in mine_table
+    assert page.read_text() == before.replace(f"{mine_begin}\n{mine_end}", f"{mine_begin}\n{mine_table}{mine_end}")
 
 
 def test_each_cell_is_the_preset_with_its_regime_and_seed(monkeypatch):
@@ -225,20 +265,25 @@ def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without
     assert "--regimes easy: one of plentiful, scarce, beyond" in capsys.readouterr().err
 
 
-def test_the_published_study_is_the_committed_cells(tmp_path):
-    """docs/study.json summarises exactly the cells recorded in docs/study_cells/, and README.md and docs/capstone.md
-    show it as `grpo-kit study --report` writes it: no published number comes from anywhere else."""
-    published = json.loads((ROOT / "docs" / "study.json").read_text())
+@pytest.mark.parametrize(("source", "records", "shown_on"), [
+    ("docs/study.json", "docs/study_cells", ("README.md", "notebook 08", "docs/capstone.md")),
+    ("docs/study_seeded.json", "docs/study_cells_seeded", ("README.md", "docs/capstone.md")),  # the replication
+])
+def test_the_published_study_is_the_committed_cells(tmp_path, source, records, shown_on):
+    """Each published summary (the study's, and its seeded replication's) summarises exactly the cells recorded in
+    its record directory, and the pages show it as `grpo-kit study --report` writes it: no published number comes
+    from anywhere else."""
+    published = json.loads((ROOT / source).read_text())
     again = summarize(tmp_path, regimes=list(published["regimes"]), seeds=published["planned_seeds"],
-                      record_dir=ROOT / "docs" / "study_cells")
+                      record_dir=ROOT / records)
     assert again["regimes"] == published["regimes"]
     notebook = json.loads((ROOT / "notebooks" / "08_gemma_gsm8k.ipynb").read_text())
     pages = {"README.md": (ROOT / "README.md").read_text(), "docs/capstone.md": (ROOT / "docs/capstone.md").read_text(),
              "notebook 08": "".join(line for c in notebook["cells"] if c["cell_type"] == "markdown"
                                     for line in c["source"])}
-    for page, begin, end, render in (("README.md", SUMMARY_BEGIN, SUMMARY_END, render_summary),
-                                     ("notebook 08", SUMMARY_BEGIN, SUMMARY_END, render_summary),
-                                     ("docs/capstone.md", SUMMARY_BEGIN, SUMMARY_END, render_summary),
-                                     ("docs/capstone.md", REPORT_BEGIN, REPORT_END, render_markdown)):
+    markers = report_markers(source)
+    shows = [(page, *markers["summary"], render_summary) for page in shown_on]
+    for page, begin, end, render in [*shows, ("docs/capstone.md", *markers["table"], render_markdown)]:
+        assert begin in pages[page] and end in pages[page], f"{page}: no markers for {source}"
         shown = pages[page].split(begin, 1)[1].split(end, 1)[0]
-        assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json docs/study.json --report`"
+        assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json {source} --report`"
