@@ -612,7 +612,9 @@ def guarded_optimizer_step(
 
 def describe_machine() -> dict[str, Any]:
     """What a published number depends on: the CPU (model, cores, torch's kernel level, AMX tiles, whether the kit's
-    weight products run in bf16), threads, and the Python, torch and transformers versions."""
+    weight products run in bf16), threads, and the Python, torch and transformers versions. `cpu_family_model`
+    ("25/17": /proc/cpuinfo's cpu family and model) tells apart CPUs that share a model name (a VM's "AMD EPYC" is
+    Zen 3 or Zen 4)."""
     import transformers
 
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -622,4 +624,6 @@ def describe_machine() -> dict[str, Any]:
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
     if model := cpuinfo_field("model name"):
         info["cpu_model"] = model
+    if (family := cpuinfo_field("cpu family")) and (number := cpuinfo_field("model")):
+        info["cpu_family_model"] = f"{family}/{number}"
     return info

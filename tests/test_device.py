@@ -134,3 +134,15 @@ def test_importing_the_kit_flushes_denormals_on_every_cpu_thread():
     run = functools.partial(subprocess.run, capture_output=True, text=True, check=True)
     assert run([sys.executable, "-c", bare]).stdout.split() == [str(1 << 22)]  # the check can fail
     assert run([sys.executable, "-c", code]).stdout.split() == ["0"]
+
+
+def test_the_machine_record_tells_apart_cpus_that_share_a_model_name(monkeypatch):
+    """A VM's /proc/cpuinfo names a Zen 3 and a Zen 4 alike ("AMD EPYC"); the family and model numbers differ."""
+    for family_model, fields in (("25/1", {"cpu family": "25", "model": "1"}),
+                                 ("25/17", {"cpu family": "25", "model": "17"})):
+        cpuinfo = {"model name": "AMD EPYC", **fields}
+        monkeypatch.setattr(device_module, "cpuinfo_field", lambda name, c=cpuinfo: c.get(name, ""))
+        machine = device_module.describe_machine()
+        assert (machine["cpu_model"], machine["cpu_family_model"]) == ("AMD EPYC", family_model)
+    monkeypatch.setattr(device_module, "cpuinfo_field", lambda name: "")  # no /proc/cpuinfo: neither is claimed
+    assert "cpu_family_model" not in device_module.describe_machine()
