@@ -394,8 +394,8 @@ def write_report(summary: dict[str, Any], path: str | Path, *, source: str = PUB
         return path
     notebook, filled = json.loads(path.read_text()), 0
     for cell in notebook["cells"]:
-        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if cell["cell_type"] == "markdown" and (text := _filled(text, summary, source)) is not None:
+        cell_text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "markdown" and (text := _filled(cell_text, summary, source)) is not None:
             cell["source"], filled = text.splitlines(keepends=True), filled + 1
     if not filled:
         raise missing
