@@ -568,12 +568,14 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
     "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "sft_step_seconds": 1.2, "eval_seconds": 70, "run_minutes": 90,
                             "basis": "estimate: as v5e-8, 8 GiB per core"},
     "gpu-gemma-3-1b": {
-        "grpo_step_seconds": 3.5,
+        "grpo_step_seconds": 4.0,
         "sft_step_seconds": 0.4,
         "eval_seconds": 27,
         "run_minutes": 90,
-        "basis": "measured: an NVIDIA H200 in bf16 (fp32: 4.4 s a step), Gemma 3 1B's shapes with random weights, "
-        "every completion 256 tokens (docs/gpu_check.md); a T4 is several times slower and has not been measured",
+        "basis": "measured: two NVIDIA H200 machines in bf16, GRPO step medians 3.5 and 4.0 s (fp32: 4.4 and 4.1 s), "
+        "SFT step 0.39 and 0.43 s, greedy evaluation 27 and 22 s; Gemma 3 1B's shapes with random weights, every "
+        "completion 256 tokens (docs/gpu_check.md); the slower of each kept; a T4 is several times slower and has "
+        "not been measured",
     },
 }
 """Expected wall time per GRPO step, per SFT step, per greedy evaluation of 200 held-out problems and per run of each
