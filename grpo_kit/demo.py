@@ -64,6 +64,8 @@ class Arc:
 
     def __init__(self, cfg: RunConfig, device: str | torch.device | None = None, *, progress: bool = True,
                  resume: bool = True, rewards: Sequence[RewardFunc] | None = None) -> None:
+        if cfg.rft_control and cfg.rft_learning_rate is None:  # recorded as the number RFT trains at
+            cfg = dataclasses.replace(cfg, rft_learning_rate=cfg.grpo.learning_rate)
         self.cfg, self.progress = cfg, progress
         self.rewards = list(rewards) if rewards is not None else list(DEFAULT_REWARDS)
         """GRPO's reward functions (default: the verifier rewards, weighted by grpo.reward_weights or
@@ -102,7 +104,7 @@ class Arc:
         if not path.exists():
             raise FileNotFoundError(f"{output_dir} holds no arc (no progress.json): give the output directory of "
                                     "grpo-kit demo or notebook 08/09")
-        settings = json.loads(path.read_text())["settings"]
+        settings = recorded_settings(json.loads(path.read_text())["settings"])
         cfg = apply_overrides(RunConfig(), settings, str(path))
         return cls(dataclasses.replace(cfg, output_dir=str(output_dir)), device, progress=progress)
 
@@ -118,7 +120,7 @@ class Arc:
         if self.record_path.exists():
             records = json.loads(self.record_path.read_text())
             # a setting the recorded run lacks counts as unset: a field added since, at its default None, is no change
-            if changed := _first_difference(without_retired(RunConfig, records.get("settings", {})), settings):
+            if changed := _first_difference(recorded_settings(records.get("settings", {})), settings):
                 raise ValueError(
                     f"{self.out} holds an arc run with other settings ({changed}): use another output_dir, "
                     "or start over with resume=False (CLI: --overwrite)"
@@ -266,7 +268,7 @@ class Arc:
         return statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
 
     def _resize(self, phase: str, trainer: SFTTrainer, *, seconds: float) -> None:
-        """A third of the way through its planned steps, SFT (or the control) is sized again: as many steps in all
+        """A third of the way through its planned steps, SFT (or a control) is sized again: as many steps in all
         as fit what is left of its `seconds` at the median of the later half of the steps timed so far
         (`plan["<phase>_resized_steps"]`, saved, so that a resumed run takes the same). Its first steps can run
         slower than the rest (under the AVX2 stand-in SFT's steps 2 to 6 took 7.6 s against a median of 6.4 s) or
@@ -373,9 +375,12 @@ class Arc:
         return self.finish("control", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
 
     def rft(self) -> dict[str, Any]:
-        """The RFT control (`rft.RFTTrainer`): from the SFT model, SFT's learning rate and warm-up, GRPO's prompts,
-        group size, temperature and length; as many steps as fit the seconds GRPO trained, sized after the first
-        steps, with the cosine schedule over that many."""
+        """The RFT control (`rft.RFTTrainer`): from the SFT model, GRPO's learning rate (`RunConfig.rft_learning_rate`),
+        SFT's warm-up, GRPO's prompts, group size, temperature and length; as many steps as fit the seconds GRPO
+        trained, sized after the first steps and again a third of the way in (`_resize`: its steps grow slower as
+        more samples are right and each batch holds more of them; at GRPO's rate on the tiny Gemma, 0.68 s a step
+        at the probe and 0.83 s on average), with the cosine schedule over that many (`rft_steps` fixes the
+        count)."""
         if record := self.done("rft"):
             return record
         grpo = self._grpo_for("RFT")
@@ -385,8 +390,8 @@ class Arc:
         if self.cfg.rft_steps:
             plan.setdefault("rft_steps", self.cfg.rft_steps)
         config = RFTConfig(
-            steps=plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"])),
-            learning_rate=s.learning_rate,
+            steps=plan.get("rft_resized_steps", plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"]))),
+            learning_rate=self.cfg.rft_learning_rate or g.learning_rate,
             weight_decay=s.weight_decay,
             warmup_steps=s.warmup_steps,
             max_grad_norm=s.max_grad_norm,
@@ -415,6 +420,8 @@ class Arc:
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
             trainer.set_steps(self._size_after_probe("rft", seconds=grpo["trained_seconds"], started=t0,
                                                      step_seconds=plan["rft_probe_step_seconds"], step=trainer.step))
+        if not self.cfg.rft_steps and "rft_resized_steps" not in plan:
+            self._resize("rft", trainer, seconds=grpo["trained_seconds"])
         trainer.train(progress=self.progress)
         trainer.save(self.out / "rft" / "final")
         self.holds = "rft"
@@ -528,6 +535,16 @@ def _paired(first: list[bool], second: list[bool]) -> dict[str, int]:
     return {"fixed": sum(b and not a for a, b in zip(first, second, strict=True)),
             "broken": sum(a and not b for a, b in zip(first, second, strict=True)),
             "both": sum(a and b for a, b in zip(first, second, strict=True))}
+
+
+def recorded_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A progress.json's settings as today's `RunConfig` reads them: retired settings dropped (`without_retired`),
+    and an arc with the RFT control recorded before `rft_learning_rate` existed given the rate its RFT trained at,
+    SFT's."""
+    settings = without_retired(RunConfig, settings)
+    if settings.get("rft_control") and "rft_learning_rate" not in settings:
+        settings = {**settings, "rft_learning_rate": settings.get("sft", {}).get("learning_rate")}
+    return settings
 
 
 def _first_difference(old: Any, new: Any, where: str = "") -> str | None:

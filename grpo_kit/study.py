@@ -96,7 +96,9 @@ def regime_text(regime: str) -> str:
 def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
                 overrides: dict[str, Any] | None = None) -> RunConfig:
     """The arc of one cell: `preset` with the regime's settings, STUDY_SETTINGS, then `overrides`; `seed` moves the
-    task's seed (other problems), the LoRA adapters' initialisation, SFT's batch order and GRPO's samples."""
+    task's seed (other problems), the LoRA adapters' initialisation, SFT's batch order and GRPO's samples. RFT trains
+    at SFT's learning rate unless `overrides` say otherwise, as every recorded cell did (the arc's default is GRPO's
+    rate: `RunConfig.rft_learning_rate`)."""
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}: one of {', '.join(REGIMES)}")
     cfg = apply_overrides(load_run_config(preset), {**REGIMES[regime], **STUDY_SETTINGS}, f"study.{regime}")
@@ -104,7 +106,7 @@ def cell_config(preset: str, regime: str, seed: int, output_dir: str | Path, *,
     return dataclasses.replace(
         cfg, output_dir=str(output_dir), task=dataclasses.replace(cfg.task, seed=cfg.task.seed + seed),
         model=dataclasses.replace(cfg.model, seed=seed), sft=dataclasses.replace(cfg.sft, seed=seed),
-        grpo=dataclasses.replace(cfg.grpo, seed=seed))
+        grpo=dataclasses.replace(cfg.grpo, seed=seed), rft_learning_rate=cfg.rft_learning_rate or cfg.sft.learning_rate)
 
 
 def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str, Any]:

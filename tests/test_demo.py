@@ -9,7 +9,7 @@ import torch
 
 from grpo_kit.cli import main
 from grpo_kit.config import RunConfig, load_run_config
-from grpo_kit.demo import SFT_PROBE_STEPS, STAGES, Arc
+from grpo_kit.demo import PROBE_STEPS, SFT_PROBE_STEPS, STAGES, Arc
 
 
 def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
@@ -39,6 +39,33 @@ def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
     assert main([*demo, "--config", str(_yaml(tmp_path)), "--overwrite"]) == 0
 
 
+def test_rft_trains_at_grpos_rate_and_an_arc_recorded_before_that_resumes_only_at_sfts(tmp_path):
+    """RFT learns from the model's own samples as GRPO does, and at SFT's rate it threw the tiny Gemma off its SFT
+    start (RunConfig.rft_learning_rate). An arc recorded before the setting existed trained RFT at SFT's rate: it
+    continues only at that rate, and is refused at another, naming the setting."""
+    cfg = _tiny(tmp_path / "arc", rft_control=True)
+    assert Arc(cfg, "cpu", progress=False).cfg.rft_learning_rate == cfg.grpo.learning_rate == 1e-4
+    assert Arc(cfg, "cpu", progress=False).records["settings"]["rft_learning_rate"] == 1e-4  # the rate, as a number
+    path = tmp_path / "arc" / "progress.json"
+    records = json.loads(path.read_text())
+    del records["settings"]["rft_learning_rate"]
+    path.write_text(json.dumps(records))
+    with pytest.raises(ValueError, match="rft_learning_rate was 0.001, is 0.0001 now"):
+        Arc(cfg, "cpu", progress=False)
+    at_sfts = dataclasses.replace(cfg, rft_learning_rate=cfg.sft.learning_rate)
+    assert Arc(at_sfts, "cpu", progress=False).cfg.rft_learning_rate == 1e-3
+    path.write_text(json.dumps(records))  # and read back for an evaluation or an export, at the rate it trained at
+    assert Arc.from_dir(tmp_path / "arc", "cpu").cfg.rft_learning_rate == 1e-3
+    # without the RFT control nothing changes: an arc recorded before the setting existed continues as it was
+    plain = _tiny(tmp_path / "plain")
+    Arc(plain, "cpu", progress=False)
+    path = tmp_path / "plain" / "progress.json"
+    records = json.loads(path.read_text())
+    del records["settings"]["rft_learning_rate"]
+    path.write_text(json.dumps(records))
+    assert Arc(plain, "cpu", progress=False).cfg.rft_learning_rate is None
+
+
 def _yaml(tmp_path):
     path = tmp_path / "lr.yaml"
     path.write_text("grpo: {learning_rate: 3e-4}\n")
@@ -58,10 +85,11 @@ def _control_steps_sized_from(plan, trained_seconds):
     return SFT_PROBE_STEPS + max(0, math.floor(after_probe / plan["control_probe_step_seconds"]))
 
 
-def _resized(plan, rows, phase, seconds):
-    """SFT's or the control's steps sized again a third of the way through its planned ones: as many in all as fit
-    what is left of `seconds` at the median of the later half of the steps timed so far."""
-    resized_at = max(SFT_PROBE_STEPS + 1, plan[f"{phase}_steps"] // 3)
+def _resized(plan, rows, phase, seconds, probe_steps=SFT_PROBE_STEPS):
+    """SFT's, the control's or RFT's steps sized again a third of the way through its planned ones (at least one
+    step after its probe): as many in all as fit what is left of `seconds` at the median of the later half of the
+    steps timed so far."""
+    resized_at = max(probe_steps + 1, plan[f"{phase}_steps"] // 3)
     timed = [r["step_seconds"] for r in rows if r["step"] <= resized_at]
     recent = statistics.median(timed[len(timed) // 2 :])
     return resized_at + max(0, math.floor((seconds - sum(timed)) / recent))
@@ -106,14 +134,20 @@ def test_time_budget_sizes_each_phase_from_measured_times_and_the_controls_match
     # and, as SFT, again a third of the way in, so that it trains for about as long as GRPO did
     control_rows = _rows(tmp_path / "arc" / "control" / "sft_metrics.jsonl")
     assert plan["control_resized_steps"] == _resized(plan, control_rows, "control", trained) == summary["control_steps"]
-    # RFT: as many steps as fit the seconds GRPO trained at its own probed step time
-    assert summary["rft_steps"] == plan["rft_steps"] >= 2
+    # RFT: as many steps as fit the seconds GRPO trained at its own probed step time, and again a third of the way in
+    # (its steps grow slower as more samples are right)
     rft_seconds_after_probe = trained - plan["rft_probe_seconds"]
     assert plan["rft_steps"] == 2 + max(0, math.floor(rft_seconds_after_probe / plan["rft_probe_step_seconds"]))
     rft_rows = _rows(tmp_path / "arc" / "rft" / "rft_metrics.jsonl")
-    assert [r["step"] for r in rft_rows] == list(range(1, plan["rft_steps"] + 1))
+    resized = _resized(plan, rft_rows, "rft", trained, PROBE_STEPS)
+    assert plan["rft_resized_steps"] == resized == summary["rft_steps"] >= 2
+    assert [r["step"] for r in rft_rows] == list(range(1, summary["rft_steps"] + 1))
     assert all(0 <= r["sampled_accuracy"] <= 1 and r["accepted"] <= 4 * 4 for r in rft_rows)
     assert phases["rft"]["accepted"] == sum(r["accepted"] for r in rft_rows)
+    # at GRPO's learning rate (SFT's is ten times it here): in the warm-up both controls share, its first step's
+    # rate is the control's times GRPO's over SFT's
+    assert cfg.sft.warmup_steps > 1 and cfg.grpo.learning_rate / cfg.sft.learning_rate == pytest.approx(0.1)
+    assert rft_rows[0]["learning_rate"] == pytest.approx(control_rows[0]["learning_rate"] * 0.1)
     for stage in ("base", "sft", "grpo", "control", "rft"):
         assert 0 <= summary[f"{stage}_accuracy"] <= 1 and summary[f"{stage}_format_rate"] is not None
     for stage in ("sft", "grpo", "control", "rft"):  # the sampled scores, k = 2

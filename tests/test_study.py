@@ -199,6 +199,10 @@ def test_each_cell_is_the_preset_with_its_regime_and_seed(monkeypatch):
     assert cfg.model.seed == cfg.sft.seed == cfg.grpo.seed == 2  # the LoRA adapters' initialisation too
     assert cfg.control and cfg.rft_control and cfg.eval_pass_k == 4
     assert cfg.grpo.gate_shaped_rewards and cfg.grpo.difficulty_targeting and cfg.grpo.learning_rate == 2e-5
+    # RFT at SFT's rate, as every recorded cell trained it (the arc's own default is GRPO's)
+    assert cfg.rft_learning_rate == cfg.sft.learning_rate == 2e-4
+    at_grpos = cell_config("cpu-gemma-270m", "scarce", 0, "x", overrides={"rft_learning_rate": 2e-5})
+    assert at_grpos.rft_learning_rate == 2e-5
     assert cfg.task.num_demonstrations == 200  # the regime's own, not the preset's
     scarce = cell_config("cpu-gemma-270m", "scarce", 0, "runs/x").task
     assert scarce.num_demonstrations == 32
