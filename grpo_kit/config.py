@@ -449,10 +449,11 @@ class RunConfig:
     """Steps of the RFT control; None = as many as fit the seconds GRPO trained, timed after its first steps."""
     rft_learning_rate: float | None = ruled(None, above(0))
     """The RFT control's learning rate; None = GRPO's (`grpo.learning_rate`). RFT learns from the model's own samples
-    as GRPO does, and RAFT (arXiv 2504.11343) trains it with the RL run's settings. SFT's rate, ten times GRPO's in
-    the presets, throws the model off its SFT start: in the tiny Gemma's arc (`grpo-kit demo` with `rft_control`,
-    2-core Intel Xeon) RFT went from SFT's 36.5 % to 65.5 % at GRPO's 1e-4 (GRPO itself: 57.5 %) and to 0.5 % at
-    SFT's 1e-3. The study's cells train RFT at SFT's rate, as its recorded cells did (`study.cell_config`)."""
+    as GRPO does, and RAFT++ (arXiv 2504.11343) trains it in the RL trainer, with its settings. SFT's rate, ten times
+    GRPO's in the presets, throws the model off its SFT start: in the tiny Gemma's arc (`grpo-kit demo` with
+    `rft_control`, 2-core Intel Xeon) RFT went from SFT's 36.5 % to 65.5 % at GRPO's 1e-4 (GRPO itself: 57.5 %) and
+    to 0.5 % at SFT's 1e-3. The study's cells train RFT at SFT's rate, as its recorded cells did
+    (`study.cell_config`)."""
     eval_batch_size: int = ruled(64, at_least(1))
     """Held-out problems decoded together in an evaluation (their k samples with eval_pass_k). A CPU decodes a larger
     batch faster per problem (the weights are read once per token for every row); an accelerator's memory bounds it."""
