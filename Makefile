@@ -74,11 +74,13 @@ study: $(STAMP)
 
 # The scarce regime again, 3 seeds, with each seed's LoRA adapters drawn from it (the published cells' were not), on
 # the fp32 path of an AVX2 CPU (the AVX2 stand-in, which every x86-64 machine here can run, so that cells recorded on
-# different machines ran the same kernels); each finished cell is recorded in docs/study_cells_seeded/ (commit it:
-# a cell took 111 minutes alone on a 2-core AMD EPYC Zen 4, and one recorded there is not run again), then
-# docs/study_seeded.json and its tables in docs/capstone.md and README.md.
+# different machines run the same kernels; MKL's variable from seed 2 on: an Intel Xeon ran seed 1 without it, with
+# MKL's AVX-512 products); each finished cell is recorded in docs/study_cells_seeded/ (commit it: a cell took 111
+# minutes alone on a 2-core AMD EPYC Zen 4, and one recorded there is not run again), then docs/study_seeded.json and
+# its tables in docs/capstone.md and README.md.
 study-seeded: $(STAMP)
-	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 GRPO_KIT_CPU_BF16=0 $(BIN)/grpo-kit study --regimes scarce \
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 GRPO_KIT_CPU_BF16=0 \
+	  $(BIN)/grpo-kit study --regimes scarce \
 	  --output-dir runs/study-seeded --record-dir docs/study_cells_seeded
 	cp runs/study-seeded/summary.json docs/study_seeded.json
 	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md README.md
