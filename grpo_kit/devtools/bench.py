@@ -366,7 +366,8 @@ AVX2_STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "M
 kit takes its fp32 path (without the last variable the kit would still pick bf16 products from CPUID, which AVX2
 would then emulate). Without MKL's variable an Intel CPU with AVX-512 still runs MKL's AVX-512 products (another
 summation order: on a 2-core Intel Xeon a 64 × 640 by 640 × 2,048 fp32 product gave other bits with it than
-without), while MKL takes its AVX2 path on an AMD CPU anyway."""
+without). On AMD CPUs MKL ran the same products without it: a seeded study cell on a Zen 4, which has AVX-512,
+repeated an AVX2-only Zen 3's accuracies exactly."""
 CAPSTONE_GOALS = {"native": 12.0, "avx2": 25.0}
 """Seconds per capstone GRPO step the kit aims for on this 2-core machine, natively and under the AVX2 stand-in."""
 
