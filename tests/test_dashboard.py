@@ -254,10 +254,10 @@ def test_experiment_moves_the_slider_between_two_runs(dashboard):
         dashboard.experiment({"bogus": 1.0}, steps=0)
 
 
-def _notebook_trainer(tiny, task, monkeypatch, **changes):
+def _notebook_trainer(tiny, task, monkeypatch, extra_rewards: tuple = (), **changes):
     """Notebook 05's trainer under CI's quick mode: the course's settings and controls, a fourth reward at weight 0
     (the notebook's thorough_reward; here the step-arithmetic one); 4 prompts × 4 a step and no warm-up (the recorded
-    learning rate is then the control's) to keep it fast."""
+    learning rate is then the control's) to keep it fast. `extra_rewards` come last, at weight 1."""
     import dataclasses
 
     from grpo_kit import notebook as nbk
@@ -269,7 +269,8 @@ def _notebook_trainer(tiny, task, monkeypatch, **changes):
     cfg = dataclasses.replace(cfg, output_dir=None, log_completions=0, prompts_per_step=4, group_size=4,
                               micro_batch_size=16, warmup_steps=1,
                               reward_weights={**cfg.reward_weights, "arithmetic_steps_reward": 0.0}, **changes)
-    return GRPOTrainer(model, tok, [*DEFAULT_REWARDS, arithmetic_steps_reward], task.prompt_stream(), cfg)
+    rewards = [*DEFAULT_REWARDS, arithmetic_steps_reward, *extra_rewards]
+    return GRPOTrainer(model, tok, rewards, task.prompt_stream(), cfg)
 
 
 def _html_text(widget) -> str:
@@ -297,16 +298,30 @@ def test_every_slider_shown_under_the_notebooks_settings_reaches_the_next_row(ti
 
 
 def test_with_two_passes_the_epsilon_slider_is_shown_and_narrowing_it_clips_more(sft_model, task, monkeypatch):
-    """From a model whose groups have right and wrong answers (as notebook 05's has after SFT and GRPO)."""
-    from grpo_kit import notebook as nbk
+    """One step from the same weights and the same batch with the slider at 0.5 and at its narrowest, 0.02: the
+    policy ratios are the same up to the first clip, so the narrower ε clips a larger share of tokens. A fifth
+    reward ranks each group's completions by their place in it, so every group has advantages to clip. (Steps taken
+    one after another, as `Dashboard.experiment` takes them, with the course's rewards leave this to chance on the
+    warmed-up tiny model: most of its groups score alike, and the share clipped is ≈ 1 % either side.)"""
+    model, _ = sft_model
+    start = {k: v.clone() for k, v in model.state_dict().items()}
 
-    dash = Dashboard(_notebook_trainer(sft_model, task, monkeypatch, num_iterations=2), redraw_seconds=0.0)
-    assert "epsilon" in dash.sliders
-    dash.move(epsilon=0.5)
-    before, after = dash.experiment({"epsilon": 0.02}, steps=3)
-    assert all(r["epsilon"] == pytest.approx(0.5) for r in before) and all(
-        r["epsilon"] == pytest.approx(0.02) for r in after)
-    assert nbk.expect(before, after, ("clip_high", "clip_low"), "rises")
+    def place_in_group(prompts, completions, completion_ids, **kw):  # noqa: ANN001, ANN003
+        return [float(row % 4) for row in range(len(prompts))]
+
+    rows = []
+    for epsilon in (0.5, 0.02):
+        model.load_state_dict(start)
+        trainer = _notebook_trainer(sft_model, task, monkeypatch, extra_rewards=(place_in_group,), num_iterations=2)
+        dash = Dashboard(trainer, redraw_seconds=0.0)
+        assert "epsilon" in dash.sliders
+        dash.move(epsilon=epsilon)
+        dash.run(steps=1)
+        rows.append(dash.rows[-1])
+    wide, narrow = rows
+    assert wide["epsilon"] == pytest.approx(0.5) and narrow["epsilon"] == pytest.approx(0.02)
+    assert wide["reward_mean"] == narrow["reward_mean"]  # the same batch
+    assert narrow["clip_high"] + narrow["clip_low"] > wide["clip_high"] + wide["clip_low"], (wide, narrow)
 
 
 def test_length_bias_measures_each_loss_types_push_per_token_on_wrong_answers(sft_model, task, capsys):

