@@ -383,14 +383,14 @@ class Arc:
         count)."""
         if record := self.done("rft"):
             return record
-        grpo = self._grpo_for("RFT")
+        grpo = None if self.cfg.rft_steps else self._grpo_for("RFT")  # fixed steps need no GRPO to size them
         self._start_from_sft()
         t0 = time.perf_counter()
         plan, s, g = self.records["plan"], self.cfg.sft, self.cfg.grpo
         if self.cfg.rft_steps:
             plan.setdefault("rft_steps", self.cfg.rft_steps)
         config = RFTConfig(
-            steps=plan.get("rft_resized_steps", plan.get("rft_steps", max(PROBE_STEPS, grpo["steps"]))),
+            steps=plan.get("rft_resized_steps") or plan.get("rft_steps") or max(PROBE_STEPS, grpo["steps"]),
             learning_rate=self.cfg.rft_learning_rate or g.learning_rate,
             weight_decay=s.weight_decay,
             warmup_steps=s.warmup_steps,

@@ -38,7 +38,7 @@ import numpy as np
 
 from .checkpoint import write_whole
 from .config import GRPO_RECIPE, RunConfig, apply_overrides, load_run_config
-from .demo import Arc
+from .demo import Arc, recorded_settings
 from .device import describe_machine
 from .evaluation import paired_difference, sampled_scores
 from .plots import plot_study
@@ -133,6 +133,39 @@ def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str,
                                   "prompts": PROBE_PROMPTS, "seconds": time.perf_counter() - t0})
     arc.run()
     return json.loads(progress_file.read_text())  # the cell's record, as a finished cell returns it above
+
+
+def rft_at_grpos_rate(record_path: str | Path, output_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
+    """A recorded cell's RFT control again at GRPO's learning rate (`RunConfig.rft_learning_rate`; the recorded
+    cells trained RFT at SFT's, ten times higher): the cell's settings from its record, SFT trained again, then RFT
+    for the cell's fixed steps, each evaluated as the cell was. The new SFT model is checked against the record's
+    (`sft_answers_as_recorded`: the share of held-out problems it gets right or wrong as the recorded one did; 1.0 on
+    the machine and kernels that recorded the cell), and RFT is paired problem by problem with the recorded SFT,
+    GRPO and SFT control (`rft_minus`, in points). The arc is in `output_dir` (running again continues it)."""
+    record = json.loads(Path(record_path).read_text())
+    cfg = apply_overrides(RunConfig(), recorded_settings(record["settings"]), str(record_path))
+    if not (cfg.rft_control and cfg.rft_steps):
+        raise ValueError(f"{record_path}: not a study cell with a fixed-step RFT control (rft_control, rft_steps)")
+    cfg = dataclasses.replace(cfg, output_dir=str(output_dir), rft_learning_rate=cfg.grpo.learning_rate)
+    arc = Arc(cfg, progress=progress)
+    arc.sft()
+    sft = arc.evaluate("sft")
+    arc.rft()
+    rft = arc.evaluate("rft")
+    phases = record["phases"]
+    recorded_sft = phases["sft_eval"]["correct"]
+    return {
+        "record": Path(record_path).as_posix(), "rft_learning_rate": cfg.rft_learning_rate,
+        "recorded_rft_learning_rate": recorded_settings(record["settings"])["rft_learning_rate"],
+        "sft_accuracy": _points(sft["accuracy"]), "rft_accuracy": _points(rft["accuracy"]),
+        "rft_steps": arc.done("rft")["steps"], "rft_accepted": arc.done("rft")["accepted"],
+        "sft_answers_as_recorded": sum(a == b for a, b in zip(sft["correct"], recorded_sft, strict=True))
+        / len(recorded_sft),
+        "recorded": {stage: _points(phases[f"{stage}_eval"]["accuracy"]) for stage in STAGES},
+        "rft_minus": {stage: paired_difference([phases[f"{stage}_eval"]["correct"]], [rft["correct"]])
+                      for stage in ("sft", "grpo", "control", "rft")},
+        "machine": describe_machine(),
+    }
 
 
 def _is_metric(name: str) -> bool:

@@ -269,6 +269,41 @@ def test_a_small_study_runs_every_phase_writes_its_summary_and_continues_without
     assert "--regimes easy: one of plentiful, scarce, beyond" in capsys.readouterr().err
 
 
+def test_a_recorded_cells_rft_runs_again_at_grpos_rate_from_the_same_sft_model(tmp_path, capsys):
+    """`devtools.rft_rate` on a small recorded cell: SFT trained again gives the recorded SFT model's answers (the
+    same machine), RFT trains the cell's fixed steps at GRPO's rate, not the recorded SFT's, and is paired with the
+    recorded stages; running again continues the arc (nothing retrains). A record without the RFT control is refused
+    with its name."""
+    from grpo_kit.devtools import rft_rate
+
+    records = tmp_path / "cells"
+    run_study(tmp_path / "study", preset="cpu-tiny-quick", regimes=("scarce",), seeds=(0,), overrides=TINY,
+              progress=False, record_dir=records)
+    record = json.loads((records / "scarce-seed0.json").read_text())
+    out, result_path = tmp_path / "again", tmp_path / "docs" / "scarce-seed0.json"
+    args = [str(records / "scarce-seed0.json"), "--output-dir", str(out), "--result", str(result_path), "--quiet"]
+    assert rft_rate.main(args) == 0
+    result = json.loads(result_path.read_text())
+    grpo_rate, sft_rate = record["settings"]["grpo"]["learning_rate"], record["settings"]["sft"]["learning_rate"]
+    assert grpo_rate != sft_rate and record["settings"]["rft_learning_rate"] == sft_rate
+    assert result["rft_learning_rate"] == grpo_rate and result["recorded_rft_learning_rate"] == sft_rate
+    assert json.loads((out / "progress.json").read_text())["settings"]["rft_learning_rate"] == grpo_rate
+    assert result["sft_answers_as_recorded"] == 1.0
+    assert result["sft_accuracy"] == result["recorded"]["sft"]
+    assert result["rft_steps"] == 2 and set(result["recorded"]) == {"sft", "grpo", "control", "rft"}
+    for stage, difference in result["rft_minus"].items():
+        assert difference["paired_problems"] == 8
+        assert difference["mean"] == pytest.approx(result["rft_accuracy"] - result["recorded"][stage], abs=0.01)
+    progress = (out / "progress.json").read_text()
+    assert rft_rate.main(args) == 0 and (out / "progress.json").read_text() == progress  # continued: none ran
+    assert {k: v for k, v in json.loads(result_path.read_text()).items() if k != "machine"} == {
+        k: v for k, v in result.items() if k != "machine"}
+    without = tmp_path / "without.json"
+    without.write_text(json.dumps({**record, "settings": {**record["settings"], "rft_control": False}}))
+    with pytest.raises(ValueError, match=r"without.json: not a study cell with a fixed-step RFT control"):
+        rft_rate.main([str(without), "--output-dir", str(tmp_path / "x"), "--result", str(tmp_path / "x.json")])
+
+
 @pytest.mark.parametrize(("source", "records", "shown_on"), [
     ("docs/study.json", "docs/study_cells", ("README.md", "notebook 08", "docs/capstone.md")),
     ("docs/study_seeded.json", "docs/study_cells_seeded", ("README.md", "docs/capstone.md")),  # the replication
