@@ -143,22 +143,23 @@ def rft_at_grpos_rate(record_path: str | Path, output_dir: str | Path, *, progre
     the machine and kernels that recorded the cell), and RFT is paired problem by problem with the recorded SFT,
     GRPO and SFT control (`rft_minus`, in points). The arc is in `output_dir` (running again continues it)."""
     record = json.loads(Path(record_path).read_text())
-    cfg = apply_overrides(RunConfig(), recorded_settings(record["settings"]), str(record_path))
+    settings = recorded_settings(record["settings"])
+    cfg = apply_overrides(RunConfig(), settings, str(record_path))
     if not (cfg.rft_control and cfg.rft_steps):
         raise ValueError(f"{record_path}: not a study cell with a fixed-step RFT control (rft_control, rft_steps)")
     cfg = dataclasses.replace(cfg, output_dir=str(output_dir), rft_learning_rate=cfg.grpo.learning_rate)
     arc = Arc(cfg, progress=progress)
     arc.sft()
     sft = arc.evaluate("sft")
-    arc.rft()
+    rft_phase = arc.rft()
     rft = arc.evaluate("rft")
     phases = record["phases"]
     recorded_sft = phases["sft_eval"]["correct"]
     return {
         "record": Path(record_path).as_posix(), "rft_learning_rate": cfg.rft_learning_rate,
-        "recorded_rft_learning_rate": recorded_settings(record["settings"])["rft_learning_rate"],
+        "recorded_rft_learning_rate": settings["rft_learning_rate"],
         "sft_accuracy": _points(sft["accuracy"]), "rft_accuracy": _points(rft["accuracy"]),
-        "rft_steps": arc.done("rft")["steps"], "rft_accepted": arc.done("rft")["accepted"],
+        "rft_steps": rft_phase["steps"], "rft_accepted": rft_phase["accepted"],
         "sft_answers_as_recorded": sum(a == b for a, b in zip(sft["correct"], recorded_sft, strict=True))
         / len(recorded_sft),
         "recorded": {stage: _points(phases[f"{stage}_eval"]["accuracy"]) for stage in STAGES},
