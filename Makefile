@@ -83,7 +83,8 @@ study-seeded: $(STAMP)
 	  $(BIN)/grpo-kit study --regimes scarce \
 	  --output-dir runs/study-seeded --record-dir docs/study_cells_seeded
 	cp runs/study-seeded/summary.json docs/study_seeded.json
-	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md README.md
+	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md README.md \
+	  notebooks/08_gemma_gsm8k.ipynb
 
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)
