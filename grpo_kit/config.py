@@ -490,14 +490,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
     # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured runs).
     # The task is the study's scarce regime: 32 worked solutions (enough for the format), GRPO on answer-only
-    # problems. There GRPO beat as much more SFT over three seeds; with 200 solutions (plentiful) the two were not
-    # told apart (study.REGIMES, docs/capstone.md).
+    # problems. There GRPO beat as much more SFT over three seeds (+3.5 points), and by less in a replication with
+    # seeded adapters (+1.3, not told apart from noise); with 200 solutions (plentiful) the two were not told apart
+    # (study.REGIMES, docs/capstone.md).
     # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
     # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
     # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
     # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
     # GRPO's recipe is the study's (GRPO_RECIPE), as on every real-Gemma preset.
-    # SFT runs the study's 160 steps, as in the cells where GRPO beat more SFT (study.STUDY_SETTINGS), and the budget
+    # SFT runs the study's 160 steps, as in the scarce cells (study.STUDY_SETTINGS), and the budget
     # sizes GRPO and the control from what is left (on a 2-core EPYC Zen 4 GRPO got 100 steps natively and 79 under
     # the AVX2 stand-in, on a Zen 3 with AVX2 only 43 and 37, and 75 there with --time-budget 80; the cells had 84).
     # With SFT a fifth of the time (≈ 100 steps) more SFT still paid: SFT → control +1.4 points over five demo runs,
