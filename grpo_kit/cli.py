@@ -496,7 +496,7 @@ def _score_parsers(sub: Any) -> None:
 def _study_parser(sub: Any) -> None:
     p = sub.add_parser(
         "study",
-        help="(slow: hours) when GRPO beats more SFT: three regimes × seeds on Gemma 3 270M, GRPO "
+        help="(slow: hours) does GRPO beat more SFT? Three regimes × seeds on Gemma 3 270M, GRPO "
         "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)",
     )
     p.add_argument(
