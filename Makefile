@@ -101,9 +101,10 @@ bench-twice: $(STAMP)
 faults: $(STAMP)
 	$(BIN)/python scripts/faults.py
 
-# Pin the notebooks' install cell to this commit, commit that and tag v<version> (scripts/release.py).
+# Cut the release pyproject.toml names and CHANGELOG.md describes: the notebooks' cell 1 pinned to this commit, then
+# every badge opening those notebooks; two commits, checked (scripts/release.py).
 release: $(STAMP)
-	$(BIN)/python scripts/release.py tag
+	$(BIN)/python scripts/release.py cut
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check grpo_kit tests scripts
