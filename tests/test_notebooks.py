@@ -134,8 +134,8 @@ def test_each_notebook_opens_on_its_runtime_with_its_own_badges(path):
     tests/test_release.py checks that it exists and installs a kit with the notebook's names)."""
     nb = nbformat.read(path, as_version=4)
     intro = nb.cells[0].source
-    colab = re.findall(r"\(https://colab\.research\.google\.com/github/grpo-kit/grpo_kit/blob/(\w+)/(\S+)\)", intro)
-    kaggle = re.findall(r"\(https://kaggle\.com/kernels/welcome\?src=https://github\.com/grpo-kit/grpo_kit/blob/(\w+)/"
+    colab = re.findall(r"\(https://colab\.research\.google\.com/github/grpo-kit/grpo_kit/blob/([\w.]+)/(\S+)\)", intro)
+    kaggle = re.findall(r"\(https://kaggle\.com/kernels/welcome\?src=https://github\.com/grpo-kit/grpo_kit/blob/([\w.]+)/"
                         r"(\S+)\)", intro)
     assert colab and colab == kaggle and colab[0][1] == f"notebooks/{path.name}", (colab, kaggle)
     uses_device = any(

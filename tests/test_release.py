@@ -30,16 +30,19 @@ def test_the_release_users_open_provides_everything_its_notebooks_use():
 
 def test_what_a_notebook_asks_of_the_kit_is_read_from_its_code():
     cells = [
-        'import grpo_kit as gk\nfrom grpo_kit import notebook as nbk, rewards as R\nfrom grpo_kit.tasks import make_task',
+        'import grpo_kit as gk\nfrom grpo_kit import notebook as nbk, rewards as R\n'
+        'from grpo_kit.tasks import make_task',
         'cfg = nbk.choose_config()\nR.strict_format_reward(["x"])\ngk.GRPOConfig.beta\ngk.PRESETS["cpu-tiny"]',
         'nbk.check_exercise("02.1", globals())\nnbk.quiz("05.3")\nprint("pip could not install grpo-kit from here")',
         'if True:\n    !grpo-kit score --task my.jsonl\n%time x = 1\n'
-        'subprocess.run([sys.executable, "-m", "grpo_kit.cli", "xla-check", "--json"])\ncmd = "grpo-kit plan --tpu v6e-1"',
+        'subprocess.run([sys.executable, "-m", "grpo_kit.cli", "xla-check", "--json"])\n'
+        'cmd = "grpo-kit plan --tpu v6e-1"',
         '!python -m grpo_kit.devtools.smoke --help',
     ]
     needs = release.needs_of_cells(cells)
     assert needs.names == {
-        "grpo_kit", "grpo_kit.notebook", "grpo_kit.rewards", "grpo_kit.tasks.make_task", "grpo_kit.notebook.choose_config",
+        "grpo_kit", "grpo_kit.notebook", "grpo_kit.rewards", "grpo_kit.tasks.make_task",
+        "grpo_kit.notebook.choose_config",
         "grpo_kit.rewards.strict_format_reward", "grpo_kit.GRPOConfig", "grpo_kit.GRPOConfig.beta", "grpo_kit.PRESETS",
         "grpo_kit.notebook.check_exercise", "grpo_kit.notebook.quiz", "grpo_kit.devtools.smoke"}
     assert needs.commands == {"score", "xla-check", "plan"}  # not "from", out of a message
@@ -84,7 +87,8 @@ def test_make_release_cuts_a_release_whose_badges_open_notebooks_that_install_a_
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.com"}
     init = clone / "grpo_kit" / "__init__.py"
-    init.write_text(init.read_text().replace('    "notebook": None,\n', '    "notebook": None,\n    "a_new_name": "course",\n'))
+    public = '    "notebook": None,\n'
+    init.write_text(init.read_text().replace(public, public + '    "a_new_name": "course",\n'))
     (clone / "grpo_kit" / "course.py").write_text((clone / "grpo_kit" / "course.py").read_text() + "\na_new_name = 1\n")
     nb_path = clone / "notebooks" / "03_reward_design.ipynb"
     nb = json.loads(nb_path.read_text())
@@ -96,7 +100,8 @@ def test_make_release_cuts_a_release_whose_badges_open_notebooks_that_install_a_
     new = f"{old}.post9"
     pyproject.write_text(pyproject.read_text().replace(f'version = "{old}"', f'version = "{new}"', 1))
     changelog = clone / "CHANGELOG.md"
-    changelog.write_text(changelog.read_text().replace("\n## ", f"\n## v{new}\n\n- a new name for notebook 03\n\n## ", 1))
+    section = f"\n## v{new}\n\n- a new name for notebook 03\n\n## "
+    changelog.write_text(changelog.read_text().replace("\n## ", section, 1))
     _git("commit", "-q", "-am", "a new name", cwd=clone)
     script = [sys.executable, str(clone / "scripts" / "release.py")]
     before = subprocess.run([*script, "check"], cwd=clone, env=env, capture_output=True, text=True)
