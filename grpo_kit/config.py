@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -479,6 +480,18 @@ are all zero left out of the update (the same gradient, less work; cpu/cuda with
 GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
 """GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
 
+TPU_BOARDS: dict[str, tuple[int, float]] = {
+    "v2-8": (8, 8.0), "v3-8": (8, 16.0), "v5e-1": (1, 16.0), "v5e-8": (8, 16.0), "v6e-1": (1, 32.0),
+    "v6e-8": (8, 32.0)}
+"""The TPU boards with a preset: devices (chips, or cores on v2/v3) and GiB of HBM per device, as Google publishes
+them (v5e: 16 GB, v6e Trillium: 32 GB a chip). `planner.ACCELERATORS` plans on these numbers."""
+
+TPU_BOARD_MICRO_BATCH: tuple[tuple[str, int, bool], ...] = (
+    ("v2-8", 8, False), ("v3-8", 32, False), ("v5e-1", 4, False), ("v5e-8", 32, False), ("v6e-1", 8, False),
+    ("v6e-8", 64, False))
+"""Each TPU board with a preset, its micro-batch and gradient checkpointing, as `grpo-kit plan` picks them for Gemma
+3 1B-IT (v6e-1: 8 rather than the 16 that just fits, for the planner's ±25 %)."""
+
 # Named presets: overrides per config section, picked by name (CLI `--preset`).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "cpu-tiny": {},
@@ -531,7 +544,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "time_budget_minutes": 90,
             "eval_pass_k": 8,
         }
-        for tpu, micro, ckpt in (("v2-8", 8, False), ("v3-8", 32, False), ("v5e-1", 4, False), ("v5e-8", 32, False))
+        for tpu, micro, ckpt in TPU_BOARD_MICRO_BATCH
     },
     # Colab GPU: Gemma 3 1B-IT with LoRA on GSM8K; float32 on a T4 (no bf16), bf16 on L4/A100 (ModelConfig.dtype auto).
     "gpu-gemma-3-1b": {
@@ -569,6 +582,16 @@ PRESET_TIMES: dict[str, dict[str, Any]] = {
         "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s; "
         "an SFT step of 8 × 768 tokens and 200 problems' greedy decoding likewise",
     },
+    "tpu-v6e-1-gemma-3-1b": {
+        "grpo_step_seconds": 12,
+        "sft_step_seconds": 0.6,
+        "eval_seconds": 35,
+        "run_minutes": 90,
+        "basis": "estimate: as v5e-1 with v6e's published speed (918 bf16 TFLOP/s, twice v5e's HBM bandwidth): "
+        "256 decode steps at ≈ 25 ms (torch_xla's per-step overhead stays), the update at ≈ 30 % of its FLOP/s",
+    },
+    "tpu-v6e-8-gemma-3-1b": {"grpo_step_seconds": 8, "sft_step_seconds": 0.3, "eval_seconds": 25, "run_minutes": 90,
+                             "basis": "estimate: as v6e-1 with the batch split over 8 chips (decode latency stays)"},
     "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "sft_step_seconds": 0.6, "eval_seconds": 40, "run_minutes": 90,
                              "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)"},
     "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "sft_step_seconds": 0.8, "eval_seconds": 50, "run_minutes": 90,
@@ -642,17 +665,45 @@ def apply_overrides(cfg: C, overrides: dict[str, Any], where: str = "config") ->
 
 
 def auto_preset(hardware: str | None = None) -> str:
-    """The preset for the detected hardware (`device.detect_accelerator`): a TPU board's Gemma 3 1B preset,
-    the GPU preset, or the CPU tiny-Gemma demo."""
+    """The preset for the detected hardware (`device.detect_accelerator`): a TPU board's Gemma 3 1B preset, the GPU
+    preset, or the CPU tiny-Gemma demo. A TPU board without a preset of its own runs `board_for_memory`'s choice for
+    the devices and memory its runtime reports, said in one line; SetupError where it reports none or none fits."""
     if hardware is None:
         from .device import detect_accelerator
 
         hardware = detect_accelerator()
     if f"tpu-{hardware}-gemma-3-1b" in PRESETS:
         return f"tpu-{hardware}-gemma-3-1b"
-    if hardware.startswith("v"):  # a TPU without its own preset: the smallest board's settings are safe
-        return "tpu-v2-8-gemma-3-1b"
+    if hardware.startswith("v"):
+        from .device import SetupError, xla_device_memory
+
+        reported = xla_device_memory()
+        if reported is None:
+            raise SetupError(f"TPU {hardware} has no preset here and its runtime reports no device memory to plan "
+                             f"from: pass --preset with a board like it ({', '.join(TPU_BOARDS)})")
+        devices, gib = reported
+        board = board_for_memory(devices, gib)
+        if board is None:
+            raise SetupError(f"TPU {hardware} has no preset here, and no board's preset fits {devices} devices of "
+                             f"{gib:.0f} GiB: size one with `grpo-kit plan` and pass it with --config")
+        print(f"grpo-kit: TPU {hardware} has no preset of its own; its runtime reports {devices} devices of "
+              f"{gib:.0f} GiB, so it runs tpu-{board}-gemma-3-1b (planned for {TPU_BOARDS[board][0]} of "
+              f"{TPU_BOARDS[board][1]:.0f} GiB; each of yours holds as much or more)", file=sys.stderr)
+        return f"tpu-{board}-gemma-3-1b"
     return "gpu-gemma-3-1b" if hardware == "cuda" else "cpu-tiny"
+
+
+def board_for_memory(devices: int, gib_per_device: float) -> str | None:
+    """The board whose preset fits `devices` devices of `gib_per_device` GiB each, by the planner's own fits: a board
+    with as many devices and no more memory each (the largest such), else a one-device board with no more memory
+    whose micro-batch splits over `devices` (each device then holds a share of that board's rows); None if none."""
+    micro = {board: m for board, m, _ in TPU_BOARD_MICRO_BATCH}
+    same = [b for b, (n, g) in TPU_BOARDS.items() if n == devices and g <= gib_per_device]
+    single = [b for b, (n, g) in TPU_BOARDS.items() if n == 1 and g <= gib_per_device and micro[b] % devices == 0]
+    for found in (same, single):
+        if found:
+            return max(found, key=lambda b: (TPU_BOARDS[b][1], list(TPU_BOARDS).index(b)))  # ties: the newer
+    return None
 
 
 def load_run_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> RunConfig:

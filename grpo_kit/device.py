@@ -98,6 +98,23 @@ def virtual_tpu_devices() -> int:
     return int(os.environ.get("CPU_NUM_DEVICES") or 1)
 
 
+def xla_device_memory() -> tuple[int, float] | None:
+    """(devices, GiB of memory per device) as the TPU runtime reports them, to choose settings for a board without a
+    preset; None off real TPU chips, or where the runtime reports no limit."""
+    if not (xla_available() and tpu_chips_attached()):
+        return None
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    try:
+        info = xm.get_memory_info(torch_xla.device())
+    except Exception:  # noqa: BLE001 - a runtime that cannot say leaves the choice to the user (the caller says so)
+        return None
+    limit = info.get("bytes_limit") or info.get("kb_total", 0) * 1024
+    return (xr.global_runtime_device_count(), limit / 2**30) if limit else None
+
+
 TPU_KINDS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
 
 

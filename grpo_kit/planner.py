@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, ModelConfig
+from .config import PRESETS, TPU_BOARDS, ModelConfig
 from .hub import MODEL_SHAPES
 from .logprobs import logit_chunk_rows
 
@@ -105,10 +105,7 @@ class Accelerator:
 
 
 ACCELERATORS: dict[str, Accelerator] = {
-    "v2-8": Accelerator("TPU v2-8", 8, 8.0),
-    "v3-8": Accelerator("TPU v3-8", 8, 16.0),
-    "v5e-1": Accelerator("TPU v5e-1", 1, 16.0),
-    "v5e-8": Accelerator("TPU v5e-8", 8, 16.0),
+    **{board: Accelerator(f"TPU {board}", n, gib) for board, (n, gib) in TPU_BOARDS.items()},
     "t4": Accelerator("GPU T4", 1, 15.0, bf16=False),
     "cpu": Accelerator("CPU (24 GiB)", 1, 24.0, bf16=False),
 }
@@ -148,7 +145,7 @@ class PlanInput:
     model: str = "gemma-3-1b-it"
     """gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json"""
     tpu: str = "v2-8"
-    """v2-8, v3-8, v5e-1, v5e-8 (also t4, cpu)"""
+    """v2-8, v3-8, v5e-1, v5e-8, v6e-1, v6e-8 (also t4, cpu)"""
     lora: bool = True
     """LoRA (False: full fine-tuning)"""
     lora_r: int = ModelConfig.lora_r
@@ -278,7 +275,7 @@ def _advice(p: PlanInput, report: dict) -> str:
 
 
 def table(models: tuple[str, ...] = ("gemma-3-270m", "gemma-3-1b-it", "gemma-2-2b-it"),
-          tpus: tuple[str, ...] = ("v2-8", "v3-8", "v5e-1", "v5e-8"), **kwargs: Any) -> str:
+          tpus: tuple[str, ...] = ("v2-8", "v3-8", "v5e-1", "v5e-8", "v6e-1", "v6e-8"), **kwargs: Any) -> str:
     """The README's markdown table: what fits where, with which settings."""
     lines = ["| model | " + " | ".join(f"TPU {t}" for t in tpus) + " |", "|---|" + "---|" * len(tpus)]
     for model in models:

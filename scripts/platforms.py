@@ -4,13 +4,16 @@ A replica is a virtualenv holding the package versions a hosted runtime ships (r
 read from the runtime's published list) and the environment variables it sets. Each notebook then gets what a
 user gets there: its own machine (a fresh copy of that virtualenv, hard-linked, and a fresh working directory
 with only the .ipynb in it), a fresh Jupyter kernel, and a first cell that installs the kit from
-GRPO_KIT_SOURCE — a `git+file://` URL of this checkout, the same pip code path as the GitHub URL. A TPU is
-stood in for by the XLA CPU client (PJRT_DEVICE=CPU, CPU_NUM_DEVICES chips, TPU_ACCELERATOR_TYPE as the
-runtime sets it), so the kit takes its TPU code path; only PJRT's device type differs.
+GRPO_KIT_SOURCE — a `git+file://` URL of this repository at the commit the notebooks' cell 1 pins (what a user
+gets; `--kit head` installs the committed HEAD instead), the same pip code path as the GitHub URL. Each replica
+is built from its runtime's Python (Colab TPU 3.13, Kaggle TPU 3.12, Colab GPU 3.12), found under pyenv or on
+PATH; a replica whose Python is missing here says so and fails. A TPU is stood in for by the XLA CPU client
+(PJRT_DEVICE=CPU, CPU_NUM_DEVICES chips, TPU_ACCELERATOR_TYPE as the runtime sets it), so the kit takes its TPU
+code path; only PJRT's device type differs.
 
-    python scripts/platforms.py [--replica NAME ...] [--notebook GLOB] [--full]
+    python scripts/platforms.py [--replica NAME ...] [--notebook GLOB] [--kit pinned|head]
 
-prints one JSON line per replica (platform, notebooks_passed, notebooks_total, seconds, xla_devices,
+prints one JSON line per replica (platform, python, kit, notebooks_passed, notebooks_total, seconds, xla_devices,
 recompiles_after_warmup, preinstalled_unchanged, failures), then one for the broken runtimes in BAD_INPUTS
 (a wrong GRPO_KIT_SOURCE, a TPU without torch_xla, torch_xla of another torch: each must stop with one message
 naming the fix), and exits non-zero if a notebook failed, a preinstalled package changed version, a TPU replica
@@ -24,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,23 +37,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".platforms"
-# The interpreter the replicas are built from: this machine's python3 (the runtimes use 3.12 / 3.13; the
-# packages pinned in the requirement files have wheels for every one of them).
-def _real_python(command: str) -> str:
-    """The interpreter behind `command` (a pyenv shim or a venv's python names another file)."""
-    found = subprocess.run([command, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
-    if found.returncode or not found.stdout.strip():
-        raise SystemExit(
-            f"platforms: cannot run {command!r} to build the replicas; set PLATFORM_PYTHON to a Python 3.10+")
-    return os.path.realpath(found.stdout.strip())
 
 
-BASE_PYTHON = _real_python(os.environ.get("PLATFORM_PYTHON", "python3"))
+def find_python(version: str) -> tuple[str | None, str]:
+    """The interpreter of Python `version` (major.minor) here, and its full version; (None, why) where there is none.
+    Looked for under pyenv's versions, then as `python<version>` on PATH (a pyenv shim of a version pyenv has not
+    selected fails to run, so every candidate is run)."""
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() if shutil.which(
+        "pyenv") else ""
+    candidates = sorted(Path(root, "versions").glob(f"{version}.*/bin/python{version}"), reverse=True) if root else []
+    candidates += [Path(p) for p in [shutil.which(f"python{version}")] if p]
+    for candidate in candidates:
+        found = subprocess.run([str(candidate), "-c", "import sys, platform; print(sys.executable); "
+                                "print(platform.python_version())"], capture_output=True, text=True)
+        lines = found.stdout.split()
+        if found.returncode == 0 and len(lines) == 2 and lines[1].startswith(f"{version}."):
+            return os.path.realpath(lines[0]), lines[1]
+    return None, f"no Python {version} here (looked under pyenv's versions and for python{version} on PATH)"
 
 
 @dataclass(frozen=True)
 class Replica:
     name: str
+    python: str  # the runtime's Python, major.minor, as its image ships it
     env: dict[str, str] = field(default_factory=dict)
     xla_devices: int = 0  # XLA devices the notebooks must see (0: no TPU on this runtime)
 
@@ -60,12 +70,13 @@ class Replica:
 
 REPLICAS = {
     r.name: r for r in [
-        Replica("colab-tpu", {"COLAB_RELEASE_TAG": "replica", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+        Replica("colab-tpu", "3.13", {"COLAB_RELEASE_TAG": "replica", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
                               "TPU_ACCELERATOR_TYPE": "v5litepod-1"}, xla_devices=1),
-        Replica("kaggle-tpu", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8",
+        Replica("kaggle-tpu", "3.12", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8",
                                "TPU_ACCELERATOR_TYPE": "v5litepod-8"}, xla_devices=8),
-        # No GPU on this machine: Colab's GPU package set and install path, run by the CPU.
-        Replica("colab-gpu", {"COLAB_RELEASE_TAG": "replica", "CUDA_VISIBLE_DEVICES": ""}),
+        # No GPU on this machine: Colab's GPU package set and install path, run by the CPU. Colab's runtimes share
+        # one image line; its GPU list names no Python, and 3.12 is what its wheels there are built for.
+        Replica("colab-gpu", "3.12", {"COLAB_RELEASE_TAG": "replica", "CUDA_VISIBLE_DEVICES": ""}),
     ]
 }
 
@@ -82,10 +93,14 @@ def _run(cmd: list[str], log: Path, **kwargs) -> None:
 
 
 def base_venv(replica: Replica) -> Path:
-    """The replica's preinstalled packages in .platforms/NAME/base (rebuilt when its requirement file changes);
-    base/preinstalled.json records every distribution's version right after the install."""
+    """The replica's preinstalled packages in .platforms/NAME/base, on the runtime's Python (rebuilt when its
+    requirement file or interpreter changes); base/preinstalled.json records every distribution's version right
+    after the install. SystemExit where that Python is missing here."""
+    python_path, why = find_python(replica.python)
+    if python_path is None:
+        raise SystemExit(f"platforms: {replica.name} runs Python {replica.python}: {why}")
     base = WORK / replica.name / "base"
-    digest = hashlib.sha256(replica.requirements.read_bytes() + BASE_PYTHON.encode()).hexdigest()
+    digest = hashlib.sha256(replica.requirements.read_bytes() + python_path.encode()).hexdigest()
     stamp = base / ".requirements.sha256"
     if stamp.exists() and stamp.read_text() == digest:
         return base
@@ -94,7 +109,7 @@ def base_venv(replica: Replica) -> Path:
     log = WORK / replica.name / "build.log"
     log.write_text("")
     print(f"[{replica.name}] building the runtime's package set (log: {log.relative_to(ROOT)})", file=sys.stderr)
-    _run([BASE_PYTHON, "-m", "venv", str(base)], log)
+    _run([python_path, "-m", "venv", str(base)], log)
     python = str(base / "bin" / "python")
     _run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"], log)
     _run([python, "-m", "pip", "install", "-r", str(replica.requirements)], log)
@@ -155,9 +170,55 @@ def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> t
     return venv, workdir, env
 
 
+PIN = re.compile(r'KIT_RELEASE, KIT_COMMIT = "(v[^"]+)", "([0-9a-f]*)"')
+
+
+@dataclass(frozen=True)
+class Kit:
+    """What cell 1 installs on the replicas: `source` (GRPO_KIT_SOURCE), shown as `label`, expected at `commit`."""
+
+    source: str
+    label: str
+    commit: str | None
+
+
+def pinned_release() -> tuple[str, str]:
+    """The (release, commit) every notebook's cell 1 pins; SystemExit when they differ."""
+    pins = {m for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+            for m in PIN.findall("\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]))}
+    if len(pins) != 1:
+        raise SystemExit(f"platforms: the notebooks pin {len(pins)} releases ({sorted(pins)}), not one")
+    return pins.pop()
+
+
+def choose_kit(which: str) -> Kit:
+    """`pinned`: this repository at the commit the notebooks pin, as a user gets it; `head`: the committed HEAD
+    (a developer's check of unreleased work). PLATFORM_KIT_SOURCE overrides both."""
+    if "PLATFORM_KIT_SOURCE" in os.environ:
+        return Kit(os.environ["PLATFORM_KIT_SOURCE"], f"PLATFORM_KIT_SOURCE={os.environ['PLATFORM_KIT_SOURCE']}", None)
+    if which == "head":
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        return Kit(f"git+file://{ROOT}", f"head {head[:12]}", head)
+    release, commit = pinned_release()
+    return Kit(f"git+file://{ROOT}@{commit}", f"pinned {release} {commit[:12]}", commit)
+
+
+KIT: Kit | None = None  # chosen in main()
+
+
 def source_url() -> str:
-    """GRPO_KIT_SOURCE for the notebooks' install cell: this checkout's committed HEAD, as pip installs a GitHub URL."""
-    return os.environ.get("PLATFORM_KIT_SOURCE", f"git+file://{ROOT}")
+    """GRPO_KIT_SOURCE for the notebooks' install cell (`choose_kit`)."""
+    return KIT.source if KIT is not None else choose_kit("pinned").source
+
+
+def installed_commit(python: Path) -> str | None:
+    """The commit pip installed grpo-kit from (its direct_url.json), or None."""
+    script = ("import importlib.metadata as m, json\n"
+              "try: print(json.loads(m.distribution('grpo-kit').read_text('direct_url.json'))['vcs_info']['commit_id'])\n"
+              "except Exception: print('')")
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True).stdout.strip()
+    return out or None
 
 
 def grpo_runs(workdir: Path) -> list[list[dict]]:
@@ -210,13 +271,20 @@ def run_notebook(replica: Replica, base: Path, notebook: Path, timeout: int, *, 
     )
     if shown is not None:
         error = f"{shown.ename}: {shown.evalue}"
+    commit = installed_commit(venv / "bin" / "python")
+    if error is None and KIT is not None and KIT.commit and commit != KIT.commit:
+        error = f"the notebook ran with grpo-kit from commit {commit}, not {KIT.commit}"
     return {"notebook": notebook.name, "ok": error is None, "error": error, "seconds": round(seconds, 1),
             "traceback_lines": len("\n".join(shown.traceback).splitlines()) if shown is not None else 0,
             "changed": changed, "grpo_runs": len(runs), "recompiles_after_warmup": recompiles, "xla_devices": devices,
-            "kit_installed": now.get("grpo-kit")}
+            "kit_installed": now.get("grpo-kit"), "kit_commit": commit}
 
 
 def run_replica(replica: Replica, notebooks: list[Path], timeout: int) -> dict:
+    python_path, version = find_python(replica.python)
+    if python_path is None:
+        return {"platform": replica.name, "python": f"{replica.python} missing: {version}", "kit": KIT.label,
+                "notebooks_passed": 0, "notebooks_total": len(notebooks), "failures": {"python": version}}
     base = base_venv(replica)
     start = time.time()
     results = []
@@ -230,6 +298,8 @@ def run_replica(replica: Replica, notebooks: list[Path], timeout: int) -> dict:
     devices = sorted({d for r in results for d in r["xla_devices"]})
     return {
         "platform": replica.name,
+        "python": version,
+        "kit": KIT.label,
         "notebooks_passed": sum(r["ok"] for r in results),
         "notebooks_total": len(results),
         "seconds": round(time.time() - start),
@@ -283,6 +353,8 @@ def main() -> None:
     parser.add_argument("--replica", action="append", choices=sorted(REPLICAS), help="default: all three")
     parser.add_argument("--notebook", default="*", help="glob over notebooks/*.ipynb names (default: all)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one cell may run")
+    parser.add_argument("--kit", choices=("pinned", "head"), default="pinned",
+                        help="install the commit the notebooks pin (default: what users get) or the committed HEAD")
     parser.add_argument("--build-only", action="store_true", help="build the replicas' package sets and stop")
     parser.add_argument("--no-bad-inputs", action="store_true", help="skip the broken-runtime cases")
     parser.add_argument("--only-bad-inputs", action="store_true", help="run the broken-runtime cases only")
@@ -292,7 +364,9 @@ def main() -> None:
         for name in names:
             base_venv(REPLICAS[name])
         return
-    if "PLATFORM_KIT_SOURCE" not in os.environ:
+    global KIT
+    KIT = choose_kit(args.kit)
+    if "PLATFORM_KIT_SOURCE" not in os.environ and args.kit == "head":
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
         if dirty:
@@ -306,8 +380,8 @@ def main() -> None:
     for name in [] if args.only_bad_inputs else names:
         line = run_replica(REPLICAS[name], notebooks, args.timeout)
         expected = REPLICAS[name].xla_devices
-        failed |= (line["notebooks_passed"] < line["notebooks_total"] or not line["preinstalled_unchanged"]
-                   or (expected and (line["xla_devices"] != expected or line["recompiles_after_warmup"])))
+        failed |= (line["notebooks_passed"] < line["notebooks_total"] or not line.get("preinstalled_unchanged")
+                   or (expected and (line.get("xla_devices") != expected or line.get("recompiles_after_warmup"))))
         print(json.dumps(line), flush=True)
     if not args.no_bad_inputs:
         line = run_bad_inputs(names, args.timeout)

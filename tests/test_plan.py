@@ -91,20 +91,58 @@ def test_every_real_gemma_preset_fits_its_board_per_the_planner():
         )
         assert r["fits"], (name, r["estimate_gib"])
         checked.append(board)
-    assert sorted(checked) == ["cpu", "t4", "v2-8", "v3-8", "v5e-1", "v5e-8"]
+    assert sorted(checked) == ["cpu", "t4", "v2-8", "v3-8", "v5e-1", "v5e-8", "v6e-1", "v6e-8"]
 
 
-def test_auto_preset_follows_the_hardware(monkeypatch):
-    assert auto_preset("v2-8") == "tpu-v2-8-gemma-3-1b"
-    assert auto_preset("v5e-8") == "tpu-v5e-8-gemma-3-1b"
-    assert auto_preset("v4-8") == "tpu-v2-8-gemma-3-1b"
-    assert auto_preset("cuda") == "gpu-gemma-3-1b"
-    assert auto_preset("cpu") == "cpu-tiny"
+@pytest.mark.parametrize("accelerator_type, board", [
+    ("v5litepod-1", "v5e-1"), ("v5litepod-8", "v5e-8"), ("v6e-1", "v6e-1"), ("v6e-8", "v6e-8"), ("v2-8", "v2-8"),
+    ("v3-8", "v3-8")])
+def test_each_board_colab_and_kaggle_name_picks_its_own_preset(monkeypatch, accelerator_type, board):
+    """TPU_ACCELERATOR_TYPE as the runtimes set it (Colab v5e-1 and v6e-1, Kaggle v5e-8) → the board → its preset."""
     from grpo_kit.device import detect_accelerator
 
-    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
-    assert detect_accelerator() == "v5e-8"
-    assert load_run_config("auto").grpo.micro_batch_size == PRESETS["tpu-v5e-8-gemma-3-1b"]["grpo"]["micro_batch_size"]
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", accelerator_type)
+    assert detect_accelerator() == board
+    assert auto_preset() == f"tpu-{board}-gemma-3-1b"
+    preset = PRESETS[f"tpu-{board}-gemma-3-1b"]
+    assert load_run_config("auto").grpo.micro_batch_size == preset["grpo"]["micro_batch_size"]
+
+
+def test_auto_preset_follows_the_hardware():
+    assert auto_preset("v2-8") == "tpu-v2-8-gemma-3-1b"
+    assert auto_preset("v5e-8") == "tpu-v5e-8-gemma-3-1b"
+    assert auto_preset("v6e-1") == "tpu-v6e-1-gemma-3-1b"
+    assert auto_preset("cuda") == "gpu-gemma-3-1b"
+    assert auto_preset("cpu") == "cpu-tiny"
+
+
+def test_a_board_without_a_preset_runs_what_fits_the_memory_its_runtime_reports(monkeypatch, capsys):
+    """Not v2-8's eight devices of 8 GiB: the devices and memory the runtime reports choose a board whose preset the
+    planner fits into no more memory per device, said in one line; a board that reports nothing is refused so."""
+    from grpo_kit import device
+    from grpo_kit.config import board_for_memory
+
+    monkeypatch.setattr(device, "xla_device_memory", lambda: (8, 32.0))  # v4-8-like: 8 devices of 32 GiB
+    assert auto_preset("v4-8") == "tpu-v6e-8-gemma-3-1b"
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["grpo-kit: TPU v4-8 has no preset of its own; its runtime reports 8 devices of 32 GiB, so it runs "
+                    "tpu-v6e-8-gemma-3-1b (planned for 8 of 32 GiB; each of yours holds as much or more)"]
+    monkeypatch.setattr(device, "xla_device_memory", lambda: (4, 95.0))  # v5p-8: 4 chips of 95 GiB
+    assert auto_preset("v5p-8") == "tpu-v6e-1-gemma-3-1b"  # one device's rows, split four ways
+    assert board_for_memory(8, 16.0) == "v5e-8" and board_for_memory(2, 8.0) is None
+    monkeypatch.setattr(device, "xla_device_memory", lambda: (16, 8.0))
+    with pytest.raises(device.SetupError, match=r"^TPU v4-32 has no preset here, and no board's preset fits 16 "):
+        auto_preset("v4-32")
+    monkeypatch.setattr(device, "xla_device_memory", lambda: None)
+    with pytest.raises(device.SetupError, match=r"^TPU v4-8 has no preset here and its runtime reports no device "):
+        auto_preset("v4-8")
+
+
+@pytest.mark.parametrize("board", ["v6e-1", "v6e-8"])
+def test_plan_command_on_the_trillium_boards(capsys, board):
+    assert main(["plan", "--model", "gemma-3-1b-it", "--tpu", board]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fits"] and report["devices"] == int(board[-1]) and report["gib_per_device"] == 32.0
 
 
 def test_plan_command(capsys):
