@@ -72,8 +72,8 @@ REPLICAS = {
     r.name: r for r in [
         Replica("colab-tpu", "3.13", {"COLAB_RELEASE_TAG": "replica", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
                               "TPU_ACCELERATOR_TYPE": "v5litepod-1"}, xla_devices=1),
-        Replica("kaggle-tpu", "3.12", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8",
-                               "TPU_ACCELERATOR_TYPE": "v5litepod-8"}, xla_devices=8),
+        Replica("kaggle-tpu", "3.12", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "PJRT_DEVICE": "CPU",
+                                       "CPU_NUM_DEVICES": "8", "TPU_ACCELERATOR_TYPE": "v5litepod-8"}, xla_devices=8),
         # No GPU on this machine: Colab's GPU package set and install path, run by the CPU. Colab's runtimes share
         # one image line; its GPU list names no Python, and 3.12 is what its wheels there are built for.
         Replica("colab-gpu", "3.12", {"COLAB_RELEASE_TAG": "replica", "CUDA_VISIBLE_DEVICES": ""}),
@@ -215,7 +215,8 @@ def source_url() -> str:
 def installed_commit(python: Path) -> str | None:
     """The commit pip installed grpo-kit from (its direct_url.json), or None."""
     script = ("import importlib.metadata as m, json\n"
-              "try: print(json.loads(m.distribution('grpo-kit').read_text('direct_url.json'))['vcs_info']['commit_id'])\n"
+              "try: print(json.loads(m.distribution('grpo-kit').read_text('direct_url.json'))"
+              "['vcs_info']['commit_id'])\n"
               "except Exception: print('')")
     out = subprocess.run([str(python), "-c", script], capture_output=True, text=True).stdout.strip()
     return out or None

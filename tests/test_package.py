@@ -227,11 +227,17 @@ def test_readme_quick_start_runs_as_written(tmp_path):
     assert len((tmp_path / "runs/quickstart/grpo/metrics.jsonl").read_text().splitlines()) == 10
 
 
+RELEASE_REF = re.compile(r"(?<=grpo_kit/blob/)[0-9a-f]{40}(?=/)|(?<=grpo_kit@)[0-9a-f]{40}\b")
+"""A commit in a release link (a badge's blob/<commit>/, the pip line's @<commit>): where users open the release,
+written by `make release`, not history."""
+
+
 def test_readme_is_a_users_page_and_docs_state_facts_not_history():
-    assert len((ROOT / "README.md").read_bytes()) <= 10_240
+    readme = RELEASE_REF.sub("<commit>", (ROOT / "README.md").read_text())
+    assert len(readme.encode()) <= 10_240  # the words, not the length of the release's commit ids
     pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
     for page in pages:
-        text = page.read_text()
+        text = RELEASE_REF.sub("<commit>", page.read_text())
         # a dated or commit-stamped line is a work-log entry; git log holds the history
         assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), page.name
         assert not re.search(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", text), page.name
@@ -282,3 +288,48 @@ def test_the_answer_format_has_one_home():
             and any(tag in node.value for tag in TAGS)
         ]
     assert not elsewhere, f"the answer format's tags written outside answer_format.py: {elsewhere}"
+
+
+RUNTIME_PROVIDED = {
+    "IPython": "the Jupyter kernel the notebook helpers and the dashboard run in",
+    "ipykernel": "the Jupyter kernel the dashboard's foreground loop runs in",
+    "google.colab": "Colab's runtime (its secrets and Drive)",
+    "kaggle_secrets": "Kaggle's runtime (its secrets)",
+    "triton": "torch's CUDA wheels (the compiled sampler on a GPU)",
+    "torch_xla": "the xla and tpu extras, or the TPU runtime itself",
+}
+"""Modules the package imports that no requirement of the kit installs: the runtime brings them, or an extra does."""
+
+
+def test_every_third_party_module_the_package_imports_is_declared_and_every_dependency_is_imported():
+    """pyproject.toml names what the kit imports (core or an extra), by distribution; no core dependency goes unused.
+    A module the runtime provides is in RUNTIME_PROVIDED with the reason."""
+    import sys
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {Requirement(r).name.lower().replace("_", "-") for r in project["dependencies"]}
+    extras = {Requirement(r).name.lower().replace("_", "-") for reqs in project["optional-dependencies"].values()
+              for r in reqs}
+    imported: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "grpo_kit":
+                    imported.setdefault(".".join(name.split(".")[:2]) if top == "google" else top, set()).add(
+                        path.name)
+    distributions = packages_distributions()
+    used = set()
+    for module, where in sorted(imported.items()):
+        if module in RUNTIME_PROVIDED:
+            continue
+        dists = {d.lower().replace("_", "-") for d in distributions.get(module, [])}
+        assert dists & (core | extras), f"{module} (imported in {sorted(where)}) is not declared in pyproject.toml"
+        used |= dists
+    assert not core - used, f"declared but never imported: {sorted(core - used)}"

@@ -107,8 +107,8 @@ def test_make_release_cuts_a_release_whose_badges_open_notebooks_that_install_a_
     before = subprocess.run([*script, "check"], cwd=clone, env=env, capture_output=True, text=True)
     assert before.returncode == 1
     lines = [line for line in before.stdout.splitlines() if "grpo_kit.a_new_name" in line]
-    assert len(lines) == 1 and re.match(r"03_reward_design.ipynb: the kit its cell 1 installs \(\w+\) lacks ", lines[0]), (
-        before.stdout)
+    culprit = r"03_reward_design.ipynb: the kit its cell 1 installs \(\w+\) lacks "
+    assert len(lines) == 1 and re.match(culprit, lines[0]), before.stdout
     kit = _git("rev-parse", "HEAD", cwd=clone)
     cut = subprocess.run([*script, "cut"], cwd=clone, env=env, capture_output=True, text=True)
     assert cut.returncode == 0, cut.stdout + cut.stderr
