@@ -113,7 +113,7 @@ class TaskConfig:
     row from the answer). A file's own `answer_type` column wins, row by row."""
     split: str = "train"
     """hub: the dataset split to read (the kit holds out its own `num_test` rows from it)."""
-    seed: int = 1234
+    seed: int = ruled(1234, within(0, 2**32 - 1))
     """Seed for problems; demonstrations, the prompt stream and the held-out set are disjoint."""
     num_demonstrations: int = ruled(200, at_least(1))
     """Size of the fixed SFT demonstration pool. Small on purpose: RL pays where demonstrations are scarce. (file/hub:

@@ -26,6 +26,7 @@ import torch
 
 from .evaluation import evaluate, paired_difference, sampled_scores
 from .rundir import claim
+from .validation import above, at_least, ruled, validate, within
 
 SCORE_FILES = ("score.json", "RESULTS.md")
 """What `score_model` writes in its output directory."""
@@ -35,18 +36,21 @@ SCORE_FILES = ("score.json", "RESULTS.md")
 class ScoreSettings:
     """The harness's decoding, the same for every entry (a leaderboard compares only scores made with equal ones)."""
 
-    max_new_tokens: int = 256
+    max_new_tokens: int = ruled(256, at_least(1))
     """Completion length: long enough for a worked solution and its answer."""
-    k: int = 4
+    k: int = ruled(4, at_least(1))
     """Samples per problem for pass@1, maj@k and pass@k."""
-    temperature: float = 0.8
+    temperature: float = ruled(0.8, above(0.0))
     """Sampling temperature of those k samples."""
-    seed: int = 0
+    seed: int = ruled(0, within(0, 2**32 - 1))
     """Seed of the samples."""
-    prompt_bucket: int = 32
+    prompt_bucket: int = ruled(32, at_least(1))
     """Prompt length bucket (does not change any token, only padding)."""
-    batch_size: int = 64
+    batch_size: int = ruled(64, at_least(1))
     """Problems decoded together (does not change any token)."""
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 SCORE_SETTINGS = ScoreSettings()

@@ -27,6 +27,7 @@ from typing import Any
 from datasets import Dataset
 
 from .answer_format import ANSWER_OPEN, ANSWER_TYPES, canonical_number, format_completion, infer_answer_type
+from .datafiles import read_rows
 from .validation import DataError, prompt_problem
 
 QUESTION_TEMPLATES = (
@@ -443,25 +444,6 @@ class GSM8KTask:
 # whose hash (`DataTask.split_hash`) a score file carries; `check_no_overlap` refuses a training set holding one of
 # them.
 
-FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-"""File suffix → the `datasets` builder that reads it."""
-
-
-def read_rows(source: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
-    """Every row of a data file (by suffix, FILE_FORMATS) or of a Hugging Face dataset's `split`."""
-    from datasets import load_dataset
-
-    path = Path(source)
-    if path.suffix in FILE_FORMATS:
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such file")
-        return list(load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train"))
-    if path.exists():
-        raise DataError(
-            f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use one of {', '.join(FILE_FORMATS)}")
-    return list(load_dataset(str(source), split=split))
-
-
 def prompt_key(prompt: Any) -> str:
     """A prompt's identity for the overlap check: its last message's text (or the text), normalised (case, spaces)."""
     text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
@@ -498,13 +480,19 @@ class DataTask:
                  solution: str | None = None, system: str | None = None, answer_type: str = "auto",
                  num_test: int = 200, seed: int = 1234, system_prompt: str | None = None) -> None:
         self.name, self.seed = name, seed
+        if isinstance(num_test, bool) or not isinstance(num_test, int) or num_test < 1:
+            raise DataError(f"{name}: num_test={num_test!r}: the held-out rows, a whole number of at least 1 (and "
+                            "fewer than the rows)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise DataError(f"{name}: seed={seed!r}: the split's seed, a whole number from 0 to 2**32 - 1")
         if answer_type not in ANSWER_TYPES:
             raise DataError(f"{name}: answer_type={answer_type!r}: one of {', '.join(ANSWER_TYPES)}")
         columns = sorted(set().union(*(r.keys() for r in rows))) if rows else []
         for role, column in (("prompt", prompt), ("answer", answer), ("solution", solution), ("system", system)):
             if column is not None and column not in columns:
+                header = " read from the CSV's first row" if name.lower().endswith(".csv") else ""
                 raise DataError(
-                    f"{name}: no column {column!r} for the {role} (columns: {', '.join(columns) or 'none'}); "
+                    f"{name}: no column {column!r} for the {role} (columns{header}: {', '.join(columns) or 'none'}); "
                     f"pass {role}=<the column's name>"
                 )
         examples = [self._example(i, r, prompt=prompt, answer=answer, solution=solution, system=system,

@@ -110,7 +110,7 @@ def validate(cfg: Any) -> None:
     for f in dataclasses.fields(cfg):
         setting = f"{owner}.{f.name}"
         value = _coerce(getattr(cfg, f.name), hints[f.name], setting)
-        setattr(cfg, f.name, value)
+        object.__setattr__(cfg, f.name, value)  # a frozen dataclass (ScoreSettings) is coerced too, once, here
         check(setting, value, f.metadata.get("rule"))
 
 
