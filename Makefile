@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := xla,notebooks,dev,gemma-offline,bench
+EXTRAS := xla,notebooks,dev,gemma-offline,bench,math,tracking
 
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
@@ -57,8 +57,9 @@ test: $(STAMP) $(CLASSIC_STAMP) browser
 bench-test: $(STAMP)
 	$(BIN)/python -m pytest tests -m bench
 
-# Every notebook on replicas of Colab TPU, Kaggle TPU v5e-8 and Colab GPU, each on a fresh machine as users get it
-# (scripts/platforms.py; cell 1 installs the committed HEAD of this checkout). One JSON line per replica.
+# Every notebook on replicas of Colab TPU (Python 3.13), Kaggle TPU v5e-8 and Colab GPU (3.12), each on a fresh machine
+# as users get it (scripts/platforms.py; cell 1 installs the commit the notebooks pin, from this repository;
+# `python scripts/platforms.py --kit head` installs the committed HEAD instead). One JSON line per replica.
 platforms: $(STAMP)
 	$(BIN)/python scripts/platforms.py
 

@@ -75,6 +75,7 @@ PUBLIC: dict[str, str | None] = {
     "make_length_penalty": "rewards",
     "ClassifierReward": "rewards",
     "RewardError": "rewards",
+    "RewardState": "rewards",
     "compute_rewards": "rewards",
     "rewards": None,
     "judge_reward": "rewards",

@@ -12,6 +12,9 @@ instructions and the evaluation all read it from here; change the format here an
     string    text after normalising: case, surrounding whitespace and punctuation, runs of spaces, a leading
               "the"/"a"/"an": "  The Eiffel Tower. " = "eiffel tower"
     regex     the right answer is a regular expression the whole answer must match (case-insensitive)
+    math      a mathematical answer read by math-verify (the `math` extra, as TRL's `accuracy_reward` reads them):
+              fractions, LaTeX and expressions: "\\frac{2}{3}" = "2/3", "(x+1)^2" = "x^2+2x+1"; two numbers match
+              within the tolerance, as `number` does ("0.666…" = "2/3" where abs_tol ≥ 0.001)
     function  a user function f(predicted, truth) -> bool
 
 `parse_number` reads the one number in an answer as people and models write it. `infer_answer_type` picks number,
@@ -21,6 +24,7 @@ for every row. `answer_matches` is the comparison every reward and the evaluatio
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from decimal import Decimal
@@ -144,8 +148,57 @@ def answer_matches(predicted: str | None, truth: str, answer_type: str = "auto",
         return normalize_text(predicted) == normalize_text(truth)
     if kind == "regex":
         return re.fullmatch(truth, predicted.strip(), flags=re.I) is not None
+    if kind == "math":
+        return math_matches(predicted, truth, abs_tol=abs_tol, rel_tol=rel_tol)
     if kind == "function":
         if function is None:
             raise ValueError("answer_type 'function' needs a function f(predicted, truth) -> bool")
         return bool(function(predicted, truth))
     raise ValueError(f"answer_type {answer_type!r}: one of {', '.join(ANSWER_TYPES)}")
+
+
+def _math_parse(text: str) -> list:
+    """math-verify's reading of an answer; a bare LaTeX or algebra answer (a backslash, ^, _ or braces, no $) is read
+    as inline math. No timeout: math-verify's works by signals, which a reward in the kit's worker thread cannot use
+    (the reward's own timeout, GRPOConfig.reward_timeout_seconds, still holds); its warning about that is dropped."""
+    from math_verify import parse
+
+    _quiet_math_verify()
+    if "$" not in text and re.search(r"[\\^_{}]", text):
+        text = f"${text}$"
+    return parse(text, parsing_timeout=None)
+
+
+def _quiet_math_verify() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTimeoutNotice) for f in logger.filters):
+            logger.addFilter(_NoTimeoutNotice())
+
+
+class _NoTimeoutNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+def math_matches(predicted: str, truth: str, *, abs_tol: float = 1e-6, rel_tol: float = 0.0) -> bool:
+    """Whether a mathematical answer equals the right one (answer type `math`): both read by math-verify; two numbers
+    within max(abs_tol, rel_tol·|truth|), anything else by math-verify's symbolic `verify`."""
+    try:
+        from math_verify import verify
+    except ImportError:
+        raise ValueError("answer_type 'math' needs math-verify: pip install 'grpo-kit[math]'") from None
+    gold, answer = _math_parse(str(truth)), _math_parse(str(predicted))
+    if not gold or not answer:
+        return False
+    x, y = _as_number(answer[0]), _as_number(gold[0])
+    if x is not None and y is not None:
+        return abs(x - y) <= max(abs_tol, rel_tol * abs(y))
+    return bool(verify(gold, answer, timeout_seconds=None))
+
+
+def _as_number(value: object) -> float | None:
+    """A math-verify reading as a float when it is a plain real number (sympy's is_number), else None."""
+    if getattr(value, "is_number", False) and getattr(value, "is_real", False):
+        return float(value)  # type: ignore[arg-type]
+    return None

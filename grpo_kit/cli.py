@@ -294,15 +294,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/, or an "
                          "arc's output directory)")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
-    notes = Path(args.results).read_text() if args.results else ""
+    notes, score = "", None
+    if args.results:  # RESULTS.md, or the directory grpo-kit score wrote; its score.json gives the card's model-index
+        results = Path(args.results)
+        notes = (results / "RESULTS.md" if results.is_dir() else results).read_text()
+        score_file = (results if results.is_dir() else results.parent) / "score.json"
+        score = json.loads(score_file.read_text()) if score_file.exists() else None
     if where := arc_stage(args.init_from):
         arc = _arc_model(where, args.device)
         model, tokenizer, base = arc.model, arc.tokenizer, arc.cfg.model.name
     else:
         cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
         base = cfg.model.name
-    out = export_model(model, tokenizer, args.out, base_name=base, notes=notes, dtype=dtype, push_to=args.push_to,
-                       allow_public=args.public)
+    out = export_model(model, tokenizer, args.out, base_name=base, notes=notes, score=score, dtype=dtype,
+                       push_to=args.push_to, allow_public=args.public)
     _print({"exported": str(out), "pushed_to": args.push_to})
     return 0
 
@@ -450,8 +455,8 @@ def _export_parser(sub: Any) -> None:
         "as kaggle:<owner>/<model> (a new repo or model is private; an existing public one is refused unless --public)",
     )
     p.add_argument("--public", action="store_true", help="allow the upload into an existing public repository")
-    p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score) to end the "
-                   "model card with")
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help="a results card (grpo-kit score), or the "
+                   "directory holding it, to end the model card with; its score.json becomes the card's model-index")
     p.set_defaults(func=cmd_export)
 
 
@@ -472,7 +477,9 @@ def _score_parsers(sub: Any) -> None:
     p.add_argument("--prompt-column", default="prompt", help="the column holding the questions (default prompt)")
     p.add_argument("--answer-column", default="answer", help="the column holding the right answers (default answer)")
     p.add_argument(
-        "--answer-type", default="auto", help="number, choice, string, regex, or auto (inferred per row; default)"
+        "--answer-type", default="auto",
+        help="number, choice, string, regex, math (math-verify: fractions, LaTeX, expressions), or auto (inferred per "
+        "row; default)"
     )
     p.add_argument("--num-test", type=int, default=200, help="held-out rows (default 200; the same as for training)")
     p.add_argument("--seed", type=int, default=1234, help="the split's seed (default 1234; the same as for training)")

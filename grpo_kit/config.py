@@ -20,7 +20,7 @@ import yaml
 
 from . import options
 from .answer_format import WORD_PROBLEM_INSTRUCTION
-from .validation import ConfigError, Rule, above, at_least, one_of, ruled, validate, within
+from .validation import ConfigError, Rule, above, at_least, one_of, ruled, subset_of, validate, within
 
 STEP_COUNTS: Rule = (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4")
 """The rule of a word-problem task's step counts."""
@@ -54,7 +54,7 @@ class ModelConfig:
     name: str = "tiny-gemma"
     """`tiny-gemma` (embedded, ~1M params, character vocabulary), a local Hugging Face directory, or a
     hub id such as `google/gemma-3-1b-it`. Default tiny-gemma: it trains in minutes on a laptop CPU."""
-    seed: int = 0
+    seed: int = ruled(0, within(0, 2**32 - 1))
     """Seed for the random initialisation: the tiny model's weights, and a LoRA adapter's A matrices (also the
     fresh adapter put on the SFT model before GRPO and its controls). A real checkpoint's weights ignore it."""
     lora: bool | None = None
@@ -158,7 +158,7 @@ class SFTConfig:
     """Length bucket size for static shapes: a few buckets, each compiled once on XLA."""
     log_every: int = ruled(10, at_least(1))
     """Write a metrics row every N steps."""
-    seed: int = 0
+    seed: int = ruled(0, within(0, 2**32 - 1))
     """Seed for batch order."""
     max_skipped_steps: int = ruled(5, at_least(0))
     """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (one bad
@@ -170,6 +170,9 @@ class SFTConfig:
     this much training (None = by steps only). `grpo-kit sft` resumes from that checkpoint when run again."""
     output_dir: str | None = "runs/sft"
     """Where metrics and the checkpoint go."""
+    report_to: tuple[str, ...] = ruled((), subset_of(options.TRACKERS))
+    """Experiment trackers that also get every metrics row's numbers (`trackers.py`; TRL's `report_to`): any of
+    trackio, wandb, tensorboard; none by default. A single name is taken as a list of one."""
     max_seconds: float | None = ruled(None, above(0))
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
     padding_free: bool | None = None
@@ -186,6 +189,7 @@ class SFTConfig:
     the model's own dtype."""
 
     def __post_init__(self) -> None:
+        _one_tracker_as_a_list(self)
         validate(self)
 
 
@@ -386,10 +390,13 @@ class GRPOConfig:
     steps: int = ruled(60, at_least(0))
     """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: enough for held-out
     accuracy to level off on the tiny Gemma while the demo stays a few minutes long on 2 cores."""
-    seed: int = 0
+    seed: int = ruled(0, within(0, 2**32 - 1))
     """Seed for prompt order and sampling noise."""
     output_dir: str | None = "runs/grpo"
     """Where metrics.jsonl and checkpoints go."""
+    report_to: tuple[str, ...] = ruled((), subset_of(options.TRACKERS))
+    """Experiment trackers that also get every metrics row's numbers (`trackers.py`; TRL's `report_to`): any of
+    trackio, wandb, tensorboard; none by default. A single name is taken as a list of one."""
     max_seconds: float | None = ruled(None, above(0))
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
     save_every: int = ruled(0, at_least(0))
@@ -407,6 +414,7 @@ class GRPOConfig:
     the training graphs, step 2 the optimizer update once Adam's state exists)."""
 
     def __post_init__(self) -> None:
+        _one_tracker_as_a_list(self)
         validate(self)
         n = self.prompts_per_step * self.group_size
         if n % self.micro_batch_size:
@@ -427,6 +435,9 @@ class RunConfig:
     output_dir: str = "runs/demo"
     """Where summary.json, progress.json, the plots and each phase's directory (sft/, grpo/, control/: metrics and
     checkpoints) go. Running again with the same settings continues where the last run stopped."""
+    report_to: tuple[str, ...] | None = ruled(None, subset_of(options.TRACKERS))
+    """Trackers for every phase of the arc (SFT, GRPO, the controls), each phase a run of its own there; None = each
+    phase's own `sft.report_to` / `grpo.report_to`."""
     time_budget_minutes: float | None = ruled(None, above(0))
     """Size the SFT and GRPO phases so that the whole run — model load, every evaluation and the control
     included — takes about this long, from step and evaluation times measured as it goes (so it fits a Colab or
@@ -464,7 +475,14 @@ class RunConfig:
     only (this costs k evaluations)."""
 
     def __post_init__(self) -> None:
+        _one_tracker_as_a_list(self)
         validate(self)
+
+
+def _one_tracker_as_a_list(cfg: Any) -> None:
+    """report_to="tensorboard", as TRL takes it, read as ("tensorboard",)."""
+    if isinstance(cfg.report_to, str):
+        cfg.report_to = (cfg.report_to,)
 
 
 DemoConfig = RunConfig

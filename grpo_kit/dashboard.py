@@ -41,12 +41,13 @@ from .plots import (
     draw_advantage_histogram,
     draw_reward,
     draw_series,
+    logged_metric_keys,
     reward_function_keys,
 )
 
 PANELS = (
     ("reward", ("reward_mean",), "reward (total) ± std"),
-    ("per-reward means", None, "mean of each reward function"),
+    ("per-reward means", reward_function_keys, "mean of each reward function"),
     ("accuracy", ("accuracy",), "sampled accuracy"),
     ("KL", ("kl",), "KL to the reference (per token)"),
     ("policy loss", ("policy_loss",), "≈ 0 by construction at μ = 1: watch the reward, not this"),
@@ -55,6 +56,7 @@ PANELS = (
     ("completion length", ("completion_length_mean", "completion_length_max"), "tokens"),
     ("grad norm", ("grad_norm",), "before clipping"),
 )
+LOGGED_PANEL = ("logged by your rewards", logged_metric_keys, "log_metric(name, value), the mean of each step")
 XLA_PANEL = ("XLA", ("xla_compiles_step", "step_seconds"), "graphs compiled this step · step seconds")
 MEMORY_PANEL = ("memory", ("memory_bytes_in_use", "memory_peak_bytes", "memory_bytes_limit", "memory_host_peak_bytes"),
                 "GiB: device in use / peak / limit; host peak RSS")
@@ -76,6 +78,7 @@ def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
     """All panels plus the advantage histogram (latest) and its history (a heat map), as one figure."""
     panels = list(PANELS) + ([XLA_PANEL] if any("xla_compiles_step" in r for r in rows) else [])
     panels += [MEMORY_PANEL] if any(k.startswith("memory_") for r in rows[-1:] for k in r) else []
+    panels += [LOGGED_PANEL] if logged_metric_keys(rows) else []
     cols = 3
     nrows = (len(panels) + 2 + cols - 1) // cols
     fig = Figure(figsize=(width, 2.6 * nrows), layout="constrained")
@@ -85,7 +88,7 @@ def draw(rows: list[dict[str, Any]], width: float = 13.0) -> Figure:
         if title == "reward":
             draw_reward(ax, rows)
         else:
-            draw_series(ax, rows, reward_function_keys(rows) if keys is None else keys)
+            draw_series(ax, rows, keys(rows) if callable(keys) else keys)  # a panel's keys, or what finds them
         for step, _ in markers:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"{title}\n{subtitle}", fontsize=9)

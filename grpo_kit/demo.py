@@ -66,6 +66,9 @@ class Arc:
                  resume: bool = True, rewards: Sequence[RewardFunc] | None = None) -> None:
         if cfg.rft_control and cfg.rft_learning_rate is None:  # recorded as the number RFT trains at
             cfg = dataclasses.replace(cfg, rft_learning_rate=cfg.grpo.learning_rate)
+        if cfg.report_to is not None:  # every phase to the arc's trackers
+            cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, report_to=cfg.report_to),
+                                      grpo=dataclasses.replace(cfg.grpo, report_to=cfg.report_to))
         self.cfg, self.progress = cfg, progress
         self.rewards = list(rewards) if rewards is not None else list(DEFAULT_REWARDS)
         """GRPO's reward functions (default: the verifier rewards, weighted by grpo.reward_weights or
@@ -406,6 +409,7 @@ class Arc:
             temperature=g.temperature,
             max_new_tokens=g.max_new_tokens,
             prompt_bucket=g.prompt_bucket,
+            report_to=s.report_to,
         )
         checkpoint = self.out / "rft" / "checkpoint"
         trainer = RFTTrainer(
@@ -466,10 +470,11 @@ class Arc:
         if is_lora(self.model):
             trainer.checkpoint_notes.update(adapter_over="sft", arc=str(self.out.resolve()), phase=phase)
 
-    def export(self, stage: str = "grpo", out_dir: str | Path | None = None, *, notes: str = "") -> Path:
+    def export(self, stage: str = "grpo", out_dir: str | Path | None = None, *, notes: str = "",
+               score: dict[str, Any] | None = None) -> Path:
         """The model after `stage` as a plain transformers directory (LoRA merged; `export.export_model`) in
-        `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies and `notes`
-        (e.g. a score's RESULTS.md)."""
+        `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies, `notes`
+        (e.g. a score's RESULTS.md) and, from `score` (a score.json's contents), a model-index."""
         from .export import export_model
 
         self.hold(stage)
@@ -477,7 +482,7 @@ class Arc:
             out_dir = self.run_dir.add(f"export-{stage}")
         metrics = {f"{s}_accuracy": r["accuracy"] for s in STAGES if (r := self.done(f"{s}_eval"))}
         return export_model(self.model, self.tokenizer, out_dir, base_name=self.cfg.model.name, notes=notes,
-                            metrics={**metrics, "test_size": len(self.test), "task": self.cfg.task.kind})
+                            score=score, metrics={**metrics, "test_size": len(self.test), "task": self.cfg.task.kind})
 
     def run(self) -> dict[str, Any]:
         """Every phase in order, then the summary."""

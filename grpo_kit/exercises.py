@@ -318,8 +318,16 @@ _OPERAND_CASES = [
 
 def _check_03_1(ns: dict[str, Any]) -> str | None:
     reward = value(ns, "copied_operands_reward")
+    from .rewards import as_conversation, call_reward
+
     prompts = [[{"role": "user", "content": q}] for q, _, _ in _OPERAND_CASES]
-    got = _call(reward, prompts, [c for _, c, _ in _OPERAND_CASES])
+    try:  # as the trainer calls a reward: TRL's conversational completions
+        got = call_reward(reward, prompts, as_conversation([c for _, c, _ in _OPERAND_CASES]), {})
+    except NotImplementedError as e:
+        raise Blank("`copied_operands_reward` still raises NotImplementedError: write its body") from e
+    except (TypeError, AttributeError) as e:
+        return (f"it raised {type(e).__name__}: {e}; each completion is a list of one message, so its text is "
+                'completion[0]["content"]')
     if not isinstance(got, list) or len(got) != len(prompts):
         return f"a reward returns one float per completion: {len(prompts)} completions gave {got!r}"
     for (question, completion, want), score in zip(_OPERAND_CASES, got, strict=True):
@@ -345,7 +353,8 @@ _03_1 = Exercise(
             scores = []
             for prompt, completion in zip(prompts, completions):
                 a, b = re.findall(r"\\d+", prompt[-1]["content"])[:2]
-                scores.append(1.0 if completion.startswith(f"<reasoning>{a[-1]}+{b[-1]}") else 0.0)
+                text = completion[0]["content"]  # one assistant message, as in TRL
+                scores.append(1.0 if text.startswith(f"<reasoning>{a[-1]}+{b[-1]}") else 0.0)
             return scores
     """),
     wrong=_cell("""
@@ -356,11 +365,12 @@ _03_1 = Exercise(
             scores = []
             for prompt, completion in zip(prompts, completions):
                 a, b = re.findall(r"\\d+", prompt[-1]["content"])[:2]
-                scores.append(1.0 if f"{a}+{b}" in completion else 0.0)
+                scores.append(1.0 if f"{a}+{b}" in completion[0]["content"] else 0.0)
             return scores
     """),
-    hint="prompt[-1][\"content\"] is the question; re.findall(r\"\\d+\", ...) gives its numbers as strings, and "
-         "s[-1] is a string's last character. The completion should start with \"<reasoning>\" + that step.",
+    hint="prompt[-1][\"content\"] is the question and completion[0][\"content\"] the completion's text; "
+         "re.findall(r\"\\d+\", ...) gives the question's numbers as strings, and s[-1] is a string's last character. "
+         "The text should start with \"<reasoning>\" + that step.",
     check=_check_03_1,
     after="a reward that checks the process against the problem's own numbers cannot be earned with true but "
           "useless steps like 1+1=2",

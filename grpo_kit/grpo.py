@@ -45,7 +45,7 @@ from .loop import TrainingLoop
 from .losses import adaptive_beta, policy_loss
 from .metrics import HIST_EDGES, histogram, to_host
 from .models import ReferencePolicy, is_lora
-from .rewards import RewardFunc, RewardResult, compute_rewards, reward_name
+from .rewards import RewardFunc, RewardResult, RewardState, compute_rewards, reward_name
 from .sampling import (
     GroupPrompts,
     Rollout,
@@ -190,7 +190,8 @@ class GRPOTrainer(TrainingLoop):
         columns["completion_ids"] = ids_list
         weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
         result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights,
-                                 on_error=self.config.reward_on_error, timeout=self.config.reward_timeout_seconds)
+                                 on_error=self.config.reward_on_error, timeout=self.config.reward_timeout_seconds,
+                                 state=RewardState(global_step=self.step, max_steps=self.config.steps))
         return Scored(result, texts, prompts, lengths)
 
     # ---- 3. advantage -------------------------------------------------------------------------------
@@ -370,6 +371,7 @@ class GRPOTrainer(TrainingLoop):
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, sampled.rewards, adv, lengths, roll))
+        row.update({f"logged/{name}": value for name, value in result.logged.items()})  # the rewards' log_metric
         # the groups the update trained: dynamic sampling's choice, less those `skip_zero_advantage_groups` left out
         update_rows = len(trained) if trained is not None else len(adv)
         row.update(rollouts=sampled.rollouts,
@@ -459,10 +461,12 @@ class GRPOTrainer(TrainingLoop):
         self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]
     ) -> list[dict[str, Any]]:
         """The first `log_completions` completions with their rewards and advantages, for the browser."""
+        extra = {column: values for column, values in result.extra.items() if len(values) == len(texts)}
         return [
             {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": t,
              "rewards": {nm: _num(result.per_function[j, i]) for j, nm in enumerate(result.names)},
-             "reward": float(result.total[i]), "advantage": float(adv[i])}
+             "reward": float(result.total[i]), "advantage": float(adv[i]),
+             **({"extra": {column: values[i] for column, values in extra.items()}} if extra else {})}
             for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if i < self.config.log_completions
         ]
 
@@ -579,9 +583,17 @@ def _joined_results(results: list[RewardResult]) -> RewardResult:
     for r in results:
         for name, count in r.failures.items():
             failures[name] = failures.get(name, 0) + count
+    logged: dict[str, list[float]] = {}
+    for r in results:
+        for name, value in r.logged.items():
+            logged.setdefault(name, []).append(value)
+    extra: dict[str, list] = {}
+    for r in results:
+        for column, values in r.extra.items():
+            extra.setdefault(column, []).extend(values)
     return RewardResult(per_function=torch.cat([r.per_function for r in results], dim=1),
                         total=torch.cat([r.total for r in results]), names=results[0].names, weights=results[0].weights,
-                        failures=failures)
+                        failures=failures, logged={k: sum(v) / len(v) for k, v in logged.items()}, extra=extra)
 
 
 class _PhaseClock:

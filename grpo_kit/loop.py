@@ -11,6 +11,7 @@ model at a time. A trainer adds its algorithm: `train_step()` and what its check
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import weakref
@@ -62,7 +63,8 @@ class TrainingLoop:
         self.run_dir = claim(config.output_dir, self.kind) if config.output_dir else None
         """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
         self.logger = MetricsLogger(
-            self.run_dir.add(self.metrics_file) if self.run_dir else None, resume=resume_metrics
+            self.run_dir.add(self.metrics_file) if self.run_dir else None, resume=resume_metrics,
+            forward=self._reporter(config),
         )
         self.step = 0
         self.step_seconds: list[float] = []
@@ -78,6 +80,18 @@ class TrainingLoop:
         self.checkpoint_notes: dict[str, Any] = {}
         """What this trainer's checkpoints say about their weights beyond the config (the arc notes `adapter_over`:
         an adapter trained over another model than the preset's)."""
+
+    def _reporter(self, config: Any) -> Callable[[dict[str, Any]], None] | None:
+        """Where each metrics row goes besides the metrics file: the trackers `config.report_to` names."""
+        if not config.report_to:
+            return None
+        from .trackers import FOLDERS, Reporter
+
+        for tracker in config.report_to:
+            if tracker in FOLDERS and self.run_dir:
+                self.run_dir.add(FOLDERS[tracker])  # its folder in the output directory, recorded as the kit's
+        return Reporter(config.report_to, run_name=str(config.output_dir or self.kind),
+                        output_dir=self.run_dir.path if self.run_dir else None, config=dataclasses.asdict(config)).log
 
     def train_step(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,13 @@ def histogram(values: torch.Tensor, edges: torch.Tensor = HIST_EDGES) -> list[in
 
 
 class MetricsLogger:
-    """Keeps every row in memory and appends it to `path` (JSONL); a dashboard reads `rows`."""
+    """Keeps every row in memory and appends it to `path` (JSONL); a dashboard reads `rows`. `forward(row)`, when
+    given, gets each new row too (the experiment trackers)."""
 
-    def __init__(self, path: str | Path | None = None, resume: bool = False) -> None:
+    def __init__(self, path: str | Path | None = None, resume: bool = False, *,
+                 forward: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = Path(path) if path else None
+        self.forward = forward
         self.rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         if self.path:
@@ -62,6 +66,8 @@ class MetricsLogger:
             if self.path:
                 with self.path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
+        if self.forward is not None:
+            self.forward(row)
 
     def truncate(self, step: int) -> None:
         """Drop rows after `step` (used when resuming from an earlier checkpoint)."""

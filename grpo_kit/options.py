@@ -12,8 +12,9 @@ ADVANTAGE_ESTIMATORS = ("zscore", "centered", "mad", "batch")
 ADVANTAGE_CLIPS = ("none", "symmetric", "asymmetric", "tanh")
 REWARD_ON_ERROR = ("raise", "zero")
 TASK_KINDS = ("arithmetic", "word_problems", "gsm8k", "file", "hub")
-ANSWER_TYPES = ("auto", "number", "choice", "string", "regex", "function")
+ANSWER_TYPES = ("auto", "number", "choice", "string", "regex", "math", "function")
 MODEL_DTYPES = ("auto", "float32", "bfloat16")
+TRACKERS = ("trackio", "wandb", "tensorboard")
 
 
 def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:

@@ -33,6 +33,11 @@ def reward_function_keys(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(k for k in (rows[-1] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean"))
 
 
+def logged_metric_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """What the rewards logged with `log_metric` in the latest row (`logged/<name>`)."""
+    return sorted(k for k in (rows[-1] if rows else {}) if k.startswith("logged/"))
+
+
 def draw_series(
     ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...] | list[str], *, smoothed: bool = False
 ) -> None:

@@ -1,18 +1,33 @@
 """Reward functions with TRL's signature, and their weighted combination.
 
-A reward function is `f(prompts, completions, **columns) -> list[float | None]`: one score per completion,
-None meaning "does not apply to this row" (it is then left out of that row's weighted sum, as in TRL).
-`columns` holds the dataset columns (e.g. `answer`) repeated per completion, plus `completion_ids`.
-Completions arrive as plain strings; the built-ins also accept TRL's chat-message form.
+A reward function is `f(prompts, completions, **kwargs) -> list[float | None]`: one score per completion, None
+meaning "does not apply to this row" (it is then left out of that row's weighted sum, as in TRL). It is called as
+TRL's GRPOTrainer calls it, by keyword (`f(prompts=…, completions=…, completion_ids=…, **columns, trainer_state=…,
+log_metric=…, log_extra=…)`; a function without a `completions` parameter gets prompts and completions by
+position, as `f(p, c, **columns)`), so a reward written for TRL runs unchanged:
+
+    completions    TRL's conversational format when the prompts are chat messages (the kit's always are): each
+                   completion a list of one message, [{"role": "assistant", "content": "<reasoning>…"}];
+                   `completion_text(c)` gives its text either way. Plain strings where the prompts are text.
+    columns        the dataset's columns (e.g. `answer`, `answer_type`) repeated per completion
+    completion_ids each completion's token ids
+    trainer_state  `RewardState`: the step (`global_step`) and the run's length (`max_steps`), as TRL's TrainerState
+    log_metric     `log_metric(name, value)`: a number for this step's metrics row (`logged/<name>`, averaged over
+                   the calls of the step) and the dashboard
+    log_extra      `log_extra(column, values)`: one value per completion, shown beside the logged completions
+
+Keyword arguments a function does not take are left out, unless it takes **kwargs.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -202,20 +217,26 @@ def judge_reward(model: torch.nn.Module, tokenizer: Any, rubric: str, **kwargs: 
 
 def test_reward(func: RewardFunc, cases: Sequence[dict[str, Any]], *, tolerance: float = 1e-6, show: bool = True,
                 ) -> list[dict[str, Any]]:
-    """Unit-test a reward before training with it: each case is a dict with `completion`, `expected` (the score it
-    should get) and any dataset columns the reward reads (`answer`, …; `prompt` defaults to ""). Prints a table of
-    case → score → expected (✓ within `tolerance`, ✗ otherwise) and returns its rows; a reward that raises shows its
-    error in the table. `test_reward.__test__` is False, so pytest never collects it."""
+    """Unit-test a reward before training with it: each case is a dict with `completion` (its text), `expected` (the
+    score it should get) and any dataset columns the reward reads (`answer`, …; `prompt`, its question's text,
+    defaults to ""). The reward is called as a trainer calls it (`compute_rewards`): the prompt as chat messages and
+    the completion in TRL's conversational form. Prints a table of case → score → expected (✓ within `tolerance`,
+    ✗ otherwise) and returns its rows; a reward that raises shows its error in the table. `test_reward.__test__` is
+    False, so pytest never collects it."""
     rows = []
     for i, case in enumerate(cases):
         columns = {k: [v] for k, v in case.items() if k not in ("completion", "expected", "prompt")}
+        prompt = case.get("prompt", "")
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+        kwargs = {**columns, "trainer_state": RewardState(), "log_metric": lambda name, value: None,
+                  "log_extra": lambda column, values: None}
         try:
-            score: Any = func([case.get("prompt", "")], [case["completion"]], **columns)[0]
+            score: Any = call_reward(func, [messages], as_conversation([case["completion"]]), kwargs)[0]
         except Exception as e:  # noqa: BLE001 - the table shows it
             score = f"{type(e).__name__}: {e}"
         ok = isinstance(score, (int, float)) and abs(float(score) - float(case["expected"])) <= tolerance
-        rows.append(
-            {"case": i, "completion": str(case["completion"]), "score": score, "expected": case["expected"], "ok": ok})
+        rows.append({"case": i, "completion": completion_text(case["completion"]), "score": score,
+                     "expected": case["expected"], "ok": ok})
     if show:
         print(f"{'case':>4}  {'completion':<44}  {'score':>8}  {'expected':>8}")
         for r in rows:
@@ -309,6 +330,15 @@ class RewardError(RuntimeError):
     """A reward function raised, returned NaN/inf, or returned the wrong number of scores."""
 
 
+@dataclass(frozen=True)
+class RewardState:
+    """What TRL's `trainer_state` gives a reward, under the same names: the step being scored (`global_step`, the
+    steps finished before it) and the steps the run is set to take (`max_steps`)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
 @dataclass
 class RewardResult:
     per_function: torch.Tensor
@@ -319,20 +349,45 @@ class RewardResult:
     weights: list[float]
     failures: dict[str, int]
     """Per function: completions scored 0 because the function failed on them (on_error='zero')."""
+    logged: dict[str, float] = field(default_factory=dict)
+    """What the rewards logged with `log_metric`, by name: the mean of the batch's calls."""
+    extra: dict[str, list] = field(default_factory=dict)
+    """What the rewards logged with `log_extra`, by column: one value per completion."""
+
+
+def call_reward(func: RewardFunc, prompts: list, completions: list, kwargs: dict[str, Any]) -> list:
+    """`func` called as TRL calls a reward: by keyword (`prompts=`, `completions=`, then `kwargs`) where it has a
+    parameter named `completions`; the kit's positional style `f(p, c, **columns)` otherwise. Either way it gets only
+    the keyword arguments it names, or all of them where it takes **kwargs."""
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: give it everything, as TRL would
+        return list(func(prompts=prompts, completions=completions, **kwargs))
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    by_name = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if "completions" in by_name:
+        given = {"prompts": prompts, "completions": completions, **kwargs}
+        return list(func(**{k: v for k, v in given.items() if takes_all or k in by_name}))
+    return list(func(prompts, completions, **{k: v for k, v in kwargs.items() if takes_all or k in by_name}))
+
+
+def as_conversation(completions: list) -> list:
+    """Completions in TRL's conversational form: each text as a list of one assistant message."""
+    return [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
 
 
 def _call_with_timeout(func: RewardFunc, prompts: list, completions: list, *, name: str, timeout: float | None,
                        columns: dict) -> list:
-    """`func(prompts, completions, **columns)` as a list, raising RewardError after `timeout` seconds. Python cannot
+    """`call_reward(func, prompts, completions, columns)`, raising RewardError after `timeout` seconds. Python cannot
     stop a thread, so a reward that hangs is left running in a daemon thread (it ends with the process) while
     the run stops with the error."""
     if timeout is None:
-        return list(func(prompts, completions, **columns))
+        return call_reward(func, prompts, completions, columns)
     outcome: dict[str, Any] = {}
 
     def call() -> None:
         try:
-            outcome["scores"] = list(func(prompts, completions, **columns))
+            outcome["scores"] = call_reward(func, prompts, completions, columns)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = e
 
@@ -364,7 +419,7 @@ def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: l
     has the same `timeout` as the batch: a reward that hangs on one row stops the run, naming it."""
     scores, failures = [], 0
     for i in range(len(completions)):
-        row_cols = {k: v[i : i + 1] for k, v in columns.items()}
+        row_cols = {k: v[i : i + 1] if isinstance(v, list) else v for k, v in columns.items()}
         try:
             value = _call_with_timeout(func, prompts[i : i + 1], completions[i : i + 1], name=name, timeout=timeout,
                                        columns=row_cols)[0]
@@ -393,8 +448,10 @@ def compute_rewards(
     *,
     on_error: str = "raise",
     timeout: float | None = None,
+    state: RewardState | None = None,
 ) -> RewardResult:
-    """Score completions with every reward function and combine them:
+    """Score completions (text) with every reward function, called as TRL calls them (the module docstring: chat
+    prompts get conversational completions, `state` arrives as `trainer_state`), and combine them:
 
         total_i = Σ_f w_f · r_f(i)   over the functions f whose r_f(i) is not None
 
@@ -419,14 +476,28 @@ def compute_rewards(
     w = [float(weights.get(nm, 1.0)) for nm in names]
     table = torch.full((len(reward_funcs), n), float("nan"))
     failures: dict[str, int] = {}
+    given = as_conversation(completions) if prompts and isinstance(prompts[0], list) else completions
+    logged: dict[str, list[float]] = defaultdict(list)
+    extra: dict[str, list] = {}
+
+    def log_metric(name: str, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(_as_score(value), (int, float)) or not math.isfinite(
+                float(_as_score(value))):
+            raise ValueError(f"log_metric({name!r}, {value!r}): the value must be a finite number")
+        logged[str(name)].append(float(_as_score(value)))
+
+    def log_extra(column: str, values: list) -> None:
+        extra.setdefault(str(column), []).extend(values)
+
+    kwargs = {**columns, "trainer_state": state or RewardState(), "log_metric": log_metric, "log_extra": log_extra}
     for fi, (func, name) in enumerate(zip(reward_funcs, names, strict=True)):
         try:
-            scores = _call_with_timeout(func, prompts, completions, name=name, timeout=timeout, columns=columns)
+            scores = _call_with_timeout(func, prompts, given, name=name, timeout=timeout, columns=kwargs)
             failed = 0
         except RewardError:
             raise
         except Exception as e:  # noqa: BLE001
-            scores, failed = _score_one_by_one(func, name, prompts, completions, columns=columns, on_error=on_error,
+            scores, failed = _score_one_by_one(func, name, prompts, given, columns=kwargs, on_error=on_error,
                                                first_error=e, timeout=timeout)
         if len(scores) != n:
             raise RewardError(f"reward {name!r} returned {len(scores)} scores for {n} completions")
@@ -445,7 +516,8 @@ def compute_rewards(
         failures[name] = failed
     weighted = table * torch.tensor(w).unsqueeze(1)
     total = torch.nansum(weighted, dim=0)
-    return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures)
+    return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures,
+                        logged={k: sum(v) / len(v) for k, v in logged.items()}, extra=extra)
 
 
 DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, answer_digits_reward, strict_format_reward)

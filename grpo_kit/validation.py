@@ -42,6 +42,10 @@ def one_of(allowed: tuple[str, ...]) -> Rule:
     return (lambda v: v in allowed, f"one of {', '.join(allowed)}")
 
 
+def subset_of(allowed: tuple[str, ...]) -> Rule:
+    return (lambda v: set(v) <= set(allowed), f"a list of any of {', '.join(allowed)}")
+
+
 def ruled(default: Any, rule: Rule) -> Any:
     """A config dataclass field with default `default` whose value must pass `rule` (`validate` checks it; a None
     value, where the field allows one, skips it): the rule is written beside the field it governs."""
@@ -153,19 +157,24 @@ class DataError(ValueError):
 
 
 def reward_columns(func: Callable[..., Any]) -> list[str]:
-    """The dataset columns a reward function names as parameters (beyond prompts and completions): the trainer
-    passes each column under its name, so these must exist."""
+    """The dataset columns a reward function names as parameters: the trainer passes each column under its name, so
+    these must exist. Not columns: what the trainer itself passes (TRAINER_ARGUMENTS), and, for a function without a
+    `completions` parameter, its first two (prompts and completions, by position: `rewards.call_reward`)."""
     try:
         params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
         return []
-    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][2:]
-    return [p.name for p in named if p.name not in OPTIONAL_COLUMNS]
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if "completions" not in {p.name for p in named}:
+        named = named[2:]
+    return [p.name for p in named if p.name not in TRAINER_ARGUMENTS + OPTIONAL_COLUMNS]
 
 
-OPTIONAL_COLUMNS = ("completion_ids", "answer_type")
-"""Reward parameters that need no dataset column: the sampled token ids (always passed), and `answer_type`, which only
-tasks from a user's data have (the reward reads None without it)."""
+TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
+"""What the trainer passes every reward, as TRL's GRPOTrainer does (`rewards` module docstring)."""
+OPTIONAL_COLUMNS = ("answer_type",)
+"""Reward parameters that need no dataset column: `answer_type`, which only tasks from a user's data have (the reward
+reads None without it)."""
 
 
 def prompt_problem(prompt: Any) -> str | None:

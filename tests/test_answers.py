@@ -45,7 +45,8 @@ def test_the_explicit_types_and_tolerance():
     assert answer_matches("x=4", "4", "function", function=lambda p, t: p.split("=")[-1] == t)
     with pytest.raises(ValueError, match="needs a function"):
         answer_matches("4", "4", "function")
-    with pytest.raises(ValueError, match="answer_type 'fuzzy': one of auto, number, choice, string, regex, function"):
+    with pytest.raises(ValueError,
+                       match="answer_type 'fuzzy': one of auto, number, choice, string, regex, math, function"):
         answer_matches("4", "4", "fuzzy")
 
 

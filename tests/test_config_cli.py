@@ -119,7 +119,7 @@ def _name(req: str) -> str:
 def test_environment_yml_agrees_with_pyproject_and_lock():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {_name(d) for d in project["dependencies"]}
-    for extra in ("xla", "notebooks", "dev", "gemma-offline", "bench"):
+    for extra in ("xla", "notebooks", "dev", "gemma-offline", "bench", "math", "tracking"):
         wanted |= {_name(d) for d in project["optional-dependencies"][extra]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))

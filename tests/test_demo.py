@@ -232,7 +232,7 @@ def _logits(model, ids):
 
 
 def length_reward(prompts, completions, **_):
-    return [float(len(c)) for c in completions]
+    return [float(len(c[0]["content"])) for c in completions]  # TRL's conversational form
 
 
 def test_lora_arc_resumed_in_a_new_process_holds_the_same_weights_and_grpo_references_the_sft_model(tmp_path):

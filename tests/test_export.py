@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_kit.config import ModelConfig
-from grpo_kit.export import export_model, push_folder
+from grpo_kit.export import export_model, model_card, push_folder
 from grpo_kit.hub import ModelAccessError
 from grpo_kit.models import load_model
 from grpo_kit.sampling import encode_prompts
@@ -52,13 +53,45 @@ def test_export_reloads_with_plain_transformers(tmp_path, cpu, lora):
     )
     assert reloaded.generation_config.eos_token_id == [1, 5]  # <eos> and <end_of_turn>
     card = (out / "README.md").read_text()
-    assert (
-        "base_model: tiny-gemma" in card
-        and "| accuracy | 0.5 |" in card
-        and card.rstrip().endswith("greedy accuracy 42.0 %")
-    )
+    assert "| accuracy | 0.5 |" in card and card.rstrip().endswith("greedy accuracy 42.0 %")
+    loaded = ModelCard.load(out / "README.md")  # the Hub's own parser reads its YAML
+    assert loaded.data.base_model is None and "random-weights" in loaded.data.tags  # the tiny Gemma has no hub id
+    assert loaded.data.pipeline_tag == "text-generation" and loaded.data.license == "gemma"
     if lora:  # the trained model keeps its adapter (export merged a copy)
         assert hasattr(model, "peft_config")
+
+
+@pytest.mark.parametrize("name, hub_id", [("gemma-3-270m-offline", "google/gemma-3-270m"),
+                                           ("gemma-3-1b-it", "google/gemma-3-1b-it"),
+                                           ("google/gemma-2-2b-it", "google/gemma-2-2b-it"), ("tiny-gemma", None)])
+def test_the_model_card_names_the_base_models_hub_id_and_its_score_as_a_model_index(tmp_path, name, hub_id):
+    """The card's YAML, read back with huggingface_hub's ModelCard: the base model by its hub id (not the kit's alias),
+    the pipeline, and a model-index from a score.json (grpo-kit score); a task file is no hub data set."""
+    score = {"task": "data/my_task.jsonl", "accuracy": 41.5, "pass@1": 38.0, "maj@4": 43.0, "pass@4": 60.0}
+    (tmp_path / "README.md").write_text(model_card(name, score=score))
+    data = ModelCard.load(tmp_path / "README.md").data
+    assert data.base_model == hub_id and data.pipeline_tag == "text-generation" and data.datasets is None
+    assert {(r.metric_type, r.metric_value) for r in data.eval_results} == {
+        ("accuracy", 41.5), ("pass@1", 38.0), ("maj@4", 43.0), ("pass@4", 60.0)}
+    on_hub = ModelCard(model_card(name, score={**score, "task": "openai/gsm8k"})).data
+    assert on_hub.datasets == ["openai/gsm8k"] and on_hub.eval_results[0].dataset_type == "openai/gsm8k"
+
+
+def test_a_kaggle_upload_names_the_gemma_licence(tmp_path, monkeypatch):
+    """kagglehub.model_upload receives the licence Kaggle gives the Gemma Terms of Use, and only the export's files."""
+    import kagglehub
+
+    from grpo_kit import export
+
+    model, tokenizer = load_model(ModelConfig(), torch.device("cpu"))
+    out = export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma")
+    calls = []
+    monkeypatch.setattr(export, "load_kaggle_credentials", lambda: None)
+    monkeypatch.setattr(export, "kaggle_visibility", lambda owner, model: "missing")
+    monkeypatch.setattr(kagglehub, "model_upload", lambda *args, **kwargs: calls.append((args, kwargs)))
+    assert export.push_to_kaggle(out, "me/my-gemma") == "https://www.kaggle.com/models/me/my-gemma"
+    (args, kwargs), = calls
+    assert args[0] == "me/my-gemma/transformers/default" and kwargs["license_name"] == "Gemma"
 
 
 def test_push_without_a_token_says_what_to_do(tmp_path, monkeypatch):

@@ -101,8 +101,9 @@ MATH_MODULES = ("losses", "advantages")
 
 
 LAYERS = (
-    ("foundations", {"options", "answer_format", "validation", "datafiles", "device", "chat", "decoder", "metrics",
-                     "checkpoint", "rundir", "hub", "losses", "advantages", "difficulty", "quizzes", "plots"}),
+    ("foundations", {"options", "answer_format", "validation", "datafiles", "trackers", "device", "chat", "decoder",
+                     "metrics", "checkpoint", "rundir", "hub", "losses", "advantages", "difficulty", "quizzes",
+                     "plots"}),
     ("settings, data, models, rewards", {"config", "tasks", "controls", "models", "rewards", "course"}),
     ("sampling and log-probs", {"sampling", "logprobs", "evaluation"}),
     ("the loop, the trainers and their tools", {"loop", "sft", "rft", "grpo", "planner", "scoring", "export"}),

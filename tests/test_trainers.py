@@ -352,7 +352,7 @@ def test_gated_shaped_rewards_give_all_wrong_groups_no_advantage(sft_model, task
         return [0.0] * len(completions)
 
     def length_reward(prompts, completions, **kw):  # noqa: ANN001, ANN003
-        return [len(c) / 100 for c in completions]
+        return [len(c[0]["content"]) / 100 for c in completions]
 
     for gate in (False, True):
         cfg = GRPOConfig(**SMALL, output_dir=None, gate_shaped_rewards=gate)
