@@ -129,7 +129,8 @@ VERSIONS_SCRIPT = (
 
 
 def installed_versions(python: Path) -> dict[str, str]:
-    out = subprocess.run([str(python), "-c", VERSIONS_SCRIPT], check=True, capture_output=True, text=True).stdout
+    # -I: not this checkout's own metadata (grpo_kit.egg-info), which the working directory would put first
+    out = subprocess.run([str(python), "-I", "-c", VERSIONS_SCRIPT], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
@@ -218,7 +219,7 @@ def installed_commit(python: Path) -> str | None:
               "try: print(json.loads(m.distribution('grpo-kit').read_text('direct_url.json'))"
               "['vcs_info']['commit_id'])\n"
               "except Exception: print('')")
-    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True).stdout.strip()
+    out = subprocess.run([str(python), "-I", "-c", script], capture_output=True, text=True).stdout.strip()
     return out or None
 
 
