@@ -371,7 +371,8 @@ class GRPOTrainer(TrainingLoop):
         # 5. log: one transfer for all device values, then host-side extras
         row = to_host(device_stats)
         row.update(self._reward_metrics(result, sampled.rewards, adv, lengths, roll))
-        row.update({f"logged/{name}": value for name, value in result.logged.items()})  # the rewards' log_metric
+        row.update({f"logged/{name}": sum(values) / len(values)  # the rewards' log_metric, over the step's calls
+                    for name, values in result.logged.items()})
         # the groups the update trained: dynamic sampling's choice, less those `skip_zero_advantage_groups` left out
         update_rows = len(trained) if trained is not None else len(adv)
         row.update(rollouts=sampled.rollouts,
@@ -584,16 +585,15 @@ def _joined_results(results: list[RewardResult]) -> RewardResult:
         for name, count in r.failures.items():
             failures[name] = failures.get(name, 0) + count
     logged: dict[str, list[float]] = {}
-    for r in results:
-        for name, value in r.logged.items():
-            logged.setdefault(name, []).append(value)
     extra: dict[str, list] = {}
     for r in results:
+        for name, values in r.logged.items():
+            logged.setdefault(name, []).extend(values)
         for column, values in r.extra.items():
             extra.setdefault(column, []).extend(values)
     return RewardResult(per_function=torch.cat([r.per_function for r in results], dim=1),
                         total=torch.cat([r.total for r in results]), names=results[0].names, weights=results[0].weights,
-                        failures=failures, logged={k: sum(v) / len(v) for k, v in logged.items()}, extra=extra)
+                        failures=failures, logged=logged, extra=extra)
 
 
 class _PhaseClock:

@@ -349,8 +349,9 @@ class RewardResult:
     weights: list[float]
     failures: dict[str, int]
     """Per function: completions scored 0 because the function failed on them (on_error='zero')."""
-    logged: dict[str, float] = field(default_factory=dict)
-    """What the rewards logged with `log_metric`, by name: the mean of the batch's calls."""
+    logged: dict[str, list[float]] = field(default_factory=dict)
+    """What the rewards logged with `log_metric`, by name: each call's value, in order (a step's row takes their
+    mean)."""
     extra: dict[str, list] = field(default_factory=dict)
     """What the rewards logged with `log_extra`, by column: one value per completion."""
 
@@ -411,6 +412,14 @@ def _as_score(value: Any) -> Any:
         return value.item()
     except (TypeError, ValueError, RuntimeError):  # more than one element
         return value
+
+
+def _finite_score(value: Any) -> float | None:
+    """`value` (`_as_score`'d) as a float when it is a finite number, not a bool; else None."""
+    value = _as_score(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        return None
+    return float(value)
 
 
 def _score_one_by_one(func: RewardFunc, name: str, prompts: list, completions: list, *, columns: dict, on_error: str,
@@ -481,10 +490,10 @@ def compute_rewards(
     extra: dict[str, list] = {}
 
     def log_metric(name: str, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(_as_score(value), (int, float)) or not math.isfinite(
-                float(_as_score(value))):
+        number = _finite_score(value)
+        if number is None:
             raise ValueError(f"log_metric({name!r}, {value!r}): the value must be a finite number")
-        logged[str(name)].append(float(_as_score(value)))
+        logged[str(name)].append(number)
 
     def log_extra(column: str, values: list) -> None:
         extra.setdefault(str(column), []).extend(values)
@@ -504,20 +513,18 @@ def compute_rewards(
         for i, s in enumerate(scores):
             if s is None:
                 continue
-            s = _as_score(s)
-            bad = not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(float(s))
-            if bad:
+            score = _finite_score(s)
+            if score is None:
                 if on_error == "raise":
-                    raise RewardError(
-                        f"reward {name!r} returned {s!r} for completion {i}: {completion_text(completions[i])[:200]!r}"
-                    )
-                s, failed = 0.0, failed + 1
-            table[fi, i] = float(s)
+                    raise RewardError(f"reward {name!r} returned {_as_score(s)!r} for completion {i}: "
+                                      f"{completion_text(completions[i])[:200]!r}")
+                score, failed = 0.0, failed + 1
+            table[fi, i] = score
         failures[name] = failed
     weighted = table * torch.tensor(w).unsqueeze(1)
     total = torch.nansum(weighted, dim=0)
     return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures,
-                        logged={k: sum(v) / len(v) for k, v in logged.items()}, extra=extra)
+                        logged=dict(logged), extra=extra)
 
 
 DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, answer_digits_reward, strict_format_reward)

@@ -61,10 +61,9 @@ def _open(name: str, *, run_name: str, output_dir: Path | None, config: dict[str
     try:
         return {"tensorboard": _TensorBoard, "trackio": _Trackio, "wandb": _Wandb}[name](
             run_name=run_name, output_dir=output_dir, config=config)
-    except ImportError as e:
-        package = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}[name]
-        raise ValueError(f"report_to={name!r} needs the {package} package ({e}): pip install 'grpo-kit[tracking]' "
-                         f"or pip install {package}") from None
+    except ImportError as e:  # each tracker's package has the tracker's name
+        raise ValueError(f"report_to={name!r} needs the {name} package ({e}): pip install 'grpo-kit[tracking]' "
+                         f"or pip install {name}") from None
 
 
 class _TensorBoard:

@@ -27,13 +27,14 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import release  # scripts/release.py: how a notebook's cell 1 names its release
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".platforms"
@@ -171,9 +172,6 @@ def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> t
     return venv, workdir, env
 
 
-PIN = re.compile(r'KIT_RELEASE, KIT_COMMIT = "(v[^"]+)", "([0-9a-f]*)"')
-
-
 @dataclass(frozen=True)
 class Kit:
     """What cell 1 installs on the replicas: `source` (GRPO_KIT_SOURCE), shown as `label`, expected at `commit`."""
@@ -185,8 +183,7 @@ class Kit:
 
 def pinned_release() -> tuple[str, str]:
     """The (release, commit) every notebook's cell 1 pins; SystemExit when they differ."""
-    pins = {m for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
-            for m in PIN.findall("\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]))}
+    pins = {pin for path in release.notebooks() for pin in release.pinned(path.read_text())}
     if len(pins) != 1:
         raise SystemExit(f"platforms: the notebooks pin {len(pins)} releases ({sorted(pins)}), not one")
     return pins.pop()
