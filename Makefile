@@ -48,7 +48,7 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 # process, in order, and so do the tests that share a costly module fixture (tests/scheduling.py). The 40 slowest
 # tests are listed at the end: the whole run must stay within CI's 45 minutes.
 test: $(STAMP) $(CLASSIC_STAMP) browser
-	$(BIN)/python -m ruff check grpo_kit tests scripts
+	$(BIN)/python -m ruff check grpo_kit tests scripts notebooks/install.py
 	OMP_NUM_THREADS=1 GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks \
 	  --nbmake-timeout=600 -m "not bench" -n logical --dist loadgroup --durations=40
 
@@ -108,7 +108,7 @@ release: $(STAMP)
 	$(BIN)/python scripts/release.py cut
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check grpo_kit tests scripts
+	$(BIN)/python -m ruff check grpo_kit tests scripts notebooks/install.py
 
 clean:
 	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache .platforms

@@ -117,6 +117,7 @@ PUBLIC: dict[str, str | None] = {
     "PlanInput": "planner",
     "plan": "planner",
     "plan_table": "planner",
+    "model_spec": "planner",
     # the notebooks' helpers (environment, preset with fallback, course checkpoints, exercise checks)
     "notebook": None,
 }

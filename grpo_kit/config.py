@@ -512,7 +512,9 @@ TPU_BOARD_MICRO_BATCH: tuple[tuple[str, int, bool], ...] = (
 
 # Named presets: overrides per config section, picked by name (CLI `--preset`).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "cpu-tiny": {},
+    # `make demo`: the tiny Gemma's arc with both controls, each trained from the SFT model for GRPO's seconds, so the
+    # demo's GRPO gain is read against as much more SFT and against RFT (the README's table shows all three).
+    "cpu-tiny": {"control": True, "rft_control": True},
     "cpu-tiny-quick": {
         "sft": {"steps": 40},
         "grpo": {"steps": 6, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},

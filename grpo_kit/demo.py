@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint, write_whole
-from .config import RFTConfig, RunConfig, without_retired
+from .config import RunConfig, without_retired
 from .device import get_device, use_cpu_threads
 from .difficulty import DifficultyTargeting
 from .evaluation import evaluate, sampled_scores
@@ -31,7 +31,7 @@ from .metrics import read_jsonl
 from .models import is_lora, load_model, merge_and_restart_lora
 from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards
 from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
-from .rft import RFTTrainer
+from .rft import RFTTrainer, rft_config
 from .rundir import MARK, claim, record_entry
 from .sft import SFTTrainer
 from .tasks import make_task
@@ -389,28 +389,12 @@ class Arc:
         grpo = None if self.cfg.rft_steps else self._grpo_for("RFT")  # fixed steps need no GRPO to size them
         self._start_from_sft()
         t0 = time.perf_counter()
-        plan, s, g = self.records["plan"], self.cfg.sft, self.cfg.grpo
+        plan = self.records["plan"]
         if self.cfg.rft_steps:
             plan.setdefault("rft_steps", self.cfg.rft_steps)
-        config = RFTConfig(
-            steps=plan.get("rft_resized_steps") or plan.get("rft_steps") or max(PROBE_STEPS, grpo["steps"]),
-            learning_rate=self.cfg.rft_learning_rate or g.learning_rate,
-            weight_decay=s.weight_decay,
-            warmup_steps=s.warmup_steps,
-            max_grad_norm=s.max_grad_norm,
-            max_length=s.max_length,
-            pad_to_multiple_of=s.pad_to_multiple_of,
-            log_every=1,
-            seed=g.seed,
-            save_every_seconds=s.save_every_seconds,
-            output_dir=str(self.out / "rft"),
-            prompts_per_step=g.prompts_per_step,
-            group_size=g.group_size,
-            temperature=g.temperature,
-            max_new_tokens=g.max_new_tokens,
-            prompt_bucket=g.prompt_bucket,
-            report_to=s.report_to,
-        )
+        config = rft_config(
+            self.cfg, output_dir=str(self.out / "rft"),
+            steps=plan.get("rft_resized_steps") or plan.get("rft_steps") or max(PROBE_STEPS, grpo["steps"]))
         checkpoint = self.out / "rft" / "checkpoint"
         trainer = RFTTrainer(
             self.model, self.tokenizer, self.task.prompt_stream(), config, resume_metrics=checkpoint.exists()

@@ -3,8 +3,10 @@
 An exercise cell in a notebook starts with its marker line, `# Exercise 03.1: …`, and carries a blank: a `...` where a
 value goes, or a function whose body raises NotImplementedError. The cell after it calls `nbk.check_exercise("03.1",
 globals())`, which reads the names the exercise asks for and either prints ✅ with what the exercise shows, or raises
-an AssertionError that says what is wrong with the answer given (not only that it is wrong). `nbk.hint("03.1")`
-prints a hint; `nbk.reveal("03.1")` prints the solution.
+`NotYet` (an AssertionError) that says what is wrong with the answer given (not only that it is wrong). In IPython a
+`NotYet` shows as one styled block (what is wrong, and how to get a hint), not a traceback through the kit; Run All
+still stops there, and nbmake still sees the error. `nbk.hint("03.1")` prints the next hint, graduated (a nudge
+first, then the method, never the answer); `nbk.reveal("03.1")` prints a solution.
 
 The notebooks ship the blanks only. With GRPO_KIT_SOLUTIONS=1 (`make test`, the platform replicas, the browser tests)
 `use_solutions()` has IPython run each exercise cell's solution in place of its blank, so Run All goes top to bottom
@@ -26,6 +28,16 @@ MARKER = re.compile(r"^# Exercise (\d\d\.\d+):")
 """The first line of every exercise cell; the id (notebook number . exercise number) names the exercise."""
 
 
+class NotYet(AssertionError):
+    """An exercise's answer is missing or wrong: the message says what, and where the hints are. IPython renders it
+    through `_render_traceback_` as the message alone (the traceback would only show the kit's own lines)."""
+
+    def _render_traceback_(self) -> list[str]:
+        red, bold, reset = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+        first, *rest = str(self).splitlines()
+        return [f"{red}{bold}❌ {first}{reset}", *rest]
+
+
 class Blank(Exception):
     """A name the exercise asks for is missing or still `...`, or the function still raises NotImplementedError."""
 
@@ -33,14 +45,15 @@ class Blank(Exception):
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: `blank` is the cell as the notebook ships it (its first line the marker), `solution` the cell
-    solved, `wrong` a plausible wrong answer (the tests check that the check catches it); `check(namespace)` returns
-    None when the answer is right, else what is wrong with it; `after` is what a right answer shows."""
+    solved, `wrong` a plausible wrong answer (the tests check that the check catches it); `hints` go from a nudge to
+    the method, none of them the answer; `check(namespace)` returns None when the answer is right, else what is
+    wrong with it; `after` is what a right answer shows."""
 
     id: str
     blank: str
     solution: str
     wrong: str
-    hint: str
+    hints: tuple[str, ...]
     check: Callable[[dict[str, Any]], str | None]
     after: str = ""
 
@@ -94,8 +107,13 @@ _00_1 = Exercise(
         # Exercise 00.1: does Gemma 2 2B with full fine-tuning (lora=False) fit one TPU v5e-1 (16 GB)?
         answer = True  # 2.6 B parameters in bf16 are 5 GB: surely
     """),
-    hint="Ask the planner: plan(PlanInput(model=\"gemma-2-2b-it\", tpu=\"v5e-1\", lora=False)) returns 'fits' and "
-         "'advice'. Before you look, add it up: weights, gradients and Adam's two moments for 2.6 B parameters.",
+    hints=(
+        'Add it up before you ask anything: besides its bf16 weights (2 bytes each), what does full fine-tuning '
+        'keep for every one of the 2.6 B parameters while it trains?',
+        "Gradients for every weight, and Adam's two moments: about 16 bytes per parameter in all. Compare 2.6 B ×"
+        ' 16 bytes with 16 GB, then let the planner check you: plan(PlanInput(model=…, tpu=…, lora=False)) '
+        "returns 'fits' and 'advice'.",
+    ),
     check=_check_00_1,
     after="full fine-tuning pays for gradients and optimizer state on every weight; LoRA trains a few million "
           "parameters and leaves the rest frozen, which is why every preset of the course uses it on real Gemma",
@@ -149,9 +167,12 @@ _01_1 = Exercise(
                         {"role": "user", "content": "And 3 + 3?"}]
         by_hand = "".join(f"<start_of_turn>{m['role']}\\n{m['content']}<end_of_turn>\\n" for m in conversation)
     """),
-    hint="Print `text` from the cell above and look at its markers: <bos> once, then per turn "
-    "`<start_of_turn>ROLE\\nCONTENT<end_of_turn>\\n`. Which name does Gemma use for the assistant? What does "
-    "add_generation_prompt=True add?",
+    hints=(
+        'Print `text` from the cell above and read its markers: what comes once at the start, and what wraps each'
+        ' turn?',
+        '<bos> once, then per turn `<start_of_turn>ROLE\\nCONTENT<end_of_turn>\\n`. Which name does Gemma use for '
+        "the assistant's role? What does add_generation_prompt=True add at the end?",
+    ),
     check=_check_01_1,
     after="the model sees one flat string; its turns are marked with <start_of_turn>/<end_of_turn>, and the prompt "
     "ends by opening the model's turn, so the first token it writes is its answer",
@@ -198,8 +219,11 @@ _01_2 = Exercise(
         from grpo_kit import generate_completions
         greedy_texts = generate_completions(model, tokenizer, [messages] * 4, max_new_tokens=16, greedy=False)
     """),
-    hint="generate_completions(model, tokenizer, prompts, max_new_tokens=..., greedy=...): the prompts are a list, "
-         "one per completion — repeat `messages` four times.",
+    hints=(
+        "Greedy decoding is a switch of the kit's sampler, not a temperature you set yourself.",
+        'generate_completions(model, tokenizer, prompts, max_new_tokens=..., greedy=...): the prompts are a list,'
+        ' one per completion, so repeat `messages` four times.',
+    ),
     check=_check_01_2,
     after="greedy decoding gives the same text every time: a GRPO group sampled greedily would have zero reward "
           "spread and teach nothing",
@@ -252,8 +276,11 @@ _02_1 = Exercise(
         batch = collate(examples, tokenizer.pad_token_id, bucket=32)
         trained = int(batch["attention_mask"][0].sum())
     """),
-    hint="Look at batch.keys(): one mask says which tokens the model may attend to, another which ones the loss "
-    "counts. Sum the second over row 0.",
+    hints=(
+        'The batch carries two masks: one says which tokens the model may attend to, the other which ones the '
+        'loss counts. Which is which? Look at batch.keys().',
+        "The loss counts only the completion's tokens: sum that mask over row 0 and make it an int.",
+    ),
     check=_check_02_1,
     after="the loss is completion-only: the prompt is context, never a target, so the model learns to answer and "
     "not to write questions",
@@ -299,7 +326,12 @@ _02_2 = Exercise(
         p, G = after["accuracy"], cfg.grpo.group_size
         teach_nothing = (1 - p) ** G
     """),
-    hint="A group teaches nothing when its rewards have no spread. With right/wrong rewards that happens in two ways.",
+    hints=(
+        'A group teaches nothing when its rewards have no spread. With right/wrong rewards, in how many ways can '
+        'that happen?',
+        'Two: all G answers right, or all G wrong. Each answer is right with probability p, independently: '
+        'multiply.',
+    ),
     check=_check_02_2,
     after="at p = 0 every group is all-wrong and GRPO has no gradient at all; the warm-up exists to move p off 0 "
           "(and the share is lowest at p = 0.5, which is what difficulty targeting aims for)",
@@ -368,9 +400,12 @@ _03_1 = Exercise(
                 scores.append(1.0 if f"{a}+{b}" in completion[0]["content"] else 0.0)
             return scores
     """),
-    hint="prompt[-1][\"content\"] is the question and completion[0][\"content\"] the completion's text; "
-         "re.findall(r\"\\d+\", ...) gives the question's numbers as strings, and s[-1] is a string's last character. "
-         "The text should start with \"<reasoning>\" + that step.",
+    hints=(
+        "Break it in two: find the question's two numbers, then build the text the reasoning should start with.",
+        'prompt[-1]["content"] is the question and completion[0]["content"] the completion\'s text; '
+        're.findall(r"\\d+", ...) gives the numbers as strings, and s[-1] is a string\'s last character. The text '
+        'should start with "<reasoning>" + that step.',
+    ),
     check=_check_03_1,
     after="a reward that checks the process against the problem's own numbers cannot be earned with true but "
           "useless steps like 1+1=2",
@@ -407,8 +442,12 @@ _03_2 = Exercise(
         # Exercise 03.2: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
         my_completion = "<reasoning>7+8=15<answer>85</answer>"
     """),
-    hint="Read both docstrings: help(R.soft_format_reward), help(R.strict_format_reward). The soft one counts tags; "
-         "the strict one wants the whole text to be the two blocks and nothing else.",
+    hints=(
+        'One reward counts tags, the other wants the whole text to be its two blocks: what could a completion '
+        'have that only the second minds?',
+        'Read both docstrings: help(R.soft_format_reward), help(R.strict_format_reward). Keep all four tags and '
+        'add text outside the blocks.',
+    ),
     check=_check_03_2,
     after="the soft reward gives a gradient toward the format before the strict one ever fires, but on its own it "
           "would let chatter around the blocks through",
@@ -448,7 +487,11 @@ _04_1 = Exercise(
         std = (((1 - mean) ** 2 + 3 * (0 - mean) ** 2) / 4) ** 0.5
         my_advantage = (1 - mean) / std
     """),
-    hint="help(group_zscore) gives the formula. The mean is 0.25; the std is the sample std (Bessel's correction).",
+    hints=(
+        "A z-score: (reward − the group's mean) / the group's std. Start with the mean of [1, 0, 0, 0].",
+        "The mean is 0.25. The std is the sample std (Bessel's correction: divide by G − 1), and "
+        'help(group_zscore) shows the small ε added to it.',
+    ),
     check=_check_04_1,
     after="one right answer among four wrong ones gets A = +1.5 and each wrong one −0.5: the rarer a success, the "
           "harder it is pushed up",
@@ -494,7 +537,11 @@ _04_2 = Exercise(
         objective_up = 1.2
         objective_down = -1.2
     """),
-    hint="clip(1.3, 0.8, 1.2) = 1.2. Then take the min of the two products — with A negative, which one is smaller?",
+    hints=(
+        'Clip the ratio first: what is clip(1.3, 1 − 0.2, 1 + 0.2)?',
+        'clip(1.3, 0.8, 1.2) = 1.2. Then take the min of ρ·A and clip(ρ)·A, once for A = +1 and once for A = −1: '
+        'with A negative, which product is smaller?',
+    ),
     check=_check_04_2,
     after="the clip removes the incentive to move a token's probability further once the ratio left [1 − ε, 1 + ε] "
           "in the advantage's direction; it only acts when the policy has moved since sampling (μ > 1 passes)",
@@ -535,8 +582,11 @@ _05_1 = Exercise(
         grpo_cfg.beta = 0.05
         dash.run(trainer.step + 1)
     """),
-    hint="dash.move(beta=...) moves the slider as a drag would; dash.run(n) trains until the trainer has taken n "
-         "steps in all.",
+    hints=(
+        'The guided experiments above move controls through the dashboard and then train: do the same with β.',
+        'dash.move(beta=...) moves the slider as a drag would; dash.run(n) trains until the trainer has taken n '
+        'steps in all, so n = trainer.step + 1. control_changes(dash.rows) lists what each step changed.',
+    ),
     check=_check_05_1,
     after="a control changes the next step, and that step's metrics row records the value it used — which is how "
           "the dashboard draws its dotted lines",
@@ -581,60 +631,86 @@ _06_1 = Exercise(
         reloaded = final
         reloaded_accuracy = evaluate(reloaded, tokenizer, test, max_new_tokens=cfg.grpo.max_new_tokens)["accuracy"]
     """),
-    hint="AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation=\"eager\").to(device), then "
-         "evaluate(model, tokenizer, test, max_new_tokens=cfg.grpo.max_new_tokens).",
+    hints=(
+        'The export is plain transformers weights: load it the way you would load any model from a directory.',
+        'AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation="eager").to(device), then measure '
+        'it with the same evaluate(…) call as the stages above.',
+    ),
     check=_check_06_1,
     after="the export is a plain transformers model: anyone can load it without the kit and gets the same answers",
 )
 
 
 # -- 07 · scaling --------------------------------------------------------------------------------------------------
-_LENGTHS = (256, 512, 1024, 2048)
+_ROLLOUT_07_1 = {"model": "gemma-3-1b-it", "tpu": "v5e-1", "prompts_per_step": 8, "group_size": 8,
+                 "prompt_length": 128, "max_new_tokens": 768}
+"""Exercise 07.1's rollout: Gemma 3 1B on one v5e-1 chip (Colab's TPU), 8 prompts × G = 8, 128 + 768 tokens."""
 
 
 def _check_07_1(ns: dict[str, Any]) -> str | None:
-    from .planner import PlanInput, plan
+    from .planner import GIB, PlanInput, estimate, model_spec
 
-    longest = value(ns, "longest_without_checkpointing")
-    fits = {n: plan(PlanInput(model="gemma-3-1b-it", tpu="v2-8", max_new_tokens=n, micro_batch_size=16,
-                              gradient_checkpointing=False))["fits"] for n in _LENGTHS}
-    truth = max((n for n in _LENGTHS if fits[n]), default=None)
-    if longest == truth:
+    mine = value(ns, "kv_cache_gib")
+    if not isinstance(mine, int | float) or isinstance(mine, bool) or not math.isfinite(mine) or mine <= 0:
+        return f"`kv_cache_gib` must be a positive number of GiB, got {mine!r}"
+    truth = estimate(PlanInput(**_ROLLOUT_07_1), micro_batch=1, checkpointing=False)["kv_cache"] / GIB
+    ratio = mine / truth
+    if abs(ratio - 1) <= 0.01:
         return None
-    if longest not in _LENGTHS:
-        return f"pick one of {_LENGTHS}, got {longest!r}"
-    if not fits[longest]:
-        return (f"at {longest} new tokens the planner says it does not fit without checkpointing; the KV cache and the "
-                "logits grow with the length")
-    return f"{longest} fits, but a longer length does too"
+    spec = model_spec(_ROLLOUT_07_1["model"])
+    likely = [
+        (0.5, "that is half: the cache holds keys and values, the factor 2"),
+        (spec.heads / spec.kv_heads, f"the cache stores the {spec.kv_heads} key/value head(s), not the {spec.heads} "
+                                     "query heads (grouped-query attention)"),
+        (2.0, "bf16 is 2 bytes per element, not 4"),
+        (GIB / 1e9, "that is in GB (10⁹ bytes); divide the bytes by 1024³ for GiB"),
+        (1e9 / GIB, "divide the bytes by 1024³ (GiB), not 10⁹"),
+        ((128 + 768) / 768, "T is the whole sequence, prompt and completion: 128 + 768"),
+        (768 / (128 + 768), "T is the whole sequence, prompt and completion: 128 + 768"),
+        (1 / 8, "R is every row the rollout samples: 8 prompts × G = 8 completions"),
+        (8.0, "R is every row the rollout samples: 8 prompts × G = 8 completions"),
+    ]
+    for factor, why in likely:
+        if abs(ratio / factor - 1) <= 0.02:
+            return f"{mine:.3g} GiB: {why}"
+    return (f"{mine:.3g} GiB is {ratio:.2f}× the planner's figure; multiply R · T · L · 2 · K · d · b with "
+            "R = 64 rows, T = 896 tokens and L, K, d from `spec`, b = 2, then divide by 1024³")
 
 
 _07_1 = Exercise(
     id="07.1",
     blank=_cell("""
-        # Exercise 07.1: Gemma 3 1B with LoRA on a v2-8 at micro-batch 16 without gradient checkpointing: the longest
-        # completion (256, 512, 1024 or 2048 new tokens) that still fits
-        longest_without_checkpointing = ...
+        # Exercise 07.1: the KV cache (GiB) of one rollout of Gemma 3 1B on a TPU v5e-1 chip: 8 prompts × G = 8
+        # completions of 128 prompt + 768 new tokens in bf16, from the planner's formula R · T · L · 2 · K · d · b
+        from grpo_kit import model_spec
+        spec = model_spec("gemma-3-1b-it")  # spec.layers = L, spec.kv_heads = K, spec.head_dim = d
+        kv_cache_gib = ...
     """),
     solution=_cell("""
-        # Exercise 07.1: Gemma 3 1B with LoRA on a v2-8 at micro-batch 16 without gradient checkpointing: the longest
-        # completion (256, 512, 1024 or 2048 new tokens) that still fits
-        fits = {n: plan(PlanInput(model="gemma-3-1b-it", tpu="v2-8", max_new_tokens=n, micro_batch_size=16,
-                                  gradient_checkpointing=False))["fits"] for n in (256, 512, 1024, 2048)}
-        print(fits)
-        longest_without_checkpointing = max(n for n, ok in fits.items() if ok)
-        longest_without_checkpointing
+        # Exercise 07.1: the KV cache (GiB) of one rollout of Gemma 3 1B on a TPU v5e-1 chip: 8 prompts × G = 8
+        # completions of 128 prompt + 768 new tokens in bf16, from the planner's formula R · T · L · 2 · K · d · b
+        from grpo_kit import model_spec
+        spec = model_spec("gemma-3-1b-it")  # spec.layers = L, spec.kv_heads = K, spec.head_dim = d
+        rows, tokens, bytes_per_element = 8 * 8, 128 + 768, 2
+        kv_cache_gib = rows * tokens * spec.layers * 2 * spec.kv_heads * spec.head_dim * bytes_per_element / 1024**3
+        kv_cache_gib
     """),
     wrong=_cell("""
-        # Exercise 07.1: Gemma 3 1B with LoRA on a v2-8 at micro-batch 16 without gradient checkpointing: the longest
-        # completion (256, 512, 1024 or 2048 new tokens) that still fits
-        longest_without_checkpointing = 2048
+        # Exercise 07.1: the KV cache (GiB) of one rollout of Gemma 3 1B on a TPU v5e-1 chip: 8 prompts × G = 8
+        # completions of 128 prompt + 768 new tokens in bf16, from the planner's formula R · T · L · 2 · K · d · b
+        from grpo_kit import model_spec
+        spec = model_spec("gemma-3-1b-it")  # spec.layers = L, spec.kv_heads = K, spec.head_dim = d
+        kv_cache_gib = 8 * 8 * 896 * spec.layers * 2 * spec.heads * spec.head_dim * 2 / 1024**3
     """),
-    hint="plan(PlanInput(model=\"gemma-3-1b-it\", tpu=\"v2-8\", max_new_tokens=n, micro_batch_size=16, "
-         "gradient_checkpointing=False))[\"fits\"] for each n.",
+    hints=(
+        "Every sampled row keeps, for every token so far and every layer, a key and a value vector per key/value "
+        "head: which of the letters in R · T · L · 2 · K · d · b is which?",
+        "R = 8 × 8 = 64 rows, T = 128 + 768 = 896 tokens, L = spec.layers, K = spec.kv_heads (Gemma 3 1B shares "
+        "one key/value head among its query heads), d = spec.head_dim, b = 2 bytes; divide by 1024³ for GiB.",
+    ),
     check=_check_07_1,
-    after="memory grows with the completion length (activations, KV cache, logits); past the limit the planner "
-          "turns on gradient checkpointing or lowers the micro-batch",
+    after="the planner sums the same product (its `kv_cache`); the run also holds the weights, the last "
+          "position's logits and the training step's activations, so run the planner cell below for the whole bill",
 )
 
 
@@ -675,11 +751,81 @@ _08_1 = Exercise(
         fixed = sum(after_grpo)
         broken = sum(after_sft)
     """),
-    hint="zip(after_sft, after_grpo) pairs each problem's two outcomes (True/False); count the pairs (False, True) "
-         "and (True, False).",
+    hints=(
+        "Pair each held-out problem's two outcomes: after SFT and after GRPO, each True or False.",
+        'zip(after_sft, after_grpo) gives the pairs; fixed counts (False, True), broken counts (True, False).',
+    ),
     check=_check_08_1,
     after="the change in accuracy is (fixed − broken) / n; when fixed + broken is small, a few problems decide it — "
           "which is why the study runs several seeds and reports a paired interval",
+)
+
+
+def _check_08_2(ns: dict[str, Any]) -> str | None:
+    from .evaluation import paired_difference
+
+    arc = value(ns, "arc")
+    low, high = value(ns, "low"), value(ns, "high")
+    for name, v in (("low", low), ("high", high)):
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+            return f"`{name}` must be a number of points, got {v!r}"
+    control, grpo = arc.evaluate("control")["correct"], arc.evaluate("grpo")["correct"]
+    truth = paired_difference([control], [grpo])
+    width = max(truth["high"] - truth["low"], 100 / len(grpo))
+    if low > high:
+        return f"low {low:g} is above high {high:g}: low is the 2.5th percentile, high the 97.5th"
+    if max(abs(low), abs(high)) <= 1 < width:
+        return f"{low:g}…{high:g} looks like a fraction; give points (× 100), as the accuracies are printed"
+    if abs(low - truth["low"]) <= 0.25 * width and abs(high - truth["high"]) <= 0.25 * width:
+        return None
+    if high - low > 1.3 * width:
+        return (f"{low:.1f}…{high:.1f} is wider than the paired interval: resample problems, keeping each problem's "
+                "two outcomes together, and take the difference within each resample")
+    if high - low < 0.5 * width:
+        return (f"{low:.1f}…{high:.1f} is too narrow: take the 2.5th and 97.5th percentiles of the resampled "
+                "mean differences, not of a few draws")
+    return (f"{low:.1f}…{high:.1f} points; the bootstrap gives about {truth['low']:.1f}…{truth['high']:.1f}: draw "
+            "len(grpo) problem indices with replacement, average grpo − control over them, repeat, take percentiles")
+
+
+_08_2 = Exercise(
+    id="08.2",
+    blank=_cell("""
+        # Exercise 08.2: the 95 % bootstrap interval of GRPO − control in points, paired over the held-out problems
+        import numpy as np
+        control, grpo = arc.evaluate("control")["correct"], arc.evaluate("grpo")["correct"]
+        rng = np.random.default_rng(0)
+        low, high = ..., ...
+    """),
+    solution=_cell("""
+        # Exercise 08.2: the 95 % bootstrap interval of GRPO − control in points, paired over the held-out problems
+        import numpy as np
+        control, grpo = arc.evaluate("control")["correct"], arc.evaluate("grpo")["correct"]
+        rng = np.random.default_rng(0)
+        difference = 100 * (np.array(grpo, dtype=float) - np.array(control, dtype=float))  # per problem: −100, 0, 100
+        resamples = rng.integers(0, len(difference), size=(10_000, len(difference)))  # problems drawn with replacement
+        low, high = np.percentile(difference[resamples].mean(axis=1), [2.5, 97.5])
+        print(f"GRPO − control: {difference.mean():+.1f} points, 95 % interval {low:+.1f} … {high:+.1f}")
+    """),
+    wrong=_cell("""
+        # Exercise 08.2: the 95 % bootstrap interval of GRPO − control in points, paired over the held-out problems
+        import numpy as np
+        control, grpo = arc.evaluate("control")["correct"], arc.evaluate("grpo")["correct"]
+        rng = np.random.default_rng(0)
+        g, c = np.array(grpo, dtype=float), np.array(control, dtype=float)
+        means = [100 * (rng.choice(g, len(g)).mean() - rng.choice(c, len(c)).mean()) for _ in range(2000)]
+        low, high = np.percentile(means, [2.5, 97.5])
+    """),
+    hints=(
+        "The two lists are paired: problem i was answered by both models. What you resample is problems, not "
+        "answers of one model at a time.",
+        "Make one array of per-problem differences (grpo − control, in points), draw its indices with replacement "
+        "many times (rng.integers(0, n, size=(10_000, n))), average each draw, and take the 2.5th and 97.5th "
+        "percentiles.",
+    ),
+    check=_check_08_2,
+    after="an interval that spans 0 is a tie on this split: one seed cannot tell GRPO from as much more SFT, which "
+          "is why the study reruns the arc over seeds and pools the paired differences",
 )
 
 
@@ -731,15 +877,19 @@ _09_1 = Exercise(
             {"completion": "no answer at all", "answer_type": "string", "expected": 0.0},
         ]
     """),
-    hint="Read answer_kind_reward above: which text answers does it give 0.5? A number written inside <answer> is "
-    "not a word.",
+    hints=(
+        'Read answer_kind_reward above: which text answers does it give 0.5, and which does it not?',
+        'A word inside <answer> earns 0.5; a number written inside <answer> is not a word, so it earns 0 with the'
+        ' block present.',
+    ),
     check=_check_09_1,
     after="a reward is code: cases written before training catch the bug that would otherwise be maximised for hours",
 )
 
 
 EXERCISES: dict[str, Exercise] = {
-    e.id: e for e in (_00_1, _01_1, _01_2, _02_1, _02_2, _03_1, _03_2, _04_1, _04_2, _05_1, _06_1, _07_1, _08_1, _09_1)}
+    e.id: e for e in (_00_1, _01_1, _01_2, _02_1, _02_2, _03_1, _03_2, _04_1, _04_2, _05_1, _06_1, _07_1, _08_1, _08_2,
+                      _09_1)}
 """Every exercise of the course by id ("03.1": notebook 03's first)."""
 
 
@@ -751,21 +901,34 @@ def _exercise(exercise_id: str) -> Exercise:
 
 def check_exercise(exercise_id: str, namespace: dict[str, Any]) -> None:
     """Check exercise `exercise_id` against the names in `namespace` (pass `globals()`): prints ✅ and what the
-    exercise shows, or raises AssertionError saying what is wrong and where the hint and the answer are."""
+    exercise shows, or raises NotYet saying what is wrong and how to get a hint and the answer."""
     exercise = _exercise(exercise_id)
     try:
         problem = exercise.check(namespace)
     except Blank as blank:
         problem = str(blank)
     if problem:
-        raise AssertionError(f"Not yet ({exercise_id}): {problem}.\n"
-                             f"   Stuck? nbk.hint({exercise_id!r}) · the answer: nbk.reveal({exercise_id!r})")
+        raise NotYet(f"Not yet ({exercise_id}): {problem}.\n"
+                     f"   💡 Stuck? nbk.hint({exercise_id!r}) gives a nudge (run it again for the method, "
+                     f"{len(exercise.hints)} hints in all) · one answer: nbk.reveal({exercise_id!r})") from None
     print(f"✅ {exercise_id} correct" + (f": {exercise.after}" if exercise.after else ""))
 
 
-def hint(exercise_id: str) -> None:
-    """Print the exercise's hint."""
-    print(f"💡 {exercise_id}: {_exercise(exercise_id).hint}")
+_hints_given: dict[str, int] = {}
+"""How many of each exercise's hints `hint` has printed in this kernel."""
+
+
+def hint(exercise_id: str, level: int | None = None) -> None:
+    """Print the exercise's next hint (or hint number `level`, from 1): a nudge first, then the method."""
+    hints = _exercise(exercise_id).hints
+    if level is None:
+        level = min(_hints_given.get(exercise_id, 0) + 1, len(hints))
+    if not 1 <= level <= len(hints):
+        raise ValueError(f"exercise {exercise_id} has hints 1–{len(hints)}, got {level}")
+    _hints_given[exercise_id] = max(_hints_given.get(exercise_id, 0), level)
+    more = (f"run nbk.hint({exercise_id!r}) again for the next" if level < len(hints)
+            else f"still stuck? nbk.reveal({exercise_id!r}) shows one answer")
+    print(f"💡 {exercise_id}, hint {level} of {len(hints)}: {hints[level - 1]}\n   ({more})")
 
 
 def reveal(exercise_id: str) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ CAPSTONE_PRESETS = {"cuda": "gpu-gemma-3-1b", "cpu": "cpu-gemma-270m"}
 
 def _tiny_capstone() -> RunConfig:
     """Notebook 08's last fallback: the tiny Gemma on arithmetic, with the SFT control as the real presets have."""
-    return dataclasses.replace(load_run_config("cpu-tiny"), control=True)
+    return dataclasses.replace(load_run_config("cpu-tiny"), control=True, rft_control=False)
 
 
 def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto", *,
@@ -172,12 +173,14 @@ def example_task_file() -> Path:
 
 def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str = "answer", solution: str | None = None,
                      num_test: int = 40, time_budget_minutes: float | None = None, preset: str = "auto",
-                     ) -> tuple[RunConfig, str]:
+                     control: bool = True) -> tuple[RunConfig, str]:
     """Notebook 09's settings: the runtime's model and training settings as notebook 08 picks them
     (`capstone_config`, with its fallbacks), on the task in `source` (a data file or a hub dataset id, its columns
     named by `prompt`, `answer`, `solution`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
     with an instruction that asks for the answer format; the rewards weighted 1 each and shaped ones gated by the
-    outcome (`GRPOConfig.gate_shaped_rewards`); difficulty targeting off (it needs a `level` column in your rows).
+    outcome (`GRPOConfig.gate_shaped_rewards`); difficulty targeting off (it needs a `level` column in your rows);
+    the SFT control on (`control`: SFT continued for GRPO's seconds, the entry GRPO has to beat) unless
+    `control=False`, which gives GRPO the control's share of the budget and leaves its gain unread against one.
     Quick mode (CI): the tiny Gemma, 4 SFT and 2 GRPO steps, 8 rows held out."""
     from .config import TaskConfig
 
@@ -195,9 +198,11 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies; prompts
     # in the stream's order (difficulty targeting needs a `level` column: turn it on if your rows have one)
     grpo = dataclasses.replace(cfg.grpo, reward_weights=None, gate_shaped_rewards=True, difficulty_targeting=False)
-    cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=False, rft_control=False,  # GRPO gets the whole budget
+    cfg = dataclasses.replace(cfg, task=task, grpo=grpo, control=control, rft_control=False,
                               output_dir=str(runs_dir() / "your_task" / name))
+    control_text = "on (more SFT for GRPO's seconds)" if control else "off"
     print(f"preset {name} · model {cfg.model.name} · your task {source} ({kind}), {task.num_test} rows held out · "
+          f"control {control_text} · "
           f"time budget {_budget_text(cfg)} · output {cfg.output_dir}")
     return cfg, name
 
@@ -493,3 +498,70 @@ def length_bias(
         f"as much as one of the short; dr_grpo × {dr_grpo_ratio:.2f}"
     )
     return held
+
+
+CONTROL_PROBE_STEPS = 3
+"""Steps a control takes before it is sized: the first warms caches, the median of the others sets the pace."""
+
+CONTROL_KINDS = {"sft": "more SFT (the same demonstrations, a new warm-up and cosine schedule)",
+                 "rft": "RFT (SFT on the model's own right answers to GRPO's prompts, at GRPO's learning rate)"}
+"""Notebook 05's controls, each in words."""
+
+
+def course_control(kind: str, cfg: RunConfig, device: Any, *, seconds: float) -> tuple[Any, dict[str, Any]]:
+    """Notebook 05's controls: from notebook 02's SFT model (`course_model("sft")`), train `kind` for the `seconds`
+    GRPO trained — "sft": SFT continued on the same demonstrations; "rft": rejection-sampling fine-tuning on the
+    model's own right answers (`rft.RFTTrainer`, `rft.rft_config`). The steps are sized from the median time of the
+    first `CONTROL_PROBE_STEPS` after the first, with the cosine schedule over them, and training stops once it has
+    trained `seconds` whatever the estimate said. Nothing is saved. Returns (model, {"steps", "seconds"})."""
+    from .rft import RFTTrainer, rft_config
+    from .sft import SFTTrainer
+    from .tasks import make_task
+
+    if kind not in CONTROL_KINDS:
+        raise ValueError(f"unknown control {kind!r}: one of {', '.join(CONTROL_KINDS)}")
+    if not seconds > 0:
+        raise ValueError(f"seconds={seconds!r}: the control trains for as long as GRPO did, a positive number")
+    model, tokenizer, _ = course_model("sft", cfg, device)
+    task = make_task(cfg.task)
+    guess = 1000  # the schedule's length until the probe has timed the steps
+    if kind == "sft":
+        trainer = SFTTrainer(model, tokenizer, task.demonstrations(),
+                             dataclasses.replace(cfg.sft, steps=guess, output_dir=None))
+    else:
+        trainer = RFTTrainer(model, tokenizer, task.prompt_stream(seed=cfg.grpo.seed),
+                             rft_config(cfg, steps=guess, output_dir=None))
+    trainer.trained_seconds_limit = seconds
+    trainer.train(steps=CONTROL_PROBE_STEPS, progress=False)
+    pace = statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
+    trainer.set_steps(max(trainer.step, trainer.step + int((seconds - trainer.trained_seconds) / pace)))
+    trainer.train(progress=False)
+    return model, {"steps": trainer.step, "seconds": trainer.trained_seconds}
+
+
+def xla_check(*, devices: int | None = None) -> dict[str, Any] | None:
+    """Notebook 07's check (`grpo-kit xla-check`): a short GRPO job on the XLA device and eagerly on the CPU from the
+    same weights and seed, in a fresh process (SPMD must be switched on before any XLA tensor exists); `devices`
+    defaults to every chip of this TPU board, or 8 virtual devices of the XLA CPU backend without one; 20 steps (4
+    under quick mode). Returns its report; None, with a note, on a GPU runtime without torch_xla; raises with the
+    check's own error output when it printed no report."""
+    import json
+    import subprocess
+
+    from .device import xla_problem
+
+    env = environment()
+    on_tpu = env["hardware"] not in ("cpu", "cuda")
+    problem = xla_problem()
+    if problem and not on_tpu:
+        print(f"The XLA cells need torch_xla, which this runtime lacks ({problem}). Open this notebook on a TPU "
+              "runtime to run them; the planner cells below run anywhere.")
+        return None
+    devices = devices or (int(env["hardware"].rsplit("-", 1)[1]) if on_tpu else 8)
+    run = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "xla-check", "--devices", str(devices),
+                          "--steps", str(steps(20, 4)), "--json"], capture_output=True, text=True, env=dict(os.environ))
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(
+            f"xla-check printed no report (exit {run.returncode}); its error output:\n{run.stderr[-3000:]}")
+    return json.loads(lines[-1])

@@ -3,10 +3,14 @@
 `show("04.1")` displays one as widgets (a question, its choices as radio buttons, a check button, the explanation of
 the choice made — the same in ipywidgets 7 and 8); `answer("04.1", 0)` gives the verdict and explanation without
 widgets. Ids are the notebook's number and the question's.
+
+Each quiz's choices are shuffled once, by a generator seeded with its id: the same order in every run and every
+runtime, and the right answer's position spread over the bank (so "pick the first" is no strategy).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +30,12 @@ class Quiz:
 
 
 def _quiz(quiz_id: str, question: str, *choices: tuple[str, bool, str]) -> Quiz:
+    """A quiz from its choices as written (the right one anywhere), shown in an order seeded by `quiz_id`."""
     if sum(right for _, right, _ in choices) != 1:
         raise ValueError(f"quiz {quiz_id} needs exactly one right choice")
-    return Quiz(quiz_id, question, tuple(Choice(*c) for c in choices))
+    shown = [Choice(*c) for c in choices]
+    random.Random(f"quiz {quiz_id}").shuffle(shown)  # str seeds hash with SHA-512: stable across runs and Pythons
+    return Quiz(quiz_id, question, tuple(shown))
 
 
 QUIZZES: dict[str, Quiz] = {q.id: q for q in (
@@ -152,11 +159,11 @@ QUIZZES: dict[str, Quiz] = {q.id: q for q in (
            "95 % intervals."),
           ("Yes, 2 points is a gain", False, "On 200 problems a single run moves by more than that from noise alone."),
           ("No, it must be worse", False, "The data says neither: it cannot tell them apart.")),
-    _quiz("08.2", "Why does the capstone also train an SFT control and an RFT control for GRPO's time?",
-          ("To tell GRPO's gain from the gain of simply training longer, or of learning from the verifier at all", True,
-           "Yes: the SFT control continues SFT; RFT fine-tunes on its own right answers. "
-           "GRPO's claim is the difference."),
-          ("To warm up the reference model", False, "The reference is the SFT model; the controls are separate runs."),
+    _quiz("08.2", "Why does the capstone also train a control, SFT continued for as long as GRPO trained?",
+          ("To tell GRPO's gain from the gain of simply training longer on the same worked solutions", True,
+           "Yes: the control starts from the same SFT model and trains for GRPO's minutes. GRPO's claim is the "
+           "difference between the two, read with its paired interval."),
+          ("To warm up the reference model", False, "The reference is the SFT model; the control is a separate run."),
           ("To compare loss values", False, "Losses of different objectives are not comparable; accuracies are.")),
     _quiz("09.1", "Why is the held-out split frozen, with its hash in the score file?",
           ("So that every entry is scored on the same problems, and no problem used in training is scored", True,
@@ -165,7 +172,9 @@ QUIZZES: dict[str, Quiz] = {q.id: q for q in (
           ("Kaggle requires a hash", False, "The kit requires it, for honest comparisons.")),
     _quiz("09.2", "Your file has questions and answers but no worked solutions. What does the arc do?",
           ("Skips SFT and trains GRPO from the base model, which only needs a verifier", True,
-           "Yes: GRPO learns from the reward alone; it helps most where worked solutions are scarce."),
+           "Yes: GRPO learns from the reward alone, but only where the model already earns it now and then. A base "
+           "model that rarely writes the answer format scores whole groups alike, and such groups teach nothing: "
+           "that is why notebook 08 warms up with SFT first. Add solutions to a few dozen rows if you can."),
           ("Refuses the file", False, "A solution column is optional: only SFT needs it."),
           ("Makes up solutions", False, "It never invents training data.")),
 )}

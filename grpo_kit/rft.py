@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .chat import stop_token_ids
-from .config import RFTConfig
+from .config import RFTConfig, RunConfig
 from .device import shard_batch
 from .rewards import correctness_reward
 from .sampling import GroupPrompts, sample
@@ -35,6 +35,21 @@ def accepted_completions(rows: list[dict[str, Any]], texts: list[str], *, finish
             seen.add((i // group_size, text))
             kept.append({"prompt": row["prompt"], "completion": text})
     return kept
+
+
+def rft_config(cfg: RunConfig, *, steps: int, output_dir: str | None) -> RFTConfig:
+    """The RFT control's settings for run `cfg`: GRPO's learning rate (or `cfg.rft_learning_rate`), prompts per step,
+    group size, temperature, completion length and seed; SFT's warm-up, weight decay, clipping, length and padding;
+    `steps` steps, logged every step, checkpoints in `output_dir` (None: none)."""
+    s, g = cfg.sft, cfg.grpo
+    return RFTConfig(
+        steps=steps, learning_rate=cfg.rft_learning_rate or g.learning_rate, weight_decay=s.weight_decay,
+        warmup_steps=s.warmup_steps, max_grad_norm=s.max_grad_norm, max_length=s.max_length,
+        pad_to_multiple_of=s.pad_to_multiple_of, log_every=1, seed=g.seed, save_every_seconds=s.save_every_seconds,
+        output_dir=output_dir, prompts_per_step=g.prompts_per_step, group_size=g.group_size,
+        temperature=g.temperature, max_new_tokens=g.max_new_tokens, prompt_bucket=g.prompt_bucket,
+        report_to=s.report_to,
+    )
 
 
 class RFTTrainer(SFTTrainer):

@@ -3,9 +3,11 @@
 A replica is a virtualenv holding the package versions a hosted runtime ships (requirements/platforms/NAME.txt,
 read from the runtime's published list) and the environment variables it sets. Each notebook then gets what a
 user gets there: its own machine (a fresh copy of that virtualenv, hard-linked, and a fresh working directory
-with only the .ipynb in it), a fresh Jupyter kernel, and a first cell that installs the kit from
-GRPO_KIT_SOURCE — a `git+file://` URL of this repository at the commit the notebooks' cell 1 pins (what a user
-gets; `--kit head` installs the committed HEAD instead), the same pip code path as the GitHub URL. Each replica
+with only the .ipynb in it), a fresh Jupyter kernel, and a first cell that runs the notebooks' installer
+(notebooks/install.py at the kit's commit, given as the file:// URL GRPO_KIT_INSTALLER where a user's cell 1 fetches
+it from GitHub) and installs the kit from GRPO_KIT_SOURCE — a `git+file://` URL of this repository at the commit
+the notebooks' cell 1 pins (what a user gets; `--kit head` installs the committed HEAD instead), the same pip code
+path as the GitHub URL. Each replica
 is built from its runtime's Python (Colab TPU 3.13, Kaggle TPU 3.12, Colab GPU 3.12), found under pyenv or on
 PATH; a replica whose Python is missing here says so and fails. A TPU is stood in for by the XLA CPU client
 (PJRT_DEVICE=CPU, CPU_NUM_DEVICES chips, TPU_ACCELERATOR_TYPE as the runtime sets it), so the kit takes its TPU
@@ -148,6 +150,8 @@ def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> t
     workdir.mkdir()
     (home / "home").mkdir()
     shutil.copy(notebook, workdir / notebook.name)
+    installer = home / "install.py"  # what cell 1 fetches from GitHub: notebooks/install.py at the kit's commit
+    installer.write_text(installer_text())
     kernel_dir = home / "jupyter" / "kernels" / "replica"
     kernel_dir.mkdir(parents=True)
     kernel = {"argv": [str(venv / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -162,6 +166,7 @@ def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> t
         # pip's download cache is kept, as a fast mirror of PyPI; what it installs is still decided afresh
         "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
         "GRPO_KIT_QUICK": os.environ.get("GRPO_KIT_QUICK", "1"), "GRPO_KIT_SOURCE": source_url(),
+        "GRPO_KIT_INSTALLER": installer.as_uri(),
         "GRPO_KIT_SOLUTIONS": "1",  # the exercises solved (grpo_kit/exercises.py), as in `make test`
         "TF_CPP_MIN_LOG_LEVEL": "2", "PYDEVD_DISABLE_FILE_VALIDATION": "1", **replica.env,
     }
@@ -208,6 +213,15 @@ KIT: Kit | None = None  # chosen in main()
 def source_url() -> str:
     """GRPO_KIT_SOURCE for the notebooks' install cell (`choose_kit`)."""
     return KIT.source if KIT is not None else choose_kit("pinned").source
+
+
+def installer_text() -> str:
+    """notebooks/install.py as cell 1 fetches it: at the kit's commit, or this checkout's with PLATFORM_KIT_SOURCE."""
+    commit = KIT.commit if KIT is not None else choose_kit("pinned").commit
+    if commit is None:
+        return (ROOT / "notebooks" / "install.py").read_text()
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:notebooks/install.py"], capture_output=True,
+                          text=True, check=True).stdout
 
 
 def installed_commit(python: Path) -> str | None:

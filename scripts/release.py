@@ -46,6 +46,8 @@ CONSTRAINTS = ROOT / "grpo_kit" / "assets" / "constraints.txt"
 LOCK = ROOT / "requirements" / "lock.txt"
 CHANGELOG = ROOT / "CHANGELOG.md"
 EXTRAS = ("notebooks", "gemma-offline")
+INSTALLER = "notebooks/install.py"
+"""What cell 1 fetches from the commit it pins and runs."""
 PIN = re.compile(r'KIT_RELEASE, KIT_COMMIT = "(v[^"]+)", "([0-9a-f]*)"')
 # a badge or link that opens a file of this repository at a ref: Colab's …/github/<repo>/blob/<ref>/<path>, and
 # GitHub's own URL (Kaggle's ?src=https://github.com/<repo>/blob/<ref>/<path>)
@@ -321,6 +323,8 @@ def release_problems(label: str, text: str, *, kits: dict[str, list[tuple[str, N
     problems = []
     if release != f"v{kit_version}":
         problems.append(f"{label}: its cell 1 names {release}, but the kit at {commit[:12]} is v{kit_version}")
+    if INSTALLER in text and file_at(commit, INSTALLER) is None:
+        problems.append(f"{label}: its cell 1 fetches {INSTALLER} at {commit[:12]}, which has none")
     kits.setdefault(commit, []).append((label, needs_of_cells(code_cells(text))))
     return problems
 

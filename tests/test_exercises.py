@@ -4,7 +4,12 @@ quiz has one right choice, explained, and works as widgets."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,7 +59,13 @@ def _export_context(ns, tiny, task, tmp_path):
 
 
 def _arc_context(ns, *_):
-    outcomes = {"sft": [True, False, False, True, False, True], "grpo": [True, True, False, False, True, True]}
+    import numpy as np
+
+    rng = np.random.default_rng(8)  # 60 problems, the two models agreeing on most of them, as after the same SFT
+    sft = rng.random(60) < 0.5
+    grpo = np.where(rng.random(60) < 0.1, ~sft, sft)
+    control = np.where(rng.random(60) < 0.1, ~sft, sft)
+    outcomes = {"sft": sft.tolist(), "grpo": grpo.tolist(), "control": control.tolist()}
     ns["arc"] = SimpleNamespace(evaluate=lambda stage: {"correct": outcomes[stage]})
 
 
@@ -108,7 +119,18 @@ def test_every_exercise_is_marked_and_its_check_is_named_in_its_notebook():
         assert MARKER.match(exercise.blank).group(1) == exercise_id
         for version in (exercise.solution, exercise.wrong):
             assert version.splitlines()[0] == exercise.blank.splitlines()[0], exercise_id  # the same marker line
-        assert exercise.hint and exercise.after, exercise_id
+        assert len(exercise.hints) >= 2 and exercise.after, exercise_id
+
+
+@pytest.mark.parametrize("exercise_id", list(EXERCISES))
+def test_the_first_hint_is_a_nudge_not_the_answer(exercise_id):
+    """Hints are graduated: the first one names no call or value the solution adds to the blank."""
+    exercise = EXERCISES[exercise_id]
+    added = [line.split("#")[0].strip() for line in exercise.solution.splitlines() if line not in exercise.blank]
+    calls = {m for line in added for m in re.findall(r"\b[\w.]+\(", line)} - {"print(", "int(", "len(", "sum("}
+    first = exercise.hints[0]
+    assert not [c for c in calls if c in first], (exercise_id, first)
+    assert not [line for line in added if len(line) > 12 and line in first], (exercise_id, first)
 
 
 @pytest.mark.parametrize("number", list(NOTEBOOKS))
@@ -130,6 +152,23 @@ def test_a_learners_notebook_has_one_to_three_blank_exercises_each_checked_and_n
         assert not leaked, f"notebook {number} contains the solution of {exercise_id}: {leaked}"
 
 
+def test_a_wrong_answer_shows_as_one_styled_message_in_ipython_not_a_traceback_of_the_kit(capsys):
+    """In a notebook an unsolved exercise is a normal event: IPython prints the message and the hint command, and no
+    line of exercises.py; the cell still fails (Run All stops, nbmake sees the error)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        result = shell.run_cell('from grpo_kit import exercises\nmy_advantage = ...\n'
+                                'exercises.check_exercise("04.1", globals())')
+    finally:
+        InteractiveShell.clear_instance()
+    out = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, exercises.NotYet) and not result.success
+    assert "❌ Not yet (04.1): `my_advantage` is still `...`" in out and "nbk.hint('04.1')" in out, out
+    assert "exercises.py" not in out and "Traceback" not in out and "raise NotYet" not in out, out
+
+
 def test_solutions_run_in_place_of_blanks_only_when_asked(monkeypatch):
     shell = SimpleNamespace(input_transformers_cleanup=[])
     monkeypatch.delenv("GRPO_KIT_SOLUTIONS", raising=False)
@@ -143,11 +182,22 @@ def test_solutions_run_in_place_of_blanks_only_when_asked(monkeypatch):
     assert transform(other) is other
 
 
-def test_hint_and_reveal_print_and_an_unknown_id_names_the_known_ones(capsys):
+def test_hints_come_one_at_a_time_then_reveal_and_an_unknown_id_names_the_known_ones(capsys, monkeypatch):
+    monkeypatch.setattr(exercises, "_hints_given", {})
+    nudge, method = EXERCISES["03.1"].hints
     exercises.hint("03.1")
+    first = capsys.readouterr().out
+    assert nudge in first and method not in first and "hint 1 of 2" in first and "again" in first
+    exercises.hint("03.1")
+    exercises.hint("03.1")  # past the last: the last again, and where the answer is
+    second = capsys.readouterr().out
+    assert second.count(method) == 2 and nudge not in second and "nbk.reveal('03.1')" in second
+    exercises.hint("03.1", level=1)
+    assert nudge in capsys.readouterr().out
+    with pytest.raises(ValueError, match="hints 1–2, got 3"):
+        exercises.hint("03.1", level=3)
     exercises.reveal("03.1")
-    out = capsys.readouterr().out
-    assert EXERCISES["03.1"].hint in out and EXERCISES["03.1"].solution in out
+    assert EXERCISES["03.1"].solution in capsys.readouterr().out
     with pytest.raises(KeyError, match="the course has 00.1"):
         exercises.hint("3.1")
 
@@ -165,6 +215,21 @@ def test_each_quiz_has_one_right_choice_and_every_choice_explained():
         assert sum(right for right, _ in verdicts) == 1 and all(len(why) > 20 for _, why in verdicts), quiz.id
     with pytest.raises(ValueError, match="choices 0–2"):
         quizzes.answer("04.1", 3)
+
+
+def test_the_right_answers_position_is_spread_over_the_bank_and_stable_per_quiz():
+    """'Pick the first' (or any one position) answers at most half the bank; each quiz shows its choices in the same
+    order in another process with another hash seed, so a quiz reads the same on every run and runtime."""
+    positions = [[c.right for c in q.choices].index(True) for q in quizzes.QUIZZES.values()]
+    counts = Counter(positions)
+    assert max(counts.values()) <= len(positions) / 2, counts
+    assert set(counts) == {0, 1, 2}, counts
+    order = {q.id: [c.text for c in q.choices] for q in quizzes.QUIZZES.values()}
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", "import json; from grpo_kit import quizzes; "
+         "print(json.dumps({q.id: [c.text for c in q.choices] for q in quizzes.QUIZZES.values()}))"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert json.loads(elsewhere.stdout) == order
 
 
 def test_the_quiz_widget_explains_the_choice_made():

@@ -38,27 +38,45 @@ def test_objectives_and_a_checked_exercise(path):
 
 def install_cell(path: Path) -> str:
     nb = nbformat.read(path, as_version=4)
-    return next(c.source for c in nb.cells if c.cell_type == "code" and "GRPO_KIT_SOURCE" in c.source)
+    return next(c.source for c in nb.cells if c.cell_type == "code" and "KIT_COMMIT" in c.source)
 
 
-def test_every_notebook_has_the_same_install_cell():
+INSTALLER = ROOT / "notebooks" / "install.py"
+
+
+def test_every_notebook_has_the_same_install_cell_of_at_most_six_lines():
+    """Cell 1 is the notebook's first code cell, the same everywhere, and short: the logic is the installer's."""
     assert len({install_cell(path) for path in NOTEBOOKS}) == 1
+    for path in NOTEBOOKS:
+        first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        assert first.source == install_cell(path), path.name
+    assert len(install_cell(NOTEBOOKS[0]).splitlines()) <= 6
 
 
-def test_the_install_cell_installs_a_commit_with_the_notebooks_extra():
-    """The cell names a release and installs a commit of this repository (a tag can move; `make release` writes
-    both, and tests/test_release.py checks that kit against the notebooks); pip reads `git+https://…[extra]` as part
-    of the URL (no extra at all), so the extra is asked for as `grpo-kit[notebooks]` once the kit is in."""
+def test_the_install_cell_runs_its_commits_installer_which_installs_that_commit_with_the_notebooks_extra():
+    """The cell names a release and a commit of this repository (a tag can move; `make release` writes both, and
+    tests/test_release.py checks that kit against the notebooks); it fetches notebooks/install.py at that commit,
+    which installs the same commit; pip reads `git+https://…[extra]` as part of the URL (no extra at all), so the
+    extra is asked for as `grpo-kit[notebooks]` once the kit is in."""
     from packaging.requirements import Requirement
 
     install = install_cell(NOTEBOOKS[0])
     release, commit = re.search(r'KIT_RELEASE, KIT_COMMIT = "(v[^"]+)", "([0-9a-f]*)"', install).groups()
     assert re.fullmatch(r"v\d+\.\d+\.\d+\S*", release) and re.fullmatch(r"[0-9a-f]{40}", commit), (release, commit)
-    default = (
-        install.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0].replace("{KIT_COMMIT}", commit))
-    requirement = Requirement("grpo-kit @ " + default)
+    fetched = install.split('os.environ.get("GRPO_KIT_INSTALLER", f"', 1)[1].split('"', 1)[0]
+    assert fetched == "https://raw.githubusercontent.com/grpo-kit/grpo_kit/{KIT_COMMIT}/notebooks/install.py"
+    installer = INSTALLER.read_text()
+    default = installer.split('os.environ.get("GRPO_KIT_SOURCE", f"', 1)[1].split('"', 1)[0]
+    requirement = Requirement("grpo-kit @ " + default.replace("{commit}", commit))
     assert requirement.url == f"git+https://github.com/grpo-kit/grpo_kit@{commit}"
-    assert 'pip("--no-deps", f"grpo-kit @ {KIT}")' in install and '"grpo-kit[notebooks]")' in install
+    assert 'pip("--no-deps", f"grpo-kit @ {kit}")' in installer and '"grpo-kit[notebooks]")' in installer
+
+
+def _cell_with_local_installer(**replace: str) -> str:
+    cell = install_cell(NOTEBOOKS[0]).replace("from grpo_kit import notebook as nbk", "")
+    for old, new in replace.items():
+        cell = cell.replace(old, new)
+    return cell
 
 
 def test_the_install_cell_pins_what_it_adds_and_never_prints_a_credential(tmp_path):
@@ -66,8 +84,7 @@ def test_the_install_cell_pins_what_it_adds_and_never_prints_a_credential(tmp_pa
     private GitHub URL does, echoing the URL): the kit's constraints reach pip for packages the runtime lacks,
     never for ones it has, and the token in GRPO_KIT_SOURCE is printed nowhere."""
     # as on a runtime whose packages are this venv's (torch among them) and which has no kit yet
-    cell = install_cell(NOTEBOOKS[0]).replace("from grpo_kit import notebook as nbk", "").replace(
-        'importlib.util.find_spec("grpo_kit") is None', "True")
+    cell = _cell_with_local_installer(**{'importlib.util.find_spec("grpo_kit") is None': "True"})
     secret = "ghp_SENTINEL0123456789"
     recorded = tmp_path / "pip-args.txt"
     fake_python = tmp_path / "python"
@@ -87,7 +104,7 @@ print({str(ROOT / "grpo_kit" / "assets" / "constraints.txt")!r})
     script = (f"import sys; sys.executable = {str(fake_python)!r}\n"
               "import importlib.metadata as md; every = md.distributions\n"
               f"md.distributions = lambda: [d for d in every() if d.metadata['Name'] not in {lacks!r}]\n" + cell)
-    env = {**os.environ, "GRPO_KIT_SOURCE": source}
+    env = {**os.environ, "GRPO_KIT_SOURCE": source, "GRPO_KIT_INSTALLER": INSTALLER.as_uri()}
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode != 0 and "pip could not install grpo-kit from git+https://***@github.com" in done.stderr
@@ -103,8 +120,9 @@ print({str(ROOT / "grpo_kit" / "assets" / "constraints.txt")!r})
 def test_a_wrong_source_stops_the_install_cell_with_the_fix(tmp_path):
     """Run as on a fresh runtime (no kit importable: python -S, an empty directory): pip fails on the bad URL and
     the cell ends with one message naming the source and the fix, not a ModuleNotFoundError further down."""
-    cell = install_cell(NOTEBOOKS[0]).replace("from grpo_kit import notebook as nbk", "")
-    env = {**os.environ, "GRPO_KIT_SOURCE": f"file://{tmp_path}/no-such-checkout"}
+    cell = _cell_with_local_installer()
+    env = {**os.environ, "GRPO_KIT_SOURCE": f"file://{tmp_path}/no-such-checkout",
+           "GRPO_KIT_INSTALLER": INSTALLER.as_uri()}
     done = subprocess.run([sys.executable, "-S", "-c", cell], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode != 0
