@@ -118,6 +118,8 @@ PUBLIC: dict[str, str | None] = {
     "plan": "planner",
     "plan_table": "planner",
     "model_spec": "planner",
+    # the bridge to TRL: our GRPOConfig as trl.GRPOConfig's keyword arguments
+    "trl_grpo_settings": "config",
     # the notebooks' helpers (environment, preset with fallback, course checkpoints, exercise checks)
     "notebook": None,
 }

@@ -422,6 +422,38 @@ class GRPOConfig:
                               f"group_size = {n}")
 
 
+TRL_GRPO_NAMES: dict[str, str] = {
+    "group_size": "num_generations", "max_new_tokens": "max_completion_length", "temperature": "temperature",
+    "top_k": "top_k", "top_p": "top_p", "learning_rate": "learning_rate", "warmup_steps": "warmup_steps",
+    "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm", "beta": "beta", "epsilon": "epsilon",
+    "epsilon_high": "epsilon_high", "loss_type": "loss_type", "importance_sampling_level": "importance_sampling_level",
+    "num_iterations": "num_iterations", "mask_truncated_completions": "mask_truncated_completions",
+    "steps": "max_steps", "seed": "seed",
+}
+"""Each `GRPOConfig` field with the same meaning in `trl.GRPOConfig` (TRL 1.16), by TRL's name. Besides these,
+`trl_grpo_settings` derives TRL's batch size, reward scaling and reward weights."""
+
+TRL_SCALE_REWARDS = {"zscore": "group", "batch": "batch", "centered": "none"}
+"""`GRPOConfig.advantage` → TRL's `scale_rewards` (reward − the group's mean, divided by the group's std, by the
+batch's std, or by nothing); `mad` has no TRL counterpart."""
+
+
+def trl_grpo_settings(config: GRPOConfig, reward_names: list[str]) -> dict[str, Any]:
+    """`config` as keyword arguments of `trl.GRPOConfig`: the fields in `TRL_GRPO_NAMES` under TRL's names; one
+    optimizer step over `prompts_per_step × group_size` completions (`per_device_train_batch_size`, on one device
+    with no gradient accumulation); `scale_rewards` from `advantage`; `reward_weights` as a list in the order of
+    `reward_names` (the reward functions given to TRL's trainer; 1.0 where `config.reward_weights` names none).
+    ValueError for an advantage estimator TRL lacks."""
+    if config.advantage not in TRL_SCALE_REWARDS:
+        raise ValueError(
+            f"advantage={config.advantage!r} has no TRL counterpart: one of {', '.join(TRL_SCALE_REWARDS)}")
+    settings = {trl: getattr(config, ours) for ours, trl in TRL_GRPO_NAMES.items()}
+    weights = config.reward_weights or {}
+    return {**settings, "per_device_train_batch_size": config.prompts_per_step * config.group_size,
+            "scale_rewards": TRL_SCALE_REWARDS[config.advantage],
+            "reward_weights": [float(weights.get(name, 1.0)) for name in reward_names]}
+
+
 @dataclass
 class RunConfig:
     """Every setting of a run, as a preset or a YAML file gives them: the model, the task, SFT, GRPO, where outputs

@@ -36,6 +36,13 @@ STEPS: dict[str, tuple[int | None, int, int]] = {
 }
 """Steps (or held-out problems, for `test`) per kind in (full, short, quick) mode."""
 
+GUIDED_EXPERIMENTS = 5
+"""Notebook 05's guided experiments (`Dashboard.experiment`), each training 2 × `steps("experiment")` steps: as
+things are, then with one control moved."""
+
+CONTROLS_05 = ("sft", "rft")
+"""Notebook 05's controls (`notebook.course_control`), each trained for as many seconds as GRPO trained."""
+
 TRAINING_NOTEBOOKS = ("02", "05", "06")
 """The notebooks whose time depends on the model the course trains (the others run small math or the planner, or,
 01, load Gemma 3 270M to look at it)."""
@@ -96,8 +103,12 @@ class CourseMode:
         sft, grpo, evals = (times.get("sft_step_seconds", 0.0), times["grpo_step_seconds"],
                             times.get("eval_seconds", 0.0))
         tests = self.steps("test") / 200
+        # 05: GRPO, each control for GRPO's seconds, the experiments (2 × n steps each), exercise 05.1's one step;
+        # evaluations after SFT, after GRPO and after each control
+        grpo_steps_05 = ((1 + len(CONTROLS_05)) * self.steps("grpo")
+                         + 2 * GUIDED_EXPERIMENTS * self.steps("experiment") + 1)
         seconds = {"02": self.steps("sft") * sft + 2 * evals * tests,
-                   "05": (self.steps("grpo") + 6 * self.steps("experiment") + 1) * grpo + 2 * evals * tests,
+                   "05": grpo_steps_05 * grpo + (2 + len(CONTROLS_05)) * evals * tests,
                    "06": 2 * evals * tests * (1 + 8)}[notebook]  # greedy and pass@8 for two stages
         return math.ceil(seconds / 60), f"estimate: {times['basis']}"
 
@@ -107,8 +118,9 @@ class CourseMode:
         if notebook is None:
             return line + "."
         minutes, basis = self.minutes(notebook)
-        counts = {"02": f"{self.steps('sft')} SFT steps", "05": f"{self.steps('grpo')} GRPO steps, then 3 experiments "
-                  f"of 2 × {self.steps('experiment')}"}.get(notebook)
+        counts = {"02": f"{self.steps('sft')} SFT steps",
+                  "05": f"{self.steps('grpo')} GRPO steps, {GUIDED_EXPERIMENTS} experiments of 2 × "
+                        f"{self.steps('experiment')} and {len(CONTROLS_05)} controls for GRPO's seconds"}.get(notebook)
         when = f"{_minutes_text(minutes)} ({basis})" if minutes is not None else "time not measured here"
         return f"{line}: notebook {notebook}{f' runs {counts}' if counts else ''}, {when}."
 
@@ -150,6 +162,10 @@ BUDGETED_NOTEBOOKS = ("08", "09")
 """The notebooks that train a real Gemma even on a CPU (Gemma 3 270M), for their preset's time budget."""
 
 
+FIRST_GEMMA_LOAD = "01"
+"""The notebook that loads Gemma 3 270M to look at it; its measured time has the converted weights cached."""
+
+
 def _minutes_text(minutes: float) -> str:
     return "< 1 min" if minutes < 1 else f"≈ {round(minutes)} min"
 
@@ -172,4 +188,6 @@ def header(notebook: str) -> str:
                            grpo_steps=60, quick=False)
         minutes, _ = gemma.minutes(notebook)
         line += f"; with Gemma 3 1B-IT on a TPU v5e-1 {_minutes_text(minutes)} (estimate)"
+    if notebook == FIRST_GEMMA_LOAD:
+        line += ", Gemma 3 270M already converted (its first load converts a GGUF file: about a minute more)"
     return line + ". `nbk.course_mode(cfg)` prints this runtime's."

@@ -493,7 +493,7 @@ _04_1 = Exercise(
         'help(group_zscore) shows the small ε added to it.',
     ),
     check=_check_04_1,
-    after="one right answer among four wrong ones gets A = +1.5 and each wrong one −0.5: the rarer a success, the "
+    after="one right answer among three wrong ones gets A = +1.5 and each wrong one −0.5: the rarer a success, the "
           "harder it is pushed up",
 )
 

@@ -3,13 +3,17 @@ in `runs_dir()`, and a missing one rebuilt — never an untrained model evaluate
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from grpo_kit import notebook as nbk
 from grpo_kit.models import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_runs_dir_is_the_setting_else_local_runs(monkeypatch, tmp_path):
@@ -147,6 +151,25 @@ def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path,
         nbk.session_budget(40)
 
 
+def test_notebook_05s_description_and_estimate_count_the_experiments_and_controls_its_cells_run():
+    """describe("05") and its TPU estimate count what the notebook's cells train: each `dash.experiment(...)` call (2 ×
+    n steps) and each control (`nbk.course_control`, GRPO's seconds)."""
+    import nbformat
+
+    from grpo_kit import course
+
+    cells = nbformat.read(ROOT / "notebooks" / "05_grpo_training.ipynb", as_version=4).cells
+    source = "\n".join(c.source for c in cells if c.cell_type == "code")
+    assert len(re.findall(r"\bdash2?\.experiment\(", source)) == course.GUIDED_EXPERIMENTS
+    kinds = re.findall(r'nbk\.course_control\(\s*"(\w+)"', source) or re.findall(r'for kind in \(([^)]*)\)', source)
+    named = {k for found in kinds for k in re.findall(r"\w+", found)}
+    assert named == set(course.CONTROLS_05), named
+    mode = course.CourseMode(preset="tpu-v5e-1-gemma-3-1b", model="Gemma 3 1B-IT", hardware="TPU v5e-1",
+                             sft_steps=200, grpo_steps=60, quick=False)
+    said = mode.describe("05")
+    assert f"{course.GUIDED_EXPERIMENTS} experiments of 2 × 8" in said and "2 controls" in said, said
+
+
 def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monkeypatch, capsys):
     """The tiny Gemma on a CPU, Gemma 3 1B-IT on a TPU: the steps each notebook takes (full, short, quick) and the
     expected minutes — measured for the tiny Gemma, estimated from PRESET_TIMES for 1B, said which."""
@@ -161,7 +184,8 @@ def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monk
     assert (gemma.preset, gemma.model, gemma.hardware) == ("tpu-v5e-1-gemma-3-1b", "Gemma 3 1B-IT", "TPU v5e-1")
     times = PRESET_TIMES["tpu-v5e-1-gemma-3-1b"]
     minutes, basis = gemma.minutes("05")
-    expected = (gemma.grpo_steps + 6 * 8 + 1) * times["grpo_step_seconds"] + 2 * times["eval_seconds"]
+    # GRPO and two controls for its seconds, 5 experiments of 2 × 8 steps, exercise 05.1's step; four evaluations
+    expected = (3 * gemma.grpo_steps + 5 * 2 * 8 + 1) * times["grpo_step_seconds"] + 4 * times["eval_seconds"]
     assert minutes == -(-expected // 60) and basis.startswith("estimate")
     gemma.announce("05")
     said = capsys.readouterr().out
