@@ -66,26 +66,26 @@ platforms: $(STAMP)
 # The study (`grpo-kit study`: 3 regimes × 3 seeds, 76–155 min a cell alone on 2 cores; running it again continues where it
 # stopped; each finished cell is recorded in docs/study_cells/ and not run again, so commit them to continue on
 # another machine), then its summary and plot copied to docs/ (docs/study.json, docs/study.png) and the table written
-# into docs/capstone.md, README.md and notebook 08 from docs/study.json.
+# into docs/capstone.md, docs/study/README.md (the full record), README.md and notebook 08 from docs/study.json.
 study: $(STAMP)
 	$(BIN)/grpo-kit study --output-dir runs/study --record-dir docs/study_cells
 	cp runs/study/summary.json docs/study.json
 	cp runs/study/study.png docs/study.png
-	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md README.md notebooks/08_gemma_gsm8k.ipynb
+	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md docs/study/README.md README.md \
+	  notebooks/08_gemma_gsm8k.ipynb
 
 # The scarce regime again, 3 seeds, with each seed's LoRA adapters drawn from it (the published cells' were not), on
 # the fp32 path of an AVX2 CPU (the AVX2 stand-in, which every x86-64 machine here can run, so that cells recorded on
 # different machines run the same kernels; MKL's variable from seed 2 on: an Intel Xeon ran seed 1 without it, with
 # MKL's AVX-512 products); each finished cell is recorded in docs/study_cells_seeded/ (commit it: a cell took 111
 # minutes alone on a 2-core AMD EPYC Zen 4, and one recorded there is not run again), then docs/study_seeded.json and
-# its tables in docs/capstone.md and README.md.
+# its tables in docs/capstone.md, docs/study/README.md and README.md.
 study-seeded: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 GRPO_KIT_CPU_BF16=0 \
 	  $(BIN)/grpo-kit study --regimes scarce \
 	  --output-dir runs/study-seeded --record-dir docs/study_cells_seeded
 	cp runs/study-seeded/summary.json docs/study_seeded.json
-	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md README.md \
-	  notebooks/08_gemma_gsm8k.ipynb
+	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md docs/study/README.md README.md
 
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)

@@ -29,7 +29,7 @@ from .evaluation import evaluate, sampled_scores
 from .grpo import GRPOTrainer
 from .metrics import read_jsonl
 from .models import is_lora, load_model, merge_and_restart_lora
-from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards
+from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards, plot_sharpening
 from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
 from .rft import RFTTrainer, rft_config
 from .rundir import MARK, claim, record_entry
@@ -43,7 +43,7 @@ control."""
 CONTROLS = ("control", "rft")
 """The phases that start from the SFT model and train for as long as GRPO did."""
 ARC_ENTRIES = ("progress.json", "summary.json", "sft", "grpo", "reward_curve.png", "kl.png", "advantage_histograms.png",
-               "accuracy.png")
+               "accuracy.png", "sharpening.png")
 """What the arc writes in its output directory (and `control/`, `rft/` with the controls, `export-<stage>/` on
 export)."""
 PROBE_STEPS = 2
@@ -514,6 +514,7 @@ class Arc:
             plot_kl(rows, self.out / "kl.png")
             plot_advantage_histograms(rows, self.out / "advantage_histograms.png")
         plot_accuracy(summary, self.out / "accuracy.png")
+        plot_sharpening(summary, self.out / "sharpening.png")
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 

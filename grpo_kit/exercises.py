@@ -348,7 +348,7 @@ _OPERAND_CASES = [
 ]
 
 
-def _check_03_1(ns: dict[str, Any]) -> str | None:
+def _check_03_2(ns: dict[str, Any]) -> str | None:
     reward = value(ns, "copied_operands_reward")
     from .rewards import as_conversation, call_reward
 
@@ -368,17 +368,17 @@ def _check_03_1(ns: dict[str, Any]) -> str | None:
     return None
 
 
-_03_1 = Exercise(
-    id="03.1",
+_03_2 = Exercise(
+    id="03.2",
     blank=_cell("""
-        # Exercise 03.1: 1.0 when the reasoning starts with the ones digits of the question's two numbers, else 0.0
+        # Exercise 03.2: 1.0 when the reasoning starts with the ones digits of the question's two numbers, else 0.0
         import re
 
         def copied_operands_reward(prompts, completions, **_):
             raise NotImplementedError("your code here: one float per completion")
     """),
     solution=_cell("""
-        # Exercise 03.1: 1.0 when the reasoning starts with the ones digits of the question's two numbers, else 0.0
+        # Exercise 03.2: 1.0 when the reasoning starts with the ones digits of the question's two numbers, else 0.0
         import re
 
         def copied_operands_reward(prompts, completions, **_):
@@ -390,7 +390,7 @@ _03_1 = Exercise(
             return scores
     """),
     wrong=_cell("""
-        # Exercise 03.1: 1.0 when the reasoning starts with the ones digits of the question's two numbers, else 0.0
+        # Exercise 03.2: 1.0 when the reasoning starts with the ones digits of the question's two numbers, else 0.0
         import re
 
         def copied_operands_reward(prompts, completions, **_):
@@ -406,13 +406,13 @@ _03_1 = Exercise(
         're.findall(r"\\d+", ...) gives the numbers as strings, and s[-1] is a string\'s last character. The text '
         'should start with "<reasoning>" + that step.',
     ),
-    check=_check_03_1,
+    check=_check_03_2,
     after="a reward that checks the process against the problem's own numbers cannot be earned with true but "
           "useless steps like 1+1=2",
 )
 
 
-def _check_03_2(ns: dict[str, Any]) -> str | None:
+def _check_03_1(ns: dict[str, Any]) -> str | None:
     from .rewards import soft_format_reward, strict_format_reward
 
     text = value(ns, "my_completion")
@@ -427,19 +427,19 @@ def _check_03_2(ns: dict[str, Any]) -> str | None:
             "each, yet the strict shape broken")
 
 
-_03_2 = Exercise(
-    id="03.2",
+_03_1 = Exercise(
+    id="03.1",
     blank=_cell("""
-        # Exercise 03.2: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
+        # Exercise 03.1: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
         my_completion = ...  # a string
     """),
     solution=_cell("""
-        # Exercise 03.2: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
+        # Exercise 03.1: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
         my_completion = "Sure! <reasoning>7+8=15</reasoning><answer>85</answer>"  # text outside the blocks
         R.soft_format_reward(None, [my_completion]), R.strict_format_reward(None, [my_completion])
     """),
     wrong=_cell("""
-        # Exercise 03.2: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
+        # Exercise 03.1: a completion the soft format reward gives full marks (1.0) and the strict one 0.0
         my_completion = "<reasoning>7+8=15<answer>85</answer>"
     """),
     hints=(
@@ -448,7 +448,7 @@ _03_2 = Exercise(
         'Read both docstrings: help(R.soft_format_reward), help(R.strict_format_reward). Keep all four tags and '
         'add text outside the blocks.',
     ),
-    check=_check_03_2,
+    check=_check_03_1,
     after="the soft reward gives a gradient toward the format before the strict one ever fires, but on its own it "
           "would let chatter around the blocks through",
 )

@@ -565,3 +565,12 @@ def xla_check(*, devices: int | None = None) -> dict[str, Any] | None:
         raise RuntimeError(
             f"xla-check printed no report (exit {run.returncode}); its error output:\n{run.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def score_settings(cfg: RunConfig) -> Any:
+    """Notebook 09's scoring settings, the same for every entry: the frozen harness's (`scoring.SCORE_SETTINGS`);
+    under quick mode (CI, the platform replicas) GRPO's completion length and k = 2, so that the cells run in
+    seconds."""
+    from .scoring import SCORE_SETTINGS, ScoreSettings
+
+    return ScoreSettings(max_new_tokens=cfg.grpo.max_new_tokens, k=2) if quick() else SCORE_SETTINGS

@@ -141,6 +141,27 @@ def plot_accuracy(summary: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def plot_sharpening(summary: dict[str, Any], path: str | Path) -> Path:
+    """One arc's summary (`demo.Arc.summary`): per stage after SFT (SFT, GRPO, the control) the held-out greedy
+    accuracy beside pass@k, where the arc measured it (`RunConfig.eval_pass_k`). GRPO that raises greedy accuracy
+    while pass@k stays put has sharpened what the SFT model could already sample."""
+    stages = [s for s in ("sft", "grpo", "control", "rft") if f"{s}_accuracy" in summary]
+    ks = [int(key.split("@")[1]) for key in summary if key.startswith("sft_pass@")]
+    k = max(ks) if ks and max(ks) > 1 else None  # pass@1 is sampled accuracy, not "any of k"
+    measures = [("accuracy", "greedy accuracy")] + ([(f"pass@{k}", f"pass@{k} (any of {k} samples)")] if k else [])
+    fig = Figure(figsize=(6, 3.2), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(measures)
+    for j, (key, label) in enumerate(measures):
+        x = np.arange(len(stages)) + (j - (len(measures) - 1) / 2) * width
+        ax.bar(x, [100 * summary.get(f"{s}_{key}", np.nan) for s in stages], width, label=label, color=f"C{j}")
+    ax.set_xticks(range(len(stages)), [STUDY_STAGES.get(s, s) for s in stages])
+    ax.set_ylabel("held-out problems (%)")
+    ax.set_title("greedy accuracy moves; does pass@k?" if k else "greedy accuracy (no pass@k measured)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 STUDY_STAGES = {"sft": "SFT", "grpo": "GRPO", "control": "more SFT", "rft": "RFT"}
 STUDY_COMPARISONS = {"grpo_minus_sft_control": "GRPO − more SFT", "grpo_minus_rft": "GRPO − RFT",
                      "grpo_minus_sft": "GRPO − SFT"}

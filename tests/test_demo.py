@@ -24,7 +24,7 @@ def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
     assert summary["grpo_steps"] == 6 and summary["sft_steps"] == 40
     rows = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))
-    for name in ("reward_curve.png", "kl.png", "advantage_histograms.png", "accuracy.png"):
+    for name in ("reward_curve.png", "kl.png", "advantage_histograms.png", "accuracy.png", "sharpening.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
     printed = json.loads(capsys.readouterr().out)

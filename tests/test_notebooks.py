@@ -200,3 +200,47 @@ def test_each_notebook_opens_with_its_time_from_the_measurements(path):
     assert lines == [header(path.name[:2])], f"{path.name}: run `python scripts/course_times.py --headers-only`"
     assert "min" in lines[0] and ("measured" in lines[0] or "time budget" in lines[0])
     assert measured_minutes()["machine"]["cpu_count"] >= 1
+
+
+QUICK_MODE_NAMES = {"quick", "steps"}  # nbk.quick(), nbk.steps(full, quick): CI's switches, read inside the kit
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_learner_cell_reads_cis_quick_mode(path):
+    """CI's quick mode lives in the kit: no code cell calls nbk.quick or nbk.steps or reads GRPO_KIT_QUICK."""
+    import ast
+
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        assert "GRPO_KIT_QUICK" not in cell.source, f"{path.name}: {cell.source[:80]!r}"
+        python = [line for line in cell.source.splitlines() if not line.lstrip().startswith(("!", "%"))]
+        tree = ast.parse("\n".join(python))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nbk":
+                assert node.attr not in QUICK_MODE_NAMES, f"{path.name}: nbk.{node.attr} in {cell.source[:80]!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_v2_8_is_named_only_as_one_board_among_several(path):
+    """The runtimes learners open are v5e-1, v5e-8 and v6e-1: a cell that names a v2-8 names another board too."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        if "v2-8" in cell.source:
+            assert re.search(r"v5e-\d|v6e-\d", cell.source), f"{path.name}: {cell.source[:120]!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercises_come_in_their_numbered_order(path):
+    ids = [m.group(1) for c in nbformat.read(path, as_version=4).cells
+           if (m := re.match(r"# Exercise (\d\d\.\d+):", c.source))]
+    assert ids == sorted(ids, key=lambda i: int(i.split(".")[1])), (path.name, ids)
+
+
+def test_the_capstone_notebook_tells_its_finding_in_under_a_thousand_words():
+    """Notebook 08's markdown, every cell together (the study's generated table included), is at most 1,000 words,
+    and its section on when GRPO pays at most 300."""
+    cells = nbformat.read(ROOT / "notebooks" / "08_gemma_gsm8k.ipynb", as_version=4).cells
+    words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
+    assert words <= 1000, words
+    (finding,) = [c.source for c in cells if c.source.startswith("## 7 · When does GRPO pay?")]
+    assert len(finding.split()) <= 300, len(finding.split())

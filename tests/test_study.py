@@ -306,7 +306,7 @@ def test_a_recorded_cells_rft_runs_again_at_grpos_rate_from_the_same_sft_model(t
 
 @pytest.mark.parametrize(("source", "records", "shown_on"), [
     ("docs/study.json", "docs/study_cells", ("README.md", "notebook 08", "docs/capstone.md")),
-    ("docs/study_seeded.json", "docs/study_cells_seeded", ("README.md", "notebook 08", "docs/capstone.md")),
+    ("docs/study_seeded.json", "docs/study_cells_seeded", ("README.md", "docs/capstone.md")),
 ])
 def test_the_published_study_is_the_committed_cells(tmp_path, source, records, shown_on):
     """Each published summary (the study's, and its seeded replication's) summarises exactly the cells recorded in
@@ -318,11 +318,35 @@ def test_the_published_study_is_the_committed_cells(tmp_path, source, records, s
     assert again["regimes"] == published["regimes"]
     notebook = json.loads((ROOT / "notebooks" / "08_gemma_gsm8k.ipynb").read_text())
     pages = {"README.md": (ROOT / "README.md").read_text(), "docs/capstone.md": (ROOT / "docs/capstone.md").read_text(),
+             "docs/study/README.md": (ROOT / "docs/study/README.md").read_text(),
              "notebook 08": "".join(line for c in notebook["cells"] if c["cell_type"] == "markdown"
                                     for line in c["source"])}
     markers = report_markers(source)
     shows = [(page, *markers["summary"], render_summary) for page in shown_on]
-    for page, begin, end, render in [*shows, ("docs/capstone.md", *markers["table"], render_markdown)]:
+    for page, begin, end, render in [*shows, ("docs/study/README.md", *markers["table"], render_markdown)]:
         assert begin in pages[page] and end in pages[page], f"{page}: no markers for {source}"
         shown = pages[page].split(begin, 1)[1].split(end, 1)[0]
         assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json {source} --report`"
+
+
+def test_the_study_numbers_the_pages_quote_in_words_are_the_published_ones():
+    """Notebook 08 and docs/capstone.md quote pass@4 before and after GRPO and the seeded replication's GRPO − more SFT
+    in their prose: the numbers are docs/study.json's and docs/study_seeded.json's."""
+    published = json.loads((ROOT / "docs/study.json").read_text())["regimes"]
+    seeded = json.loads((ROOT / "docs/study_seeded.json").read_text())["regimes"]["scarce"]["grpo_minus_sft_control"]
+    notebook = json.loads((ROOT / "notebooks" / "08_gemma_gsm8k.ipynb").read_text())
+    pages = {"notebook 08": "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown"),
+             "docs/capstone.md": (ROOT / "docs/capstone.md").read_text()}
+    quoted = [f"{published[r]['stages']['sft']['pass@4']:.1f} → {published[r]['stages']['grpo']['pass@4']:.1f} %"
+              for r in ("plentiful", "scarce")]
+    quoted.append(f"{seeded['mean']:+.1f} [{seeded['low']:+.1f}, {seeded['high']:+.1f}]")
+    for page, text in pages.items():
+        text = text.replace("−", "-")
+        for number in quoted:
+            assert number in text, f"{page} does not quote {number!r} (docs/study*.json)"
+
+
+def test_the_capstone_page_is_a_users_page_and_the_record_is_linked():
+    page = (ROOT / "docs/capstone.md").read_text()
+    assert len(page.encode()) <= 12_000, len(page.encode())
+    assert "](study/README.md)" in page and (ROOT / "docs/study/README.md").exists()
