@@ -43,7 +43,10 @@ things are, then with one control moved."""
 CONTROLS_05 = ("sft", "rft")
 """Notebook 05's controls (`notebook.course_control`), each trained for as many seconds as GRPO trained."""
 
-TRAINING_NOTEBOOKS = ("02", "05", "06")
+HACK_EXPERIMENTS_03 = 2
+"""Notebook 03's runs under the dashboard (the step-reward hack, then its fix), each 2 × `steps("experiment")`."""
+
+TRAINING_NOTEBOOKS = ("02", "03", "05", "06")
 """The notebooks whose time depends on the model the course trains (the others run small math or the planner, or,
 01, load Gemma 3 270M to look at it)."""
 
@@ -108,6 +111,7 @@ class CourseMode:
         grpo_steps_05 = ((1 + len(CONTROLS_05)) * self.steps("grpo")
                          + 2 * GUIDED_EXPERIMENTS * self.steps("experiment") + 1)
         seconds = {"02": self.steps("sft") * sft + 2 * evals * tests,
+                   "03": 2 * HACK_EXPERIMENTS_03 * self.steps("experiment") * grpo,
                    "05": grpo_steps_05 * grpo + (2 + len(CONTROLS_05)) * evals * tests,
                    "06": 2 * evals * tests * (1 + 8)}[notebook]  # greedy and pass@8 for two stages
         return math.ceil(seconds / 60), f"estimate: {times['basis']}"

@@ -69,12 +69,21 @@ def _arc_context(ns, *_):
     ns["arc"] = SimpleNamespace(evaluate=lambda stage: {"correct": outcomes[stage]})
 
 
-def _your_task_context(ns, *_):
+def _your_task_context(ns, tiny, *_):
     import grpo_kit as gk
 
     ns["gk"] = gk
+    model, tokenizer = tiny
+    task = gk.load_task(nbk_example_task_file(), prompt="question", answer="answer", solution="solution", num_test=40)
+    ns["arc"] = SimpleNamespace(model=model, tokenizer=tokenizer, test=task.test_set())
     cell = next(c.source for c in notebook_cells("09") if "def answer_kind_reward" in c.source)
     exec(cell.split("gk.test_reward(")[0], ns)  # the notebook's own reward, without its demo call
+
+
+def nbk_example_task_file():
+    from grpo_kit.notebook import example_task_file
+
+    return example_task_file()
 
 
 def _setup(exercise_id, ns, tiny, task, tmp_path):
