@@ -512,8 +512,9 @@ def course_control(kind: str, cfg: RunConfig, device: Any, *, seconds: float) ->
     """Notebook 05's controls: from notebook 02's SFT model (`course_model("sft")`), train `kind` for the `seconds`
     GRPO trained — "sft": SFT continued on the same demonstrations; "rft": rejection-sampling fine-tuning on the
     model's own right answers (`rft.RFTTrainer`, `rft.rft_config`). The steps are sized from the median time of the
-    first `CONTROL_PROBE_STEPS` after the first, with the cosine schedule over them, and training stops once it has
-    trained `seconds` whatever the estimate said. Nothing is saved. Returns (model, {"steps", "seconds"})."""
+    first `CONTROL_PROBE_STEPS` but the first, with the cosine schedule over them, and training stops once it has
+    trained `seconds` whatever the estimate said; it is sized again a third of the way in, from the median of all
+    its steps so far. Nothing is saved. Returns (model, {"steps", "seconds"})."""
     from .rft import RFTTrainer, rft_config
     from .sft import SFTTrainer
     from .tasks import make_task
@@ -532,9 +533,17 @@ def course_control(kind: str, cfg: RunConfig, device: Any, *, seconds: float) ->
         trainer = RFTTrainer(model, tokenizer, task.prompt_stream(seed=cfg.grpo.seed),
                              rft_config(cfg, steps=guess, output_dir=None))
     trainer.trained_seconds_limit = seconds
+
+    def size() -> int:  # as many steps in all as fit `seconds` at the median pace so far (the first step left out)
+        pace = statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
+        total = max(trainer.step, trainer.step + int((seconds - trainer.trained_seconds) / pace))
+        trainer.set_steps(total)
+        return total
+
     trainer.train(steps=CONTROL_PROBE_STEPS, progress=False)
-    pace = statistics.median(trainer.step_seconds[1:] or trainer.step_seconds)
-    trainer.set_steps(max(trainer.step, trainer.step + int((seconds - trainer.trained_seconds) / pace)))
+    planned = size()
+    trainer.train(steps=trainer.step + (planned - trainer.step) // 3, progress=False)  # a third of the way in
+    size()  # again, from more steps: a step's time varies with its batch
     trainer.train(progress=False)
     return model, {"steps": trainer.step, "seconds": trainer.trained_seconds}
 

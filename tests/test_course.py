@@ -225,3 +225,23 @@ def test_keep_runs_mounts_drive_on_colab_and_says_which_earlier_checkpoints_are_
     assert mounted == ["/content/drive"]
     with pytest.raises(ValueError, match="unknown course stage 'rl'"):
         nbk.keep_runs(needs=("rl",))
+
+
+def test_a_control_trains_from_the_sft_checkpoint_for_the_seconds_given_and_no_longer(monkeypatch, tmp_path):
+    """nbk.course_control: more SFT or RFT from notebook 02's checkpoint (rebuilt here), sized from its own steps'
+    pace, stopped once its steps have trained the seconds given (at most one step past them); bad input named."""
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("GRPO_KIT_QUICK", "1")
+    cfg = nbk.load_run_config("cpu-tiny")
+    cpu = torch.device("cpu")
+    for kind in ("sft", "rft"):
+        model, record = nbk.course_control(kind, cfg, cpu, seconds=3.0)
+        assert record["steps"] > nbk.CONTROL_PROBE_STEPS, (kind, record)
+        assert record["seconds"] < 3.0 + 2.0, (kind, record)  # the limit is checked before each step
+        sft_model, _, _ = nbk.course_model("sft", cfg, cpu)  # the checkpoint it started from, unchanged
+        moved = [not torch.equal(a, b) for a, b in zip(model.parameters(), sft_model.parameters(), strict=True)]
+        assert any(moved), f"{kind}: the control's weights are the SFT checkpoint's"
+    with pytest.raises(ValueError, match="unknown control 'grpo': one of sft, rft"):
+        nbk.course_control("grpo", cfg, cpu, seconds=1.0)
+    with pytest.raises(ValueError, match="seconds=0"):
+        nbk.course_control("sft", cfg, cpu, seconds=0)
