@@ -79,13 +79,13 @@ study: $(STAMP)
 # different machines run the same kernels; MKL's variable from seed 2 on: an Intel Xeon ran seed 1 without it, with
 # MKL's AVX-512 products); each finished cell is recorded in docs/study_cells_seeded/ (commit it: a cell took 111
 # minutes alone on a 2-core AMD EPYC Zen 4, and one recorded there is not run again), then docs/study_seeded.json and
-# its tables in docs/capstone.md, docs/study/README.md and README.md.
+# its tables in docs/capstone.md and docs/study/README.md.
 study-seeded: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 GRPO_KIT_CPU_BF16=0 \
 	  $(BIN)/grpo-kit study --regimes scarce \
 	  --output-dir runs/study-seeded --record-dir docs/study_cells_seeded
 	cp runs/study-seeded/summary.json docs/study_seeded.json
-	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md docs/study/README.md README.md
+	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md docs/study/README.md
 
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)

@@ -306,7 +306,7 @@ def test_a_recorded_cells_rft_runs_again_at_grpos_rate_from_the_same_sft_model(t
 
 @pytest.mark.parametrize(("source", "records", "shown_on"), [
     ("docs/study.json", "docs/study_cells", ("README.md", "notebook 08", "docs/capstone.md")),
-    ("docs/study_seeded.json", "docs/study_cells_seeded", ("README.md", "docs/capstone.md")),
+    ("docs/study_seeded.json", "docs/study_cells_seeded", ("docs/capstone.md",)),
 ])
 def test_the_published_study_is_the_committed_cells(tmp_path, source, records, shown_on):
     """Each published summary (the study's, and its seeded replication's) summarises exactly the cells recorded in
