@@ -108,7 +108,8 @@ def test_notebook_09_names_the_users_task_once_not_the_presets(monkeypatch, tmp_
     cfg, preset = nbk.your_task_config(data, prompt="question", solution="solution", preset="cpu-gemma-270m")
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"preset cpu-gemma-270m · model {cfg.model.name} · your task "
-                                                   f"{data} (file), 40 rows held out · time budget "), lines
+                                                   f"{data} (file), 40 rows held out · control on (more SFT "
+                                                   "for GRPO's seconds) · time budget "), lines
     assert cfg.task.kind == "file" and " task word_problems" not in lines[0]
     assert cfg.grpo.gate_shaped_rewards and not cfg.grpo.difficulty_targeting  # your rows have no level column
 
@@ -161,8 +162,14 @@ def test_notebook_05s_description_and_estimate_count_the_experiments_and_control
     cells = nbformat.read(ROOT / "notebooks" / "05_grpo_training.ipynb", as_version=4).cells
     source = "\n".join(c.source for c in cells if c.cell_type == "code")
     assert len(re.findall(r"\bdash2?\.experiment\(", source)) == course.GUIDED_EXPERIMENTS
-    kinds = re.findall(r'nbk\.course_control\(\s*"(\w+)"', source) or re.findall(r'for kind in \(([^)]*)\)', source)
-    named = {k for found in kinds for k in re.findall(r"\w+", found)}
+    import ast
+
+    def trains_a_control(node):
+        return any(isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "course_control" for n in ast.walk(node))
+
+    loops = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.For) and trains_a_control(node)]
+    (loop,) = loops  # one loop trains the controls, each named by the first item of its pair
+    named = {pair.elts[0].value for pair in loop.iter.elts}
     assert named == set(course.CONTROLS_05), named
     mode = course.CourseMode(preset="tpu-v5e-1-gemma-3-1b", model="Gemma 3 1B-IT", hardware="TPU v5e-1",
                              sft_steps=200, grpo_steps=60, quick=False)
@@ -236,7 +243,7 @@ def test_a_control_trains_from_the_sft_checkpoint_for_the_seconds_given_and_no_l
     cpu = torch.device("cpu")
     for kind in ("sft", "rft"):
         model, record = nbk.course_control(kind, cfg, cpu, seconds=3.0)
-        assert record["steps"] > nbk.CONTROL_PROBE_STEPS, (kind, record)
+        assert record["steps"] >= nbk.CONTROL_PROBE_STEPS, (kind, record)
         assert record["seconds"] < 3.0 + 2.0, (kind, record)  # the limit is checked before each step
         sft_model, _, _ = nbk.course_model("sft", cfg, cpu)  # the checkpoint it started from, unchanged
         moved = [not torch.equal(a, b) for a, b in zip(model.parameters(), sft_model.parameters(), strict=True)]

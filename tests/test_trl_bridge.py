@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_setting_named_for_trl_is_a_field_of_trls_grpo_config_with_our_value():
     trl = pytest.importorskip("trl", reason="TRL is the bench's comparison (extra `bench`)")
-    cfg = GRPOConfig(prompts_per_step=8, group_size=4, reward_weights={"correctness_reward": 2.0}, advantage="batch")
+    cfg = GRPOConfig(prompts_per_step=8, group_size=4, micro_batch_size=32, reward_weights={"correctness_reward": 2.0},
+                     advantage="batch")
     settings = trl_grpo_settings(cfg, ["correctness_reward", "strict_format_reward"])
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     assert set(settings) <= fields, set(settings) - fields
