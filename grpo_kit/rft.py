@@ -17,7 +17,7 @@ import torch
 
 from .chat import stop_token_ids
 from .config import RFTConfig, RunConfig
-from .device import shard_batch
+from .device import host_syncs_are_cheap, padded_rows, shard_batch
 from .rewards import correctness_reward
 from .sampling import GroupPrompts, sample
 from .sft import SFTTrainer, collate, encode_demonstrations
@@ -35,6 +35,19 @@ def accepted_completions(rows: list[dict[str, Any]], texts: list[str], *, finish
             seen.add((i // group_size, text))
             kept.append({"prompt": row["prompt"], "completion": text})
     return kept
+
+
+def fixed_rows(batch: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """A `collate` batch of n ≤ `rows` accepted completions grown to `rows` rows: the extra rows repeat the first ones
+    with no target tokens, so the loss (a mean over target tokens) and its gradient are the n rows'. On XLA the
+    batch then keeps one shape from step to step (no recompiles) and splits evenly over an SPMD mesh."""
+    n = batch["input_ids"].shape[0]
+    if n >= rows:
+        return batch
+    fill = torch.arange(rows - n) % n
+    grown = {k: torch.cat([v, v[fill]]) for k, v in batch.items()}
+    grown["target_mask"][n:] = 0
+    return grown
 
 
 def rft_config(cfg: RunConfig, *, steps: int, output_dir: str | None) -> RFTConfig:
@@ -92,6 +105,8 @@ class RFTTrainer(SFTTrainer):
             return None
         batch = collate(encode_demonstrations(self.tokenizer, kept, cfg.max_length), self.tokenizer.pad_token_id,
                         cfg.pad_to_multiple_of)
+        if not host_syncs_are_cheap(self.device):  # XLA: one row count every step, split evenly over the mesh
+            batch = fixed_rows(batch, padded_rows(cfg.prompts_per_step * cfg.group_size, self.device))
         return {k: shard_batch(v.to(self.device)) for k, v in batch.items()}
 
     def _batch_metrics(self) -> dict[str, Any]:

@@ -95,3 +95,26 @@ def test_rft_settings_are_validated():
         RFTConfig(group_size=0, output_dir=None)
     with pytest.raises(ConfigError, match="RFTConfig.learning_rate=0.0: must be > 0"):
         RFTConfig(learning_rate=0, output_dir=None)
+
+
+def test_rows_added_for_a_fixed_shape_leave_the_loss_and_its_gradient_unchanged(tiny):
+    """On XLA RFT grows its batch of accepted completions to prompts × group rows (`rft.fixed_rows`): one shape every
+    step, split evenly over a mesh. The added rows have no target tokens, so loss and gradient are the n rows'."""
+    from grpo_kit.sft import collate, encode_demonstrations, sft_loss
+    from grpo_kit.tasks import ArithmeticTask
+
+    model, tokenizer = tiny
+    rows = ArithmeticTask(num_demonstrations=3).demonstrations()
+    batch = collate(encode_demonstrations(tokenizer, list(rows), 64), tokenizer.pad_token_id, 1)
+    grown = rft.fixed_rows(batch, 8)
+    assert grown["input_ids"].shape[0] == 8 and int(grown["target_mask"][3:].sum()) == 0
+    assert rft.fixed_rows(grown, 8) is grown
+    results = []
+    for b in (batch, grown):
+        model.zero_grad()
+        loss, tokens = sft_loss(model, b, completion_only_head=False)  # XLA's path: the padded shape kept
+        loss.backward()
+        results.append((loss.detach(), tokens, model.lm_head.weight.grad.clone()))
+    (loss_n, tokens_n, grad_n), (loss_8, tokens_8, grad_8) = results
+    assert tokens_n == tokens_8 and torch.allclose(loss_n, loss_8, atol=1e-6)
+    assert torch.allclose(grad_n, grad_8, atol=1e-6)

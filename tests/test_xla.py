@@ -287,6 +287,40 @@ def test_sft_under_spmd_splits_its_batch_over_the_devices_and_matches_one_device
     assert max(abs(a - b) for a, b in zip(runs[1]["losses"], runs[8]["losses"], strict=True)) <= 1e-4
 
 
+RFT_ON_MESH = """
+import json, torch
+from grpo_kit.device import enable_spmd, get_device
+enable_spmd(8)
+import torch_xla
+import grpo_kit.rft as rft
+from grpo_kit.config import ModelConfig, RFTConfig
+from grpo_kit.models import load_model
+from grpo_kit.tasks import ArithmeticTask
+
+def three_accepted(rows, texts, **_):  # a step keeps 3 of its 8 samples: a row count the mesh cannot split
+    return [{"prompt": rows[0]["prompt"], "completion": t or "1"} for t in texts[:3]]
+
+rft.accepted_completions = three_accepted
+model, tok = load_model(ModelConfig(dtype="float32"), get_device("xla"))
+trainer = rft.RFTTrainer(model, tok, iter(ArithmeticTask().prompt_stream()),
+                         RFTConfig(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8, output_dir=None))
+batch = trainer._next_batch()
+spec, rows = torch_xla._XLAC._get_xla_sharding_spec(batch["input_ids"]), batch["input_ids"].shape[0]
+print(json.dumps({"spec": spec, "rows": rows, "losses": [trainer.train_step()["loss"] for _ in range(2)]}))
+"""
+
+
+def test_rft_under_spmd_grows_its_accepted_batch_to_split_over_the_devices():
+    """RFT keeps a varying number of accepted completions per step; on an 8-device mesh its batch is grown to
+    prompts × group rows (no target tokens in the added ones) and split over the devices, as SFT's is."""
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
+    proc = subprocess.run([sys.executable, "-c", RFT_ON_MESH], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "devices=[8,1]" in run["spec"] and run["rows"] == 8, run
+    assert all(loss > 0 for loss in run["losses"]), run
+
+
 LOGPROBS_ON_MESH = """
 import json, sys, torch
 from grpo_kit.device import enable_spmd, get_device, mark_step, shard_batch
