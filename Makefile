@@ -42,13 +42,13 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 	touch $@
 
 # Notebooks run through nbmake in quick mode (GRPO_KIT_QUICK=1: fewer steps, same code), with their exercises solved
-# (GRPO_KIT_SOLUTIONS=1: each exercise cell runs its solution from grpo_kit/exercises.py; the files keep the blanks).
+# (GRPO_KIT_SOLUTIONS=1: each exercise cell runs its solution from grpo_kit/course/exercises.py; the files keep the blanks).
 # One test process per CPU (pytest-xdist), each with one thread: most tests are small-tensor Python work that one
 # thread runs as fast as two. Whatever starts Jupyter kernels (the notebooks, tests marked `kernel`) runs in one
 # process, in order, and so do the tests that share a costly module fixture (tests/scheduling.py). The 40 slowest
 # tests are listed at the end: the whole run must stay within CI's 45 minutes.
 test: $(STAMP) $(CLASSIC_STAMP) browser
-	$(BIN)/python -m ruff check grpo_kit tests scripts notebooks/install.py
+	$(BIN)/python -m ruff check grpo_kit tools tests scripts notebooks/install.py
 	OMP_NUM_THREADS=1 GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks \
 	  --nbmake-timeout=600 -m "not bench" -n logical --dist loadgroup --durations=40
 
@@ -63,15 +63,15 @@ bench-test: $(STAMP)
 platforms: $(STAMP)
 	$(BIN)/python scripts/platforms.py
 
-# The study (`grpo-kit study`: 3 regimes × 3 seeds, 76–155 min a cell alone on 2 cores; running it again continues where it
+# The study (`python -m tools study`: 3 regimes × 3 seeds, 76–155 min a cell alone on 2 cores; running it again continues where it
 # stopped; each finished cell is recorded in docs/study_cells/ and not run again, so commit them to continue on
 # another machine), then its summary and plot copied to docs/ (docs/study.json, docs/study.png) and the table written
 # into docs/capstone.md, docs/study/README.md (the full record), README.md and notebook 08 from docs/study.json.
 study: $(STAMP)
-	$(BIN)/grpo-kit study --output-dir runs/study --record-dir docs/study_cells
+	$(BIN)/python -m tools study --output-dir runs/study --record-dir docs/study_cells
 	cp runs/study/summary.json docs/study.json
 	cp runs/study/study.png docs/study.png
-	$(BIN)/grpo-kit study --from-json docs/study.json --report docs/capstone.md docs/study/README.md README.md \
+	$(BIN)/python -m tools study --from-json docs/study.json --report docs/capstone.md docs/study/README.md README.md \
 	  notebooks/08_gemma_gsm8k.ipynb
 
 # The scarce regime again, 3 seeds, with each seed's LoRA adapters drawn from it (the published cells' were not), on
@@ -82,21 +82,21 @@ study: $(STAMP)
 # its tables in docs/capstone.md and docs/study/README.md.
 study-seeded: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 GRPO_KIT_CPU_BF16=0 \
-	  $(BIN)/grpo-kit study --regimes scarce \
+	  $(BIN)/python -m tools study --regimes scarce \
 	  --output-dir runs/study-seeded --record-dir docs/study_cells_seeded
 	cp runs/study-seeded/summary.json docs/study_seeded.json
-	$(BIN)/grpo-kit study --from-json docs/study_seeded.json --report docs/capstone.md docs/study/README.md
+	$(BIN)/python -m tools study --from-json docs/study_seeded.json --report docs/capstone.md docs/study/README.md
 
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)
-	$(BIN)/grpo-kit bench --quick --report docs
+	$(BIN)/python -m tools bench --quick --report docs
 
 # Two quick bench runs in a row and how far each ratio moved between them (the goal: within 15 %).
 bench-twice: $(STAMP)
 	mkdir -p runs
-	$(BIN)/grpo-kit bench --quick --json > runs/bench-quick-1.json
-	$(BIN)/grpo-kit bench --quick --json > runs/bench-quick-2.json
-	$(BIN)/python -m grpo_kit.devtools.bench agree runs/bench-quick-1.json runs/bench-quick-2.json
+	$(BIN)/python -m tools bench --quick --json > runs/bench-quick-1.json
+	$(BIN)/python -m tools bench --quick --json > runs/bench-quick-2.json
+	$(BIN)/python -m tools.bench agree runs/bench-quick-1.json runs/bench-quick-2.json
 
 # The situations that once lost a user's work, replayed through the command line (also a test in `make test`).
 faults: $(STAMP)
@@ -108,7 +108,7 @@ release: $(STAMP)
 	$(BIN)/python scripts/release.py cut
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check grpo_kit tests scripts notebooks/install.py
+	$(BIN)/python -m ruff check grpo_kit tools tests scripts notebooks/install.py
 
 clean:
 	rm -rf $(VENV) $(CLASSIC) runs .pytest_cache .platforms

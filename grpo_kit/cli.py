@@ -1,6 +1,6 @@
-"""`grpo-kit` command line. For users: demo, sft, train (GRPO), eval, score and leaderboard (your task), plan, export;
-the study (`study`, hours).
-Developer tools (`grpo_kit.devtools`): xla-check, smoke, bench.
+"""`grpo-kit` command line: demo, sft, train (GRPO), eval, score and leaderboard (your task), plan, export, and
+xla-check (the XLA path against eager CPU). The repository's own tools (the study, the benchmark, the smoke test)
+are not installed with the package: `python -m tools` in a checkout.
 
 Every command takes `--preset NAME` and `--config FILE.yaml` (same keys as the dataclasses in config.py,
 e.g. `grpo: {learning_rate: 3e-4}`) and prints one JSON object at the end.
@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, RunConfig, field_docs, load_run_config
-from .rundir import claim
+from .course.stages import Stage
+from .train.config import PRESETS, RunConfig, field_docs, load_run_config
+from .train.rundir import claim
 
 
 def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
@@ -36,7 +37,7 @@ def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
 def _config(args: argparse.Namespace, default_out: str, *, model_is_name: bool = True) -> RunConfig:
     """The preset (and YAML) with the command's model and output directory; `model_is_name` False: --model is not a
     model's name (a checkpoint of the preset's model), so the preset's name stays."""
-    from .device import check_device_kind
+    from .engine.device import check_device_kind
 
     check_device_kind(getattr(args, "device", None))
     cfg = load_run_config(args.preset, args.config)
@@ -51,7 +52,7 @@ def _print(obj: dict[str, Any]) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .course.arc import run_demo
 
     cfg = _config(args, "runs/demo")
     if args.time_budget is not None:
@@ -63,37 +64,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_study(args: argparse.Namespace) -> int:
-    from .study import REGIMES, run_study, save_summary, summarize, write_report
-
-    regimes = args.regimes or list(REGIMES)
-    unknown = [r for r in regimes if r not in REGIMES]
-    if unknown or args.seeds < 1:
-        raise ValueError(f"--regimes {' '.join(unknown)}: one of {', '.join(REGIMES)}" if unknown else
-                         f"--seeds {args.seeds}: must be ≥ 1")
-    seeds = list(range(args.seeds))
-    if args.from_json:
-        summary = json.loads(Path(args.from_json).read_text())
-    elif args.summary_only:
-        summary = summarize(args.output_dir, regimes=regimes, seeds=seeds, record_dir=args.record_dir)
-        save_summary(summary, args.output_dir)
-    else:
-        summary = run_study(args.output_dir, preset=args.preset, regimes=regimes, seeds=seeds, minutes=args.minutes,
-                            progress=not args.quiet, record_dir=args.record_dir)
-    # The markers a page holds name the summary they show: --from-json's file, else this study's own summary.json.
-    source = (Path(args.from_json) if args.from_json else Path(args.output_dir) / "summary.json").as_posix()
-    for path in args.report:
-        write_report(summary, path, source=source)
-    _print({r: {k: v for k, v in result.items() if k != "cells"} for r, result in summary["regimes"].items()})
-    return 0
-
-
 def cmd_score(args: argparse.Namespace) -> int:
-    from .checkpoint import checkpoint_state, load_checkpoint, refuse_arc_adapter
-    from .device import get_device, use_cpu_threads
-    from .models import load_model
-    from .scoring import score_model
-    from .tasks import load_task
+    from .data.tasks import load_task
+    from .engine.device import get_device, use_cpu_threads
+    from .engine.models import load_model
+    from .eval.scoring import score_model
+    from .train.checkpoint import checkpoint_state, load_checkpoint, refuse_arc_adapter
 
     checkpoint = Path(args.model) if args.model and (Path(args.model) / "state.json").exists() else None
     where = arc_stage(args.model, args.stage)  # an arc: one of its stages, as it holds them
@@ -104,7 +80,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                      num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
     if where:
         arc = _arc_model(where, args.device)
-        steps = {f"{p} steps": r["steps"] for p in ("sft", "grpo", "control", "rft") if (r := arc.done(p))}
+        steps = {f"{p} steps": r["steps"] for p in Stage.trained() if (r := arc.done(p))}
         score = score_model(arc.model, arc.tokenizer, task, cfg.output_dir, task_name=str(args.task),
                             model_name=args.name or f"{arc.cfg.model.name} after {where[1]} ({where[0]})",
                             training={"arc": str(where[0]), "stage": where[1], **steps}, overwrite=args.overwrite)
@@ -132,7 +108,7 @@ def _scored(score: dict[str, Any], output_dir: str) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from .scoring import leaderboard
+    from .eval.scoring import leaderboard
 
     table = leaderboard(args.scores, by=args.by)
     if args.output:
@@ -143,10 +119,10 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None = None,
            cfg: RunConfig | None = None) -> tuple[RunConfig, Any, Any, Any, Any]:
-    from .checkpoint import load_checkpoint, refuse_arc_adapter
-    from .device import get_device, use_cpu_threads
-    from .models import load_model
-    from .tasks import make_task
+    from .data.tasks import make_task
+    from .engine.device import get_device, use_cpu_threads
+    from .engine.models import load_model
+    from .train.checkpoint import load_checkpoint, refuse_arc_adapter
 
     cfg = cfg or _config(args, default_out)
     init_from = init_from or getattr(args, "init_from", None)
@@ -162,7 +138,7 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from .sft import SFTTrainer
+    from .train.sft import SFTTrainer
 
     cfg = _config(args, "runs/sft")
     run_dir = claim(cfg.output_dir, "sft", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
@@ -176,7 +152,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
     """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object."""
-    from .evaluation import evaluate
+    from .eval.evaluation import evaluate
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
@@ -192,7 +168,7 @@ def _resume_point(args: argparse.Namespace, cfg: RunConfig, *, section: str, ste
     """The checkpoint `sft`/`train` continues from: `--resume PATH`, or (`--resume auto`, the default) the output
     directory's own `checkpoint/` when it holds a valid one; None to start from the beginning. Refuses to start
     over on top of a run without `--overwrite`, and to "resume" a run that has no steps left."""
-    from .checkpoint import checkpoint_state
+    from .train.checkpoint import checkpoint_state
 
     if args.overwrite:
         return None
@@ -227,8 +203,8 @@ def _load_resume_point(args: argparse.Namespace, trainer: Any, resume: dict[str,
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .grpo import GRPOTrainer
-    from .rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from .data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from .train.grpo import GRPOTrainer
 
     cfg = _config(args, "runs/grpo")
     run_dir = claim(cfg.output_dir, "grpo", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
@@ -247,7 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluation import evaluate
+    from .eval.evaluation import evaluate
 
     if where := arc_stage(args.init_from):  # an arc's stage: its model, on the arc's own held-out set
         arc = _arc_model(where, args.device)
@@ -269,7 +245,7 @@ def arc_stage(path: str | Path | None, stage: str | None = None) -> tuple[Path, 
     if (path / "progress.json").exists():
         return path, stage or "grpo"
     arc = path.parent.parent
-    if path.parent.name in ("sft", "grpo", "control", "rft") and (arc / "progress.json").exists():
+    if path.parent.name in Stage.trained() and (arc / "progress.json").exists():
         if path.name != "final":
             raise ValueError(f"{path} is an unfinished phase of the arc in {arc}: run the arc again to finish it, then "
                              f"give the arc's directory ({arc}) and --stage {path.parent.name}")
@@ -278,7 +254,7 @@ def arc_stage(path: str | Path | None, stage: str | None = None) -> tuple[Path, 
 
 
 def _arc_model(where: tuple[Path, str], device: str | None) -> Any:
-    from .demo import Arc
+    from .course.arc import Arc
 
     arc = Arc.from_dir(where[0], device)
     arc.hold(where[1])
@@ -288,7 +264,7 @@ def _arc_model(where: tuple[Path, str], device: str | None) -> Any:
 def cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from .export import export_model
+    from .eval.export import export_model
 
     if not args.init_from:
         raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/, or an "
@@ -312,19 +288,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_add_manifest(args: argparse.Namespace) -> int:
-    from .checkpoint import add_manifest
-
-    files = add_manifest(args.checkpoint)
-    _print({"checkpoint": args.checkpoint, "files": files})
-    return 0
-
-
 def cmd_xla_check(args: argparse.Namespace) -> int:
-    from .devtools.xla_check import prepare_environment
+    from .eval.xla_check import prepare_environment
 
     prepare_environment(args.devices)  # before torch_xla is imported
-    from .devtools.xla_check import run_xla_check
+    from .eval.xla_check import run_xla_check
 
     report = run_xla_check(args.devices, args.steps, args.max_new_tokens, args.tolerance)
     if args.json:
@@ -354,7 +322,7 @@ PLAN_FLAGS = ("model", "tpu", "lora_r", "prompts_per_step", "group_size", "promp
 
 
 def _plan_flags(p: argparse.ArgumentParser) -> None:
-    from .planner import PlanInput
+    from .eval.planner import PlanInput
 
     docs = field_docs(PlanInput)
     p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
@@ -370,7 +338,7 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import PlanInput, plan, table
+    from .eval.planner import PlanInput, plan, table
 
     if args.table:
         print(table())
@@ -381,47 +349,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not report["fits"]:
         print(f"grpo-kit plan: does not fit: {report['advice']}", file=sys.stderr)
         return 1
-    return 0
-
-
-def cmd_smoke(args: argparse.Namespace) -> int:
-    import time
-
-    from .devtools.smoke import run_smoke
-
-    start = time.perf_counter()
-    try:
-        report = run_smoke(args.model, out_dir=args.output_dir, device=args.device, lora_r=args.lora_r,
-                            tolerance=args.tolerance)
-    except Exception as e:  # noqa: BLE001 - the report says what failed; the exit code fails the run
-        report = {"ok": False, "model": args.model, "error": f"{type(e).__name__}: {e}",
-                  "seconds": round(time.perf_counter() - start, 2)}
-    print(json.dumps(report, default=str) if args.json else json.dumps(report, indent=2, default=str))
-    if not report["ok"]:
-        why = report.get("error") or (
-            f"adapter reload differs by {report['adapter_reload_max_abs_diff']:.3g}, merged reload by "
-            f"{report['merged_reload_max_abs_diff']:.3g} (tolerance {args.tolerance:g}); merged vs LoRA by "
-            f"{report['merge_vs_lora_max_abs_diff']:.3g} (tolerance {report['merge_tolerance']:g}); "
-            f"tokenizer round trip {'ok' if report['merged_tokenizer_same_ids'] else 'CHANGED the token ids'}")
-        print(f"grpo-kit smoke: FAILED: {why}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    # TRL runs through accelerate, which picks torch_xla whenever it imports; the comparison is on the CPU
-    # (the XLA graph counts run in their own process with XLA on).
-    os.environ["USE_TORCH_XLA"] = "0"
-    from .devtools.bench import BenchSizes, run_bench, write_report
-
-    sizes = BenchSizes.quick() if args.quick else BenchSizes.full()
-    if args.no_real_model:
-        sizes = dataclasses.replace(sizes, real_model=None)
-    result = run_bench(sizes, xla=not args.no_xla, progress=not args.quiet)
-    if args.report:
-        print(f"wrote {write_report(result, args.report)}", file=sys.stderr)
-    summary = {k: v for k, v in result.items() if k != "details"}
-    print(json.dumps(summary, default=str) if args.json else json.dumps(summary, indent=2, default=str))
     return 0
 
 
@@ -486,11 +413,11 @@ def _score_parsers(sub: Any) -> None:
     p.add_argument("--system-prompt", default=None, help="the instruction each question gets (as for training)")
     p.add_argument("--split", default="train", help="a hub dataset's split (default train)")
     p.add_argument("--name", default=None, help="the entry's name on the leaderboard (default: the model)")
-    p.add_argument("--stage", default=None, choices=("base", "sft", "grpo", "control", "rft"),
+    p.add_argument("--stage", default=None, choices=tuple(Stage),
                    help="with --model an arc's output directory (grpo-kit demo): the stage to score (default grpo)")
     p.add_argument("--overwrite", action="store_true", help="score again into a directory holding a score")
     p.set_defaults(func=cmd_score)
-    from .scoring import RANK_BY
+    from .eval.scoring import RANK_BY
 
     p = sub.add_parser("leaderboard", help="rank score files (grpo-kit score) on the same split as a Markdown table")
     p.add_argument("scores", nargs="+", help="score.json files (or the directories holding them)")
@@ -498,36 +425,6 @@ def _score_parsers(sub: Any) -> None:
     p.add_argument("--by", default="accuracy", choices=list(RANK_BY),
                    help="what to rank by (default: greedy accuracy, the score; ties go to greedy accuracy)")
     p.set_defaults(func=cmd_leaderboard)
-
-
-def _study_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "study",
-        help="(slow: hours) does GRPO beat more SFT? Three regimes × seeds on Gemma 3 270M, GRPO "
-        "against continued SFT and RFT; writes summary.json and study.png (docs/study.json is its copy)",
-    )
-    p.add_argument(
-        "--output-dir", default="runs/study",
-        help="where the cells and the summary go (default runs/study); running again continues an interrupted study")
-    p.add_argument("--preset", default="cpu-gemma-270m", choices=sorted(PRESETS), help="the arc each cell runs")
-    p.add_argument("--regimes", nargs="+", default=None, metavar="REGIME",
-                   help="plentiful, scarce, beyond (default: all three)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per regime (default 3)")
-    p.add_argument("--minutes", type=float, default=None, help="size each cell's phases by a time "
-                   "budget of this many minutes instead of the fixed steps (a quick look on another machine; such "
-                   "cells are not comparable with the fixed-step ones)")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="keep each finished cell's record in DIR as <regime>-seed<n>.json and skip the cells recorded "
-                   "there, so a study spread over several machines continues (make study: docs/study_cells)")
-    p.add_argument("--summary-only", action="store_true", help="train nothing: summarise the cells on "
-                   "disk (in --output-dir, or recorded in --record-dir) into --output-dir's summary.json and study.png")
-    p.add_argument("--from-json", default=None, metavar="SUMMARY", help="train nothing: read this summary.json (e.g. "
-                   "docs/study.json) for --report")
-    p.add_argument("--report", nargs="+", default=[], metavar="MARKDOWN", help="write the results between the "
-                   "study markers of these Markdown files that name the summary written from (--from-json's, else "
-                   "--output-dir's summary.json): the full table (docs/capstone.md), a line per regime (README.md)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_study)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -542,7 +439,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start over, removing only the files the arc wrote; by "
                    "default a run in the output directory with the same settings continues where it stopped")
     p.set_defaults(func=cmd_demo)
-    _study_parser(sub)
     _score_parsers(sub)
     p = sub.add_parser("sft", help="SFT warm-up on the demonstration pool; saves a checkpoint as it goes")
     _common(p)
@@ -559,24 +455,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", "--checkpoint", dest="init_from", default=None, help="checkpoint to evaluate")
     p.set_defaults(func=cmd_eval)
     _export_parser(sub)
-    p = sub.add_parser("add-manifest", help="write the checksum manifest into a checkpoint saved by an older grpo_kit, "
-                       "so it loads (only for a checkpoint you trust)")
-    p.add_argument("checkpoint", help="the checkpoint directory (holds state.json)")
-    p.set_defaults(func=cmd_add_manifest)
     p = sub.add_parser(
         "plan", help="per-device memory estimate; recommends micro-batch and checkpointing, or says what to change"
     )
     _plan_flags(p)
     p.add_argument("--table", action="store_true", help="print the README table of models × TPUs")
     p.set_defaults(func=cmd_plan)
-    _developer_parsers(sub)
+    _xla_check_parser(sub)
     return parser
 
 
-def _developer_parsers(sub: Any) -> None:
-    """The (developer) commands: xla-check, smoke, bench."""
+def _xla_check_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "xla-check", help="(developer) GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement"
+        "xla-check", help="GRPO on the XLA device vs eager CPU: compile counts, recompiles, agreement"
     )
     p.add_argument("--devices", type=int, default=1, help="XLA devices; > 1 runs SPMD over them (CPU: virtual devices)")
     p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
@@ -584,54 +475,32 @@ def _developer_parsers(sub: Any) -> None:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_xla_check)
-    p = sub.add_parser("smoke", help="(developer) a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter "
-                       "and merged-export reloads")
-    p.add_argument("--model", default="gemma-3-270m",
-                   help="gemma-3-270m (offline from PyPI without a hub), a hub id, kaggle:<handle> or a directory")
-    p.add_argument("--device", default=None, help="cpu, cuda, xla or auto (default: auto)")
-    p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed reload |logit diff| (default 1e-4)")
-    p.add_argument("--output-dir", default=None, help="keep the adapter and the merged export here (default: a "
-                   "temporary folder, removed at the end)")
-    p.add_argument("--json", action="store_true", help="print one JSON line")
-    p.set_defaults(func=cmd_smoke)
-    p = sub.add_parser(
-        "bench",
-        help="(developer) kit vs HF generate and TRL's GRPOTrainer: rollout tokens/s, step time, XLA graphs, accuracy "
-             "per second",
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="fewer repeats, a 60 s learning budget: 18–49 minutes on 2 cores"
-    )
-    p.add_argument("--no-xla", action="store_true", help="skip the XLA graph counts")
-    p.add_argument("--no-real-model", action="store_true", help="skip the real-model section (Gemma 3 270M)")
-    p.add_argument(
-        "--report", default=None, help="write DIR/benchmarks.md, DIR/bench_*.png and DIR/benchmarks.json (e.g. docs)"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON line")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=cmd_bench)
 
 
 DEBUG_VARIABLE = "GRPO_KIT_DEBUG"
 """Set to 1: errors are raised with their full traceback instead of the one-line message."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace, *, prog: str) -> int:
+    """Run a parsed command: a user mistake or an environment failure prints one line naming the command (the
+    traceback too with GRPO_KIT_DEBUG=1) and returns 2; anything else is raised."""
     try:
         return args.func(args)
     except (ValueError, OSError, RuntimeError) as e:  # user mistakes and environment failures: one line, no traceback
         if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
             raise
-        from .checkpoint import CheckpointSaveError
-        from .hub import ModelAccessError, redact
+        from .engine.hub import ModelAccessError, redact
+        from .train.checkpoint import CheckpointSaveError
 
         # a setting, a file or an access problem says all there is to say; anything else may be a bug
         explained = isinstance(e, (ValueError, ModelAccessError, CheckpointSaveError))
         hint = "" if explained else f" ({type(e).__name__}; {DEBUG_VARIABLE}=1 shows the traceback)"
-        print(redact(f"grpo-kit {args.command}: error: {e}{hint}"), file=sys.stderr)
+        print(redact(f"{prog} {args.command}: error: {e}{hint}"), file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv), prog="grpo-kit")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_kit.course import BUDGETED_NOTEBOOKS, HEADER_MARK, MINUTES_FILE, header  # noqa: E402
-from grpo_kit.device import describe_machine  # noqa: E402
+from grpo_kit.course.modes import BUDGETED_NOTEBOOKS, HEADER_MARK, MINUTES_FILE, header  # noqa: E402
+from grpo_kit.engine.device import describe_machine  # noqa: E402
 
 OUT = ROOT / "runs" / "course-times"
 

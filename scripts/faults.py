@@ -94,9 +94,9 @@ cd "$1"
 import json, sys
 from pathlib import Path
 import torch
-from grpo_kit.checkpoint import load_checkpoint
-from grpo_kit.config import ModelConfig
-from grpo_kit.models import load_model
+from grpo_kit.train.checkpoint import load_checkpoint
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import load_model
 run, report = Path(sys.argv[1]), Path(sys.argv[2])
 model = load_model(ModelConfig(), torch.device("cpu"))[0]
 state = load_checkpoint(run / "checkpoint", model)

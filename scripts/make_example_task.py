@@ -13,8 +13,8 @@ import json
 import random
 from pathlib import Path
 
-from grpo_kit.answer_format import REASONING_CLOSE, REASONING_OPEN
-from grpo_kit.tasks import WORD_PROBLEMS, make_word_problem
+from grpo_kit.data.answer_format import REASONING_CLOSE, REASONING_OPEN
+from grpo_kit.data.tasks import WORD_PROBLEMS, make_word_problem
 
 OUT = Path(__file__).resolve().parent.parent / "grpo_kit" / "assets" / "data" / "example_task.jsonl"
 WORDS = ("cat", "lamp", "river", "stone", "gemma", "tiger", "paper", "cloud", "apple", "mango", "piano", "robot",

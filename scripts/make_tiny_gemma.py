@@ -4,7 +4,7 @@
 Run: python scripts/make_tiny_gemma.py   (tests check the committed files equal what this writes)
 """
 
-from grpo_kit.models import MODEL_SHAPES, write_tiny_gemma_files
+from grpo_kit.engine.models import MODEL_SHAPES, write_tiny_gemma_files
 
 if __name__ == "__main__":
     out = write_tiny_gemma_files(MODEL_SHAPES / "tiny-gemma")

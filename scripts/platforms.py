@@ -167,7 +167,7 @@ def fresh_machine(replica: Replica, base: Path, notebook: Path, label: str) -> t
         "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
         "GRPO_KIT_QUICK": os.environ.get("GRPO_KIT_QUICK", "1"), "GRPO_KIT_SOURCE": source_url(),
         "GRPO_KIT_INSTALLER": installer.as_uri(),
-        "GRPO_KIT_SOLUTIONS": "1",  # the exercises solved (grpo_kit/exercises.py), as in `make test`
+        "GRPO_KIT_SOLUTIONS": "1",  # the exercises solved (grpo_kit/course/exercises.py), as in `make test`
         "TF_CPP_MIN_LOG_LEVEL": "2", "PYDEVD_DISABLE_FILE_VALIDATION": "1", **replica.env,
     }
     for keep in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "http_proxy",

@@ -251,12 +251,16 @@ for name in needs["names"]:
         missing.append(name)
     except Exception as exc:
         missing.append(f"{name} ({type(exc).__name__}: {str(exc)[:200]})")
-for kind, label, registry in (("exercises", "exercise", "grpo_kit.exercises.EXERCISES"),
-                              ("quizzes", "quiz", "grpo_kit.quizzes.QUIZZES")):
-    try:
-        known = resolve(registry) if needs[kind] else {}
-    except Exception:
-        known = {}
+# the registries' homes: the package's course/ subpackage, or the flat layout of releases before it
+for kind, label, homes in (("exercises", "exercise", ("grpo_kit.course.exercises", "grpo_kit.exercises")),
+                           ("quizzes", "quiz", ("grpo_kit.course.quizzes", "grpo_kit.quizzes"))):
+    known = {}
+    for home in homes if needs[kind] else ():
+        try:
+            known = resolve(f"{home}.{kind.upper()}")
+            break
+        except Exception:
+            continue
     missing += [f"{label} {i}" for i in needs[kind] if i not in known]
 for command in needs["commands"]:
     done = subprocess.run([sys.executable, "-m", "grpo_kit.cli", command, "--help"], capture_output=True)

@@ -22,10 +22,10 @@ import torch  # noqa: E402
 # the kernel-starting tests, and those sharing a costly fixture, each in one xdist process (hooks, found here by name)
 from scheduling import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402, F401
 
-from grpo_kit.config import ModelConfig  # noqa: E402
-from grpo_kit.device import xla_available  # noqa: E402
-from grpo_kit.models import load_model  # noqa: E402
-from grpo_kit.tasks import ArithmeticTask  # noqa: E402
+from grpo_kit.data.tasks import ArithmeticTask  # noqa: E402
+from grpo_kit.engine.device import xla_available  # noqa: E402
+from grpo_kit.engine.model_config import ModelConfig  # noqa: E402
+from grpo_kit.engine.models import load_model  # noqa: E402
 
 if xla_available():
     # torch_xla 2.9: a CPU .backward() before the first XLA device call breaks every later XLA backward in
@@ -39,7 +39,7 @@ if xla_available():
 def fresh_held_out_splits():
     """Each test starts with no data task's held-out rows registered (in a user's process they accumulate: a
     question one loaded file holds out is refused in any training set)."""
-    from grpo_kit import tasks
+    from grpo_kit.data import tasks
 
     tasks.HELD_OUT.clear()
     yield
@@ -69,8 +69,8 @@ def sft_state(task, tmp_path_factory, worker_id):
     read back by the others."""
     from filelock import FileLock
 
-    from grpo_kit.config import SFTConfig
-    from grpo_kit.sft import SFTTrainer
+    from grpo_kit.train.config import SFTConfig
+    from grpo_kit.train.sft import SFTTrainer
 
     def warmed_up() -> dict[str, torch.Tensor]:
         model, tok = load_model(ModelConfig(), torch.device("cpu"))

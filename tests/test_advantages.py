@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from grpo_kit import advantages as A
+from grpo_kit.algo import advantages as A
 
 
 def test_group_zscore_matches_hand_computation():

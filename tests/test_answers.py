@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_kit.answer_format import answer_matches, infer_answer_type, normalize_text, parse_choice
+from grpo_kit.data.answer_format import answer_matches, infer_answer_type, normalize_text, parse_choice
 
 
 @pytest.mark.parametrize(("truth", "kind"), [

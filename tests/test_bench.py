@@ -14,12 +14,13 @@ pytest.importorskip("trl", reason="TRL is the bench's comparison (extra `bench`)
 
 
 def run_bench_at_small_sizes(tmp_path, *, real: bool) -> dict:
-    """`run_bench` at small sizes in its own process (TRL's accelerate kept off XLA, as `grpo-kit bench` keeps it),
-    its report written to `tmp_path`; `real`: with the real-model and capstone sections (Gemma 3 270M, offline)."""
+    """`run_bench` at small sizes in its own process (TRL's accelerate kept off XLA, as `python -m tools bench`
+    keeps it), its report written to `tmp_path`; `real`: with the real-model and capstone sections (Gemma 3 270M,
+    offline)."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "USE_TORCH_XLA": "0"}
     without = "" if real else "real_model=None, capstone_preset=None,"
     script = (
-        "import json; from grpo_kit.devtools.bench import BenchSizes, run_bench, write_report\n"
+        "import json; from tools.bench import BenchSizes, run_bench, write_report\n"
         "sizes = BenchSizes(prompts=2, group=4, new_tokens=8, repeats=2, rollout_repeats=2, sft_steps=10,\n"
         "                   xla_token_counts=(2, 4), learning_budget_s=3, eval_every_s=1, num_eval=8,\n"
         "                   learning_overrides={'prompts_per_step': 4, 'micro_batch_size': 16, 'max_new_tokens': 8},\n"
@@ -107,7 +108,7 @@ def test_bench_real_model_and_capstone_rows(tmp_path):
 
 
 def test_paired_ratios_and_run_agreement():
-    from grpo_kit.devtools.bench import paired_ratio, ratio_agreement
+    from tools.bench import paired_ratio, ratio_agreement
 
     ratio = paired_ratio([1.0, 2.0, 6.0], [2.0, 2.0, 3.0])  # pairs 0.5, 1, 2
     assert (ratio["median"], ratio["min"], ratio["max"]) == (1.0, 0.5, 2.0)
@@ -120,7 +121,7 @@ def test_paired_ratios_and_run_agreement():
 
 
 def test_interleaved_runs_a_kit_step_after_each_trl_step_and_then_after_pair():
-    from grpo_kit.devtools.bench import _interleaved
+    from tools.bench import _interleaved
 
     calls: list[str] = []
 

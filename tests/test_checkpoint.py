@@ -3,6 +3,7 @@ the wrong kind of checkpoint and full weights given to a LoRA model."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_kit.checkpoint import TMP_PREFIX, add_manifest, load_checkpoint, save_checkpoint
-from grpo_kit.config import GRPOConfig, ModelConfig
-from grpo_kit.grpo import GRPOTrainer
-from grpo_kit.models import load_model, load_tokenizer
-from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import load_model, load_tokenizer
+from grpo_kit.train.checkpoint import TMP_PREFIX, load_checkpoint, save_checkpoint
+from grpo_kit.train.config import GRPOConfig
+from grpo_kit.train.grpo import GRPOTrainer
 
 
 def _model(cpu: torch.device, **overrides) -> torch.nn.Module:
@@ -74,20 +76,26 @@ def test_a_changed_file_fails_its_checksum(cpu, tmp_path):
         load_checkpoint(tmp_path / "c", model)
 
 
-def test_a_checkpoint_without_a_manifest_is_refused_until_one_is_added(cpu, tmp_path, capsys):
-    from grpo_kit.cli import main
-
+def test_a_checkpoint_without_a_manifest_is_refused_and_left_as_it_is(cpu, tmp_path):
     model = _model(cpu)
     save_checkpoint(tmp_path / "c", model, _optimizer(model), 1)
     state_file = tmp_path / "c" / "state.json"
     state = json.loads(state_file.read_text())
-    state.pop("files")  # as an older grpo_kit wrote it
+    state.pop("files")  # damaged, or altered by hand
     state_file.write_text(json.dumps(state))
-    with pytest.raises(ValueError, match=r"has no file manifest .* `grpo-kit add-manifest .*c`"):
+    before = {p.name: p.read_bytes() for p in (tmp_path / "c").iterdir()}
+    with pytest.raises(ValueError, match=r"checkpoint .*c has no file manifest \(damaged or altered\), so its files "
+                                         r"cannot be checked: load a checkpoint grpo_kit saved whole, or train again"):
         load_checkpoint(tmp_path / "c", model)
-    assert main(["add-manifest", str(tmp_path / "c")]) == 0
-    assert json.loads(capsys.readouterr().out)["files"].keys() == {"weights.safetensors", "optimizer.pt", "rng.pt"}
-    assert load_checkpoint(tmp_path / "c", model, torch.optim.AdamW(model.parameters()))["step"] == 1
+    assert {p.name: p.read_bytes() for p in (tmp_path / "c").iterdir()} == before
+
+
+def _rewrite_manifest(path: Path) -> None:
+    """What an attacker who alters a checkpoint's files does next: state.json's checksums rewritten to match."""
+    state = json.loads((path / "state.json").read_text())
+    state["files"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())
+                      if f.is_file() and f.name != "state.json"}
+    (path / "state.json").write_text(json.dumps(state))
 
 
 def test_missing_files_are_named_and_a_resume_without_optimizer_state_is_refused(cpu, tmp_path):
@@ -121,7 +129,7 @@ def test_a_pickle_payload_is_refused_without_running(cpu, tmp_path, victim):
     marker = tmp_path / "payload-ran"
     torch.save({"state": _Payload(marker)}, tmp_path / "c" / victim)
     # the attacker also rewrites the manifest, so only the loader's refusal to unpickle stands in the way
-    add_manifest(tmp_path / "c")
+    _rewrite_manifest(tmp_path / "c")
     with pytest.raises(ValueError, match=f"refusing to load .*{victim}"):
         load_checkpoint(tmp_path / "c", model, torch.optim.AdamW(model.parameters()))
     assert not marker.exists()
@@ -144,7 +152,7 @@ def test_full_weights_given_to_a_lora_model_are_refused(cpu, tmp_path):
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_a_bad_middle_line_named(tmp_path):
-    from grpo_kit.metrics import MetricsLogger, read_jsonl
+    from grpo_kit.train.metrics import MetricsLogger, read_jsonl
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')

@@ -8,14 +8,15 @@ import torch
 import yaml
 
 from grpo_kit.cli import build_parser, main
-from grpo_kit.config import PRESETS, GRPOConfig, RunConfig, load_run_config
-from grpo_kit.controls import Controls
+from grpo_kit.train.config import PRESETS, GRPOConfig, RunConfig, load_run_config
+from grpo_kit.train.controls import Controls
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_config_field_is_documented():
-    source = (ROOT / "grpo_kit" / "config.py").read_text()
+    source = (ROOT / "grpo_kit" / "train" / "config.py").read_text() + (
+        ROOT / "grpo_kit" / "engine" / "model_config.py").read_text()
     for cls in ("ModelConfig", "TaskConfig", "SFTConfig", "GRPOConfig"):
         body = source.split(f"class {cls}")[1].split("\nclass ")[0]
         fields = re.findall(r"^    (\w+): .*= .*$", body, re.M)
@@ -64,9 +65,11 @@ def test_cli_has_the_subcommands():
     for cmd in ("demo", "sft", "train", "eval", "plan"):
         assert parser.parse_args([cmd]).command == cmd
     assert parser.parse_args(["export", "--out", "x"]).command == "export"
-    help_text = parser.format_help()
-    for tool in ("bench", "smoke", "xla-check"):  # developer tools say so
-        assert re.search(rf"{tool}\s+\(developer\)", help_text), help_text
+    commands = set(parser._subparsers._group_actions[0].choices)
+    assert commands == {"demo", "sft", "train", "eval", "export", "score", "leaderboard", "plan", "xla-check"}
+    from tools.__main__ import build_parser as tools_parser  # the repository's tools: python -m tools
+
+    assert set(tools_parser()._subparsers._group_actions[0].choices) == {"study", "bench", "smoke"}
 
 
 def test_cli_quick_sft_train_eval(tmp_path, capsys):
@@ -99,10 +102,10 @@ def test_cli_quick_sft_train_eval(tmp_path, capsys):
     exported = json.loads(capsys.readouterr().out)["exported"]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_kit.checkpoint import load_checkpoint
-    from grpo_kit.config import ModelConfig
-    from grpo_kit.evaluation import generate_completions
-    from grpo_kit.models import load_model
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+    from grpo_kit.eval.evaluation import generate_completions
+    from grpo_kit.train.checkpoint import load_checkpoint
 
     trained, tokenizer = load_model(ModelConfig(), torch.device("cpu"))
     load_checkpoint(train["checkpoint"], trained)
@@ -151,12 +154,12 @@ def test_notebooks_are_committed_without_outputs():
 
 def test_an_unexpected_error_is_one_line_that_says_how_to_see_the_traceback(tmp_path, monkeypatch, capsys):
     import grpo_kit.cli as cli
-    from grpo_kit.evaluation import evaluate  # noqa: F401 - imported by cmd_eval
+    from grpo_kit.eval.evaluation import evaluate  # noqa: F401 - imported by cmd_eval
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("grpo_kit.evaluation.evaluate", broken)
+    monkeypatch.setattr("grpo_kit.eval.evaluation.evaluate", broken)
     argv = ["eval", "--preset", "cpu-tiny-quick", "--device", "cpu", "--quiet"]
     monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
     assert cli.main(argv) == 2
@@ -175,7 +178,7 @@ def test_an_unexpected_error_is_one_line_that_says_how_to_see_the_traceback(tmp_
 
 
 def test_messages_never_show_a_credential():
-    from grpo_kit.hub import redact
+    from grpo_kit.engine.hub import redact
 
     assert redact("401 for hf_SENTINEL_abcdef at https://me:hf_SENTINEL_abcdef@host/x", ["hf_SENTINEL_abcdef"]) == \
         "401 for *** at https://me:***@host/x"

@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from grpo_kit.config import GRPOConfig, RunConfig, SFTConfig
-from grpo_kit.grpo import GRPOTrainer
-from grpo_kit.rewards import DEFAULT_REWARDS, RewardState, compute_rewards, correctness_reward, test_reward
+from grpo_kit.data.rewards import DEFAULT_REWARDS, RewardState, compute_rewards, correctness_reward, test_reward
+from grpo_kit.train.config import GRPOConfig, RunConfig, SFTConfig
+from grpo_kit.train.grpo import GRPOTrainer
 from grpo_kit.validation import ConfigError
 
 
@@ -54,7 +54,7 @@ def test_a_reward_from_trls_docs_trains_unchanged(tiny, task):
 def test_rewards_get_trainer_state_log_metric_and_log_extra_as_trl_passes_them(tiny, task):
     """trainer_state.global_step is the step being scored; log_metric's values reach the metrics row (averaged over
     the step's calls) and the dashboard's panel; log_extra's column rides with the logged completions."""
-    from grpo_kit.dashboard import draw
+    from grpo_kit.course.dashboard import draw
 
     model, tok = tiny
     seen = []
@@ -104,7 +104,7 @@ def test_test_reward_calls_a_reward_as_the_trainer_does(capsys):
 # ---- answer_type="math" -------------------------------------------------------------------------------------------
 def test_math_answers_compare_as_math_verify_reads_them_within_the_tolerance():
     pytest.importorskip("math_verify")
-    from grpo_kit.answer_format import answer_matches
+    from grpo_kit.data.answer_format import answer_matches
 
     assert answer_matches("2/3", "\\frac{2}{3}", "math") and answer_matches("\\frac{2}{3}", "2/3", "math")
     assert answer_matches("0.666…", "\\frac{2}{3}", "math", abs_tol=1e-3)  # 0.666 within 0.001 of 2/3
@@ -119,7 +119,7 @@ def test_math_answers_compare_as_math_verify_reads_them_within_the_tolerance():
 def test_math_answers_through_the_task_the_reward_and_grpo_kit_score(tmp_path, capsys):
     pytest.importorskip("math_verify")
     from grpo_kit.cli import main
-    from grpo_kit.tasks import load_task
+    from grpo_kit.data.tasks import load_task
 
     rows = [{"prompt": f"What is {i} divided by {i + 1}?", "answer": f"\\frac{{{i}}}{{{i + 1}}}"} for i in range(1, 9)]
     path = tmp_path / "fractions.jsonl"
@@ -140,7 +140,7 @@ def test_math_answers_through_the_task_the_reward_and_grpo_kit_score(tmp_path, c
 def test_math_without_math_verify_says_what_to_install(monkeypatch):
     import builtins
 
-    from grpo_kit.answer_format import answer_matches
+    from grpo_kit.data.answer_format import answer_matches
 
     real = builtins.__import__
     monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
@@ -162,8 +162,8 @@ def test_tensorboard_gets_every_number_of_the_metrics_rows(tiny, task, tmp_path)
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from grpo_kit.metrics import read_jsonl
-    from grpo_kit.trackers import scalars
+    from grpo_kit.train.metrics import read_jsonl
+    from grpo_kit.train.trackers import scalars
 
     model, tok = tiny
     out = tmp_path / "grpo"
@@ -181,11 +181,12 @@ def test_tensorboard_gets_every_number_of_the_metrics_rows(tiny, task, tmp_path)
 
 TRACKER_RUN = textwrap.dedent("""
     import json, sys
-    from grpo_kit.config import GRPOConfig, ModelConfig
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.models import load_model
-    from grpo_kit.rewards import DEFAULT_REWARDS
-    from grpo_kit.tasks import ArithmeticTask
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.train.config import GRPOConfig
+    from grpo_kit.train.grpo import GRPOTrainer
+    from grpo_kit.engine.models import load_model
+    from grpo_kit.data.rewards import DEFAULT_REWARDS
+    from grpo_kit.data.tasks import ArithmeticTask
     import torch
     tracker, out = sys.argv[1], sys.argv[2]
     model, tok = load_model(ModelConfig(), torch.device("cpu"))
@@ -231,8 +232,8 @@ def test_the_arcs_report_to_reaches_every_phase(tmp_path):
     pytest.importorskip("tensorboard")
     import dataclasses
 
-    from grpo_kit.config import load_run_config
-    from grpo_kit.demo import Arc
+    from grpo_kit.course.arc import Arc
+    from grpo_kit.train.config import load_run_config
 
     cfg = dataclasses.replace(load_run_config("cpu-tiny-quick"), output_dir=str(tmp_path / "arc"),
                               report_to=("tensorboard",))

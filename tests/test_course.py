@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_kit import notebook as nbk
-from grpo_kit.models import load_model
+from grpo_kit.engine.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_the_capstone_falls_back_to_270m_but_to_the_tiny_gemma_on_several_virtua
 ):
     """Gemma 3 1B out of reach on a TPU board: Gemma 3 270M from PyPI, unless the board is several XLA CPU devices
     sharing the host's memory (the kaggle-tpu replica), where the tiny Gemma runs the notebook, announced."""
-    from grpo_kit import device
+    from grpo_kit.engine import device
 
     monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
     monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
@@ -118,7 +118,7 @@ def test_a_run_travels_to_the_next_session_as_a_kaggle_dataset_version(tmp_path,
     import kagglehub
 
     from grpo_kit import notebook as nbk
-    from grpo_kit.rundir import claim
+    from grpo_kit.train.rundir import claim
 
     run = tmp_path / "session1" / "your_task"
     claim(run, "arc").add("progress.json")
@@ -157,7 +157,7 @@ def test_notebook_05s_description_and_estimate_count_the_experiments_and_control
     n steps) and each control (`nbk.course_control`, GRPO's seconds)."""
     import nbformat
 
-    from grpo_kit import course
+    from grpo_kit.course import modes as course
 
     cells = nbformat.read(ROOT / "notebooks" / "05_grpo_training.ipynb", as_version=4).cells
     source = "\n".join(c.source for c in cells if c.cell_type == "code")
@@ -180,8 +180,8 @@ def test_notebook_05s_description_and_estimate_count_the_experiments_and_control
 def test_course_mode_follows_the_model_and_gives_steps_and_minutes_per_mode(monkeypatch, capsys):
     """The tiny Gemma on a CPU, Gemma 3 1B-IT on a TPU: the steps each notebook takes (full, short, quick) and the
     expected minutes — measured for the tiny Gemma, estimated from PRESET_TIMES for 1B, said which."""
-    from grpo_kit.config import PRESET_TIMES
-    from grpo_kit.course import course_mode
+    from grpo_kit.course.modes import course_mode
+    from grpo_kit.train.config import PRESET_TIMES
 
     monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
     tiny = course_mode(nbk.load_run_config("cpu-tiny"), hardware="cpu")

@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import pytest
 
-import grpo_kit.dashboard as dashboard_module
-from grpo_kit.config import GRPOConfig
-from grpo_kit.dashboard import Dashboard, completions_html, control_changes, draw
-from grpo_kit.grpo import GRPOTrainer
-from grpo_kit.metrics import series
-from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+import grpo_kit.course.dashboard as dashboard_module
+from grpo_kit.course.dashboard import Dashboard, completions_html, control_changes, draw
+from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from grpo_kit.train.config import GRPOConfig
+from grpo_kit.train.grpo import GRPOTrainer
+from grpo_kit.train.metrics import series
 
 SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1, log_completions=2)
 
@@ -261,7 +261,7 @@ def _notebook_trainer(tiny, task, monkeypatch, extra_rewards: tuple = (), **chan
     import dataclasses
 
     from grpo_kit import notebook as nbk
-    from grpo_kit.rewards import arithmetic_steps_reward
+    from grpo_kit.data.rewards import arithmetic_steps_reward
 
     monkeypatch.setenv("GRPO_KIT_QUICK", "1")
     model, tok = tiny
@@ -341,8 +341,8 @@ def test_length_bias_measures_each_loss_types_push_per_token_on_wrong_answers(sf
 def test_a_live_setting_declared_once_is_a_control_a_rule_a_slider_and_a_column(tiny, task, monkeypatch):
     """Adding one `LiveSetting` (here the gradient-norm clip) gives the control its start value from the config,
     the config's rule for new values, a slider on the dashboard and a column in every metrics row."""
-    from grpo_kit import controls as controls_module
-    from grpo_kit.controls import Controls, LiveSetting
+    from grpo_kit.train import controls as controls_module
+    from grpo_kit.train.controls import Controls, LiveSetting
     from grpo_kit.validation import ConfigError
 
     extra = LiveSetting("max_grad_norm", "grad clip", 0.1, 5.0, 0.1)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from grpo_kit.evaluation import evaluate
-from grpo_kit.rewards import correctness_reward
-from grpo_kit.tasks import check_no_overlap, load_task
+from grpo_kit.data.rewards import correctness_reward
+from grpo_kit.data.tasks import check_no_overlap, load_task
+from grpo_kit.eval.evaluation import evaluate
 from grpo_kit.validation import DataError
 
 
@@ -81,7 +81,7 @@ def test_the_correctness_reward_and_evaluation_use_each_rows_type(tmp_path):
 
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
     task = load_task(path, prompt="q", answer="a", num_test=6)
-    import grpo_kit.evaluation as evaluation
+    import grpo_kit.eval.evaluation as evaluation
 
     truth = {r["prompt"][-1]["content"]: r["answer"] for r in task.test_set()}
     original = evaluation.generate_completions
@@ -128,8 +128,8 @@ def test_a_task_without_solutions_says_so_when_asked_for_sft_rows(tmp_path):
 
 
 def test_a_task_config_of_kind_file_reads_the_file_with_its_column_names(tmp_path):
-    from grpo_kit.config import TaskConfig
-    from grpo_kit.tasks import make_task
+    from grpo_kit.data.tasks import make_task
+    from grpo_kit.train.config import TaskConfig
     from grpo_kit.validation import ConfigError
 
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
@@ -154,9 +154,9 @@ def test_the_trainers_refuse_a_held_out_row_handed_to_them_directly(tmp_path, ti
     """Rows a data task holds out never train: SFT's dataset, GRPO's sized prompts and GRPO's stream each stop with
     one line naming the row and the split; the training rows pass; loading the file again with another split
     replaces the first one's held-out rows."""
-    from grpo_kit.config import GRPOConfig, SFTConfig
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.sft import SFTTrainer
+    from grpo_kit.train.config import GRPOConfig, SFTConfig
+    from grpo_kit.train.grpo import GRPOTrainer
+    from grpo_kit.train.sft import SFTTrainer
 
     model, tokenizer = tiny
     path = _jsonl(tmp_path / "mine.jsonl", _rows())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.datafiles import read_rows
+from grpo_kit.data.datafiles import read_rows
 
 GOOD_ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(12)]
 
@@ -113,7 +113,7 @@ def test_a_seed_outside_what_a_split_takes_is_refused(tmp_path, capsys):
 
 
 def test_the_score_settings_refuse_counts_below_one():
-    from grpo_kit.scoring import ScoreSettings
+    from grpo_kit.eval.scoring import ScoreSettings
     from grpo_kit.validation import ConfigError
 
     for field, value in (("k", 0), ("max_new_tokens", -1), ("batch_size", 0), ("temperature", 0.0), ("seed", -5)):

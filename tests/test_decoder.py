@@ -12,14 +12,15 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config
 
-from grpo_kit import decoder
-from grpo_kit.chat import stop_token_ids
-from grpo_kit.config import GRPOConfig, ModelConfig
-from grpo_kit.grpo import GRPOTrainer
-from grpo_kit.logprobs import completion_logprobs
-from grpo_kit.models import TINY_CONFIG, add_lora
-from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
-from grpo_kit.sampling import encode_prompts, sample
+from grpo_kit.data.chat import stop_token_ids
+from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+from grpo_kit.engine import decoder
+from grpo_kit.engine.logprobs import completion_logprobs
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import TINY_CONFIG, add_lora
+from grpo_kit.engine.sampling import encode_prompts, sample
+from grpo_kit.train.config import GRPOConfig
+from grpo_kit.train.grpo import GRPOTrainer
 
 
 def gemma3_sliding(window: int = 6, vocab_size: int | None = None) -> torch.nn.Module:
@@ -337,7 +338,7 @@ def test_shared_prompt_forward_with_one_completion_token():
 def test_grpo_step_same_with_and_without_prompt_sharing_and_padding(sft_state, task):
     """Two trainer steps from the same weights — padding-free and shared (the default), shared only, plain:
     same rollouts, rewards, losses and gradient norms."""
-    from grpo_kit.models import load_model
+    from grpo_kit.engine.models import load_model
 
     rows = []
     for share, packed in ((True, True), (True, False), (False, False)):
@@ -392,7 +393,7 @@ def test_shared_prompt_forward_under_gradient_checkpointing_equals_plain():
 
 def test_compile_sampler_default_is_on_for_cuda_only(task):
     """None (the default) compiles the decode step on CUDA only; an explicit value wins."""
-    from grpo_kit.models import load_model
+    from grpo_kit.engine.models import load_model
 
     model, tok = load_model(ModelConfig(), torch.device("cpu"))
     for setting, expected in ((None, False), (True, True), (False, False)):
@@ -440,7 +441,7 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     """`sample(head_moments=True)`: at every sampled token, Σ_v π_v W_v and the entropy of the temperature-scaled
     policy, as a plain forward over the finished sequences computes them (float64); 0 after each stop token,
     rows that stopped early included."""
-    from grpo_kit.sampling import head_moments
+    from grpo_kit.engine.sampling import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model, top_p=top_p)
@@ -463,7 +464,7 @@ def test_bf16_products_in_the_rollout_stay_within_the_stated_bounds():
     forward's at the same token, E = π W within 5 % and H within 0.1 nats (`sampling.draw_from_head` states the
     bounds); all 0 after each stop token. (It samples from that nearby policy, so not always the fp32 path's
     tokens: the fp32 path is the one that must match HF's tokens exactly, tested above.)"""
-    from grpo_kit.sampling import head_moments
+    from grpo_kit.engine.sampling import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model, product_dtype=torch.bfloat16)
@@ -483,7 +484,7 @@ def test_trainer_rollout_multiplies_in_bf16_only_where_nothing_compares_its_logp
     """`GRPOTrainer.products` (`logprobs.plan_products`): the rollout's products in the device default (bf16 on a
     bf16 CPU) when the update takes log π's value from the sampler and compares it with nothing; fp32 under a
     reference pass (β > 0 or `log_kl`), μ > 1, or with `cpu_bf16` off."""
-    from grpo_kit.models import build_tiny_tokenizer
+    from grpo_kit.engine.models import build_tiny_tokenizer
 
     tok, model = build_tiny_tokenizer(), lora_gemma3_streamed_vocabulary()
     cases = (({}, None), ({"log_kl": True}, torch.float32), ({"beta": 0.04}, torch.float32),
@@ -500,7 +501,7 @@ def test_trainer_rollout_multiplies_in_bf16_only_where_nothing_compares_its_logp
 def test_logprobs_from_the_samplers_head_moments_have_the_recomputed_heads_gradients(packed):
     """The update's log-probs from the rollout's head moments (no pass over the head): values and gradients (LoRA)
     equal those of the head recomputed, padding-free and group-shared forwards alike."""
-    from grpo_kit.sampling import SampledHead
+    from grpo_kit.engine.sampling import SampledHead
 
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model)
@@ -537,7 +538,7 @@ def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(ta
     kept the moments only when on; the same tokens, and the same losses, gradient norms and weights after it. (One
     step: over this random model's nearly flat 40,960-way distribution, weights that differ in float rounding
     may already draw a different token at the next step.)"""
-    from grpo_kit.models import build_tiny_tokenizer
+    from grpo_kit.engine.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
 
@@ -574,7 +575,7 @@ def test_grpo_step_with_the_samplers_head_moments_equals_recomputing_the_head(ta
 
 @pytest.mark.parametrize("large_vocabulary", [False, True])  # the plain head, and the fused frozen head (LoRA, 40,960)
 def test_sft_loss_with_the_head_on_completion_positions_only_equals_the_padded_one(large_vocabulary):
-    from grpo_kit.sft import collate, sft_loss
+    from grpo_kit.train.sft import collate, sft_loss
 
     model = lora_gemma3_streamed_vocabulary() if large_vocabulary else gemma3_sliding()
     vocab = model.config.vocab_size if hasattr(model, "config") else 256
@@ -599,7 +600,7 @@ def test_sft_loss_with_the_head_on_completion_positions_only_equals_the_padded_o
 def test_split_prompts_lays_a_collate_batch_out_as_rollouts_are():
     """`sft.split_prompts`: each prompt ends at column P, its completion starts there; the mask covers exactly the
     real tokens; the same tokens in the same order as the left-padded batch."""
-    from grpo_kit.sft import collate, split_prompts
+    from grpo_kit.train.sft import collate, split_prompts
 
     examples = [([5, 6, 7, 8, 9], 2), ([11, 12, 13, 14, 15, 16, 17], 5), ([21, 22, 23], 1)]
     ids, mask, prompt_len = split_prompts(collate(examples, pad_id=0, bucket=8))
@@ -613,7 +614,7 @@ def test_padding_free_sft_loss_equals_the_padded_one(large_vocabulary):
     """`sft_loss(padding_free=True)` (GRPO's packed forward on the real tokens) against the padded HF forward: the
     same loss, token count and gradients up to float order; with the frozen base weights multiplied in bf16
     (`products`, LoRA only), the loss within 0.02 and the gradients within 3 % (norm of the difference)."""
-    from grpo_kit.sft import collate, sft_loss
+    from grpo_kit.train.sft import collate, sft_loss
 
     model = lora_gemma3_streamed_vocabulary() if large_vocabulary else gemma3_sliding()
     vocab = model.config.vocab_size if hasattr(model, "config") else 256
@@ -643,10 +644,10 @@ def test_padding_free_sft_loss_equals_the_padded_one(large_vocabulary):
 def test_sft_trainer_multiplies_frozen_weights_in_bf16_only_where_grpo_does(task, monkeypatch):
     """`SFTConfig.cpu_bf16`: bf16 products on a CPU that has them natively (stood in for here), for an fp32 model;
     the model's own dtype with it off or without such a CPU; a step trains either way."""
-    from grpo_kit import device
-    from grpo_kit.config import SFTConfig
-    from grpo_kit.models import build_tiny_tokenizer
-    from grpo_kit.sft import SFTTrainer
+    from grpo_kit.engine import device
+    from grpo_kit.engine.models import build_tiny_tokenizer
+    from grpo_kit.train.config import SFTConfig
+    from grpo_kit.train.sft import SFTTrainer
 
     model, tok, rows = lora_gemma3_streamed_vocabulary(), build_tiny_tokenizer(), task.demonstrations().select(range(4))
 
@@ -665,7 +666,7 @@ def test_sft_trainer_multiplies_frozen_weights_in_bf16_only_where_grpo_does(task
 def test_head_casts_are_kept_while_the_weight_is_unchanged():
     """`sampling.head_casts`: the same bf16 copy (and transpose) for the same unchanged weight; a new one, with the
     new values, once the weight changes in place (an optimizer step), and for another weight."""
-    from grpo_kit.sampling import head_casts
+    from grpo_kit.engine.sampling import head_casts
 
     weight = torch.randn(64, 8)
     cast, cast_t = head_casts(weight, torch.bfloat16, transposed=True)
@@ -690,8 +691,8 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
     weight where oneDNN has no bf16 kernel (an AVX2-only CPU) stays plain."""
     import torch.nn.functional as F
 
-    from grpo_kit import device
-    from grpo_kit.sampling import DRAW_BLOCK, head_packs
+    from grpo_kit.engine import device
+    from grpo_kit.engine.sampling import DRAW_BLOCK, head_packs
 
     if not device.cpu_prepacked_products():
         pytest.skip("no oneDNN prepacking on this CPU")
@@ -746,7 +747,7 @@ def test_bf16_base_products_in_the_update_stay_close_to_fp32():
     bf16, LoRA and everything else fp32): log-probs within 0.05 nats of fp32's, and the LoRA gradient within 3 % of
     fp32's (norm of the difference, all tensors together; each tensor within 5 %: typically 1–2 %, and one of the
     56 reached 3.1 % on an Intel CPU with AMX), with and without the sampler's head moments."""
-    from grpo_kit.sampling import SampledHead
+    from grpo_kit.engine.sampling import SampledHead
 
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model)
@@ -776,8 +777,8 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
     (as the step left it, clipped) within 3 % in norm and in the norm of the difference. (Not the weights after the
     step: Adam's first step moves every weight by ≈ lr · sign(g), so a gradient entry near 0 flips its weight's
     move on rounding noise.)"""
-    from grpo_kit import device
-    from grpo_kit.models import build_tiny_tokenizer
+    from grpo_kit.engine import device
+    from grpo_kit.engine.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     monkeypatch.setattr(device, "cpu_bf16_products", lambda: True)
@@ -817,7 +818,7 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
 def test_concat_rollouts_pads_prompts_left_and_completions_right():
     """`sampling.concat_rollouts`: rows of two rollouts with different prompt and completion widths in one batch:
     each row's real tokens, masks, log-probs and moments where they were, padding (pad id, mask 0, zeros) around."""
-    from grpo_kit.sampling import Rollout, concat_rollouts
+    from grpo_kit.engine.sampling import Rollout, concat_rollouts
 
     def roll(rows: int, prompt: int, new: int, seed: int) -> Rollout:
         gen = torch.Generator().manual_seed(seed)

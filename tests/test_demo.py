@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from grpo_kit.cli import main
-from grpo_kit.config import RunConfig, load_run_config
-from grpo_kit.demo import PROBE_STEPS, SFT_PROBE_STEPS, STAGES, Arc
+from grpo_kit.course.arc import PROBE_STEPS, SFT_PROBE_STEPS, Arc
+from grpo_kit.course.stages import Stage
+from grpo_kit.train.config import RunConfig, load_run_config
 
 
 def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
@@ -39,31 +40,18 @@ def test_quick_demo_writes_summary_metrics_and_plots(tmp_path, capsys):
     assert main([*demo, "--config", str(_yaml(tmp_path)), "--overwrite"]) == 0
 
 
-def test_rft_trains_at_grpos_rate_and_an_arc_recorded_before_that_resumes_only_at_sfts(tmp_path):
+def test_rft_trains_at_grpos_rate_and_an_arc_at_another_rate_is_refused_naming_the_setting(tmp_path):
     """RFT learns from the model's own samples as GRPO does, and at SFT's rate it threw the tiny Gemma off its SFT
-    start (RunConfig.rft_learning_rate). An arc recorded before the setting existed trained RFT at SFT's rate: it
-    continues only at that rate, and is refused at another, naming the setting."""
+    start (RunConfig.rft_learning_rate): by default it trains at GRPO's rate, recorded as a number. An arc recorded
+    at another rate continues only at that rate, and is refused at another, naming the setting."""
     cfg = _tiny(tmp_path / "arc", rft_control=True)
     assert Arc(cfg, "cpu", progress=False).cfg.rft_learning_rate == cfg.grpo.learning_rate == 1e-4
     assert Arc(cfg, "cpu", progress=False).records["settings"]["rft_learning_rate"] == 1e-4  # the rate, as a number
-    path = tmp_path / "arc" / "progress.json"
-    records = json.loads(path.read_text())
-    del records["settings"]["rft_learning_rate"]
-    path.write_text(json.dumps(records))
-    with pytest.raises(ValueError, match="rft_learning_rate was 0.001, is 0.0001 now"):
-        Arc(cfg, "cpu", progress=False)
-    at_sfts = dataclasses.replace(cfg, rft_learning_rate=cfg.sft.learning_rate)
+    at_sfts = dataclasses.replace(cfg, rft_learning_rate=cfg.sft.learning_rate, output_dir=str(tmp_path / "at-sfts"))
     assert Arc(at_sfts, "cpu", progress=False).cfg.rft_learning_rate == 1e-3
-    path.write_text(json.dumps(records))  # and read back for an evaluation or an export, at the rate it trained at
-    assert Arc.from_dir(tmp_path / "arc", "cpu").cfg.rft_learning_rate == 1e-3
-    # without the RFT control nothing changes: an arc recorded before the setting existed continues as it was
-    plain = _tiny(tmp_path / "plain")
-    Arc(plain, "cpu", progress=False)
-    path = tmp_path / "plain" / "progress.json"
-    records = json.loads(path.read_text())
-    del records["settings"]["rft_learning_rate"]
-    path.write_text(json.dumps(records))
-    assert Arc(plain, "cpu", progress=False).cfg.rft_learning_rate is None
+    with pytest.raises(ValueError, match="rft_learning_rate was 0.001, is 0.0001 now"):
+        Arc(dataclasses.replace(cfg, output_dir=at_sfts.output_dir), "cpu", progress=False)
+    assert Arc.from_dir(tmp_path / "at-sfts", "cpu").cfg.rft_learning_rate == 1e-3  # read back as it trained
 
 
 def _yaml(tmp_path):
@@ -327,13 +315,13 @@ def test_a_resumed_phase_records_the_seconds_trained_before_the_disconnect(tmp_p
     """A phase's seconds (what the time budget has spent; GRPO's size the controls) count the steps taken before a
     disconnect, from its checkpoint, not only those of the process that finished it. The steps before the
     disconnect are made to count 500 s each, so a phase that restarted its clock records far less."""
-    from grpo_kit.loop import TrainingLoop
+    from grpo_kit.train.loop import TrainingLoop
 
     cfg = _tiny(tmp_path / "arc", control=True, rft_control=True, control_steps=4, rft_steps=4)
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=4, save_every_seconds=1e-9),
                               grpo=dataclasses.replace(cfg.grpo, steps=4, save_every_seconds=1e-9))
     arc = Arc(cfg, "cpu", progress=False, rewards=[length_reward])
-    for earlier in STAGES[1 : STAGES.index(phase)]:  # the phases before it, finished
+    for earlier in list(Stage)[1 : list(Stage).index(phase)]:  # the phases before it, finished
         getattr(arc, earlier)()
     counted = TrainingLoop._count_step_seconds
 
@@ -388,7 +376,6 @@ def test_an_arc_recorded_before_a_setting_existed_resumes_and_a_changed_setting_
     path = tmp_path / "arc" / "progress.json"
     records = json.loads(path.read_text())
     del records["settings"]["control_steps"], records["settings"]["rft_steps"]  # as an older kit wrote them
-    records["settings"]["grpo"]["eval_every"] = 0  # and with a setting since retired (config.RETIRED_SETTINGS)
     path.write_text(json.dumps(records))
     assert Arc(cfg, "cpu", progress=False).done("base_eval")
     assert Arc.from_dir(tmp_path / "arc").cfg.grpo == cfg.grpo

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from grpo_kit import device as device_module
-from grpo_kit.device import SetupError, get_device, padded_rows, xla_problem
+from grpo_kit.engine import device as device_module
+from grpo_kit.engine.device import SetupError, get_device, padded_rows, xla_problem
 
 
 def fake_versions(monkeypatch, **versions):

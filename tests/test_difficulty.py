@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from grpo_kit.config import GRPOConfig
-from grpo_kit.difficulty import MIN_WEIGHT, DifficultyTargeting, keep_probability, pass_rate
-from grpo_kit.grpo import GRPOTrainer
+from grpo_kit.algo.difficulty import MIN_WEIGHT, DifficultyTargeting, keep_probability, pass_rate
+from grpo_kit.train.config import GRPOConfig
+from grpo_kit.train.grpo import GRPOTrainer
 from grpo_kit.validation import ConfigError
 
 SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1)
@@ -79,9 +79,9 @@ def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_col
     import dataclasses
     import json
 
-    from grpo_kit.config import TaskConfig, load_run_config
-    from grpo_kit.demo import Arc
-    from grpo_kit.tasks import load_task
+    from grpo_kit.course.arc import Arc
+    from grpo_kit.data.tasks import load_task
+    from grpo_kit.train.config import TaskConfig, load_run_config
 
     rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i} + {i} = {2 * i}",
              "level": "easy" if i < 20 else "hard"} for i in range(40)]

@@ -17,8 +17,8 @@ import nbformat
 import pytest
 import torch
 
-from grpo_kit import exercises, quizzes
-from grpo_kit.exercises import EXERCISES, MARKER, check_exercise
+from grpo_kit.course import exercises, quizzes
+from grpo_kit.course.exercises import EXERCISES, MARKER, check_exercise
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
@@ -35,7 +35,7 @@ def _tokenizer_context(ns, tiny, task):
 
 def _dashboard_context(ns, tiny, task):
     from grpo_kit import Dashboard, GRPOConfig, GRPOTrainer, control_changes
-    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 
     model, tokenizer = tiny
     grpo_cfg = GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=8, micro_batch_size=4, output_dir=None,
@@ -81,7 +81,7 @@ def _your_task_context(ns, tiny, *_):
 
 
 def nbk_example_task_file():
-    from grpo_kit.notebook import example_task_file
+    from grpo_kit.course.notebook import example_task_file
 
     return example_task_file()
 
@@ -168,7 +168,7 @@ def test_a_wrong_answer_shows_as_one_styled_message_in_ipython_not_a_traceback_o
 
     shell = InteractiveShell.instance()
     try:
-        result = shell.run_cell('from grpo_kit import exercises\nmy_advantage = ...\n'
+        result = shell.run_cell('from grpo_kit.course import exercises\nmy_advantage = ...\n'
                                 'exercises.check_exercise("04.1", globals())')
     finally:
         InteractiveShell.clear_instance()
@@ -235,7 +235,7 @@ def test_the_right_answers_position_is_spread_over_the_bank_and_stable_per_quiz(
     assert set(counts) == {0, 1, 2}, counts
     order = {q.id: [c.text for c in q.choices] for q in quizzes.QUIZZES.values()}
     elsewhere = subprocess.run(
-        [sys.executable, "-c", "import json; from grpo_kit import quizzes; "
+        [sys.executable, "-c", "import json; from grpo_kit.course import quizzes; "
          "print(json.dumps({q.id: [c.text for c in q.choices] for q in quizzes.QUIZZES.values()}))"],
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
     assert json.loads(elsewhere.stdout) == order

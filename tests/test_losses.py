@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from grpo_kit import logprobs as LP
-from grpo_kit import losses as L
+from grpo_kit.algo import losses as L
+from grpo_kit.engine import logprobs as LP
 
 
 def test_token_logprobs_match_log_softmax_and_chunking():

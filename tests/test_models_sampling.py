@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_kit.chat import GEMMA_CHAT_TEMPLATE, stop_token_ids
-from grpo_kit.config import ModelConfig
-from grpo_kit.logprobs import completion_logprobs
-from grpo_kit.models import (
+from grpo_kit.data.chat import GEMMA_CHAT_TEMPLATE, stop_token_ids
+from grpo_kit.engine.logprobs import completion_logprobs
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import (
     MODEL_SHAPES,
     TINY_CONFIG,
     ReferencePolicy,
@@ -18,7 +18,7 @@ from grpo_kit.models import (
     load_model,
     merge_and_restart_lora,
 )
-from grpo_kit.sampling import (
+from grpo_kit.engine.sampling import (
     choose_tokens,
     draw_from_head,
     encode_prompts,
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_committed_tiny_gemma_files_match_the_script(tmp_path):
     subprocess.run(
-        [sys.executable, "-c", f"from grpo_kit.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"],
+        [sys.executable, "-c", f"from grpo_kit.engine.models import write_tiny_gemma_files as w; w({str(tmp_path)!r})"],
         check=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_text() == (MODEL_SHAPES / "tiny-gemma" / name).read_text(), name
@@ -179,7 +179,7 @@ def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(sof
     """`draw_from_head` (the LM head block by block inside the draw) against `choose_tokens` on the whole logits:
     320 draws over a 65,536-entry vocabulary with peaked and flat rows; same tokens, log-probs within 1e-4; also
     with the head's blocks prepacked for oneDNN (`head_packs`, as a CPU rollout passes them)."""
-    from grpo_kit.sampling import head_packs
+    from grpo_kit.engine.sampling import head_packs
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(65_536, 32, generator=gen)
@@ -241,7 +241,7 @@ def test_the_exp_floor_keeps_subnormals_out_and_changes_no_draw(monkeypatch):
     """Rows whose logits span hundreds within a block would give e^{z − m_b} below fp32's smallest normal (subnormals,
     slow on x86): with EXP_FLOOR they are 1.6e-38 instead, and the tokens, log-probs and moments are those of the
     draw without the floor."""
-    from grpo_kit import sampling
+    from grpo_kit.engine import sampling
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(2 * sampling.DRAW_BLOCK, 32, generator=gen)
@@ -267,7 +267,7 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
     blocks) at most 8 of the 128 tiles, the tokens and log-probs are exactly those with every tile taken, and
     E = π W and H differ by no more than the left-out mass allows (≤ 128 · 2⁻²⁵ of the largest head row); flat rows
     need every tile."""
-    from grpo_kit import sampling
+    from grpo_kit.engine import sampling
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(4 * sampling.DRAW_BLOCK, 32, generator=gen)
@@ -312,7 +312,7 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
 def test_kept_runs_split_at_gaps_and_block_ends():
     """`_kept_runs` gives one product per run of consecutive kept tiles, never across a block's end (each block has
     its own scale)."""
-    from grpo_kit.sampling import _kept_runs
+    from grpo_kit.engine.sampling import _kept_runs
 
     kept = [True, True, False, True, True, True, True, False]
     assert _kept_runs(kept, per_block=4) == [(0, 2), (3, 4), (4, 7)]
@@ -324,7 +324,7 @@ def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
     """bf16 products for an fp32 CPU head only where bf16 is the faster: AMX tiles, or AVX512-BF16 on an AMD CPU
     (an Intel one without AMX stays fp32, as does one without AVX512-BF16), and GRPO_KIT_CPU_BF16 is not 0; a bf16
     head stays bf16."""
-    from grpo_kit import device
+    from grpo_kit.engine import device
 
     fp32, bf16 = torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.bfloat16)
     cases = (  # AMX, AVX512-BF16, vendor, GRPO_KIT_CPU_BF16 → the product dtype
@@ -365,7 +365,7 @@ def test_reference_policy_frozen_copy_and_lora(cpu):
     (True, (8, 0), False, torch.bfloat16, False),   # no triton package: eager sampler
 ])
 def test_gpu_dtype_and_compile_follow_what_the_gpu_supports(monkeypatch, bf16, capability, triton, dtype, compiles):
-    from grpo_kit import device as device_module
+    from grpo_kit.engine import device as device_module
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
@@ -380,8 +380,8 @@ def test_gpu_dtype_and_compile_follow_what_the_gpu_supports(monkeypatch, bf16, c
 def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_model, task):
     """Under SPMD every device takes an equal share of the rows: 3 prompts on 4 devices become 4 rows (the last
     prompt twice), and only the 3 asked for come back, each as it would alone."""
-    import grpo_kit.sampling as sampling
-    from grpo_kit.evaluation import generate_completions
+    import grpo_kit.engine.sampling as sampling
+    from grpo_kit.eval.evaluation import generate_completions
 
     model, tokenizer = sft_model
     prompts = [row["prompt"] for row in task.test_set().select(range(3))]
@@ -395,7 +395,7 @@ def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_mo
 
     monkeypatch.setattr(sampling, "padded_rows", lambda rows, device: -(-rows // 4) * 4)
     monkeypatch.setattr(sampling, "sample", spy)
-    import grpo_kit.evaluation as evaluate_module
+    import grpo_kit.eval.evaluation as evaluate_module
 
     monkeypatch.setattr(evaluate_module, "sample", spy)
     assert generate_completions(model, tokenizer, prompts, max_new_tokens=12) == alone

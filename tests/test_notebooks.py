@@ -193,7 +193,7 @@ def test_each_notebook_opens_with_its_time_from_the_measurements(path):
     """The time header (`course.header`): measured minutes with the tiny Gemma (assets/course_minutes.json, written
     by `make course-times` with the machine), an estimate for Gemma 3 1B-IT where the notebook trains it, or the time
     budget of the notebooks that train a real Gemma."""
-    from grpo_kit.course import HEADER_MARK, header, measured_minutes
+    from grpo_kit.course.modes import HEADER_MARK, header, measured_minutes
 
     first = nbformat.read(path, as_version=4).cells[0].source
     lines = [line for line in first.splitlines() if line.startswith(HEADER_MARK)]

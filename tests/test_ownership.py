@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit import rundir
 from grpo_kit.cli import main
-from grpo_kit.config import load_run_config
-from grpo_kit.demo import Arc
+from grpo_kit.course.arc import Arc
+from grpo_kit.train import rundir
+from grpo_kit.train.config import load_run_config
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -82,7 +82,7 @@ def test_a_foreign_directory_is_refused_by_sft_and_train_and_overwrite_writes_be
 def test_overwrite_moves_the_previous_run_aside_before_the_first_step(tmp_path, monkeypatch, capsys):
     """A crash right after `--overwrite` starts (here: in the first step) must not leave the previous run's
     checkpoint where the next automatic resume would mix it into the new run."""
-    from grpo_kit.grpo import GRPOTrainer
+    from grpo_kit.train.grpo import GRPOTrainer
 
     out = tmp_path / "run"
     common = ["train", "--preset", "cpu-tiny-quick", "--config", str(_yaml(tmp_path, "grpo: {steps: 2}")),
@@ -101,7 +101,7 @@ def test_overwrite_moves_the_previous_run_aside_before_the_first_step(tmp_path, 
 
 _HOLDER = """
 import sys
-from grpo_kit.rundir import claim
+from grpo_kit.train.rundir import claim
 run = claim(sys.argv[1], "grpo")
 print("held", flush=True)
 sys.stdin.read()
@@ -140,27 +140,33 @@ def test_the_same_process_may_claim_again_and_the_lock_goes_with_the_last_owner(
     assert key not in rundir._HELD
 
 
-def test_an_earlier_versions_run_is_adopted(tmp_path):
+def test_a_directory_without_a_manifest_is_not_taken_for_the_kits_even_when_its_names_are(tmp_path):
+    """Names alone do not make a directory the kit's: without .grpo_kit/run.json it is refused, and overwriting
+    writes beside its files, never over them."""
     out = tmp_path / "old"
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "state.json").write_text("{}")
-    (out / "metrics.jsonl").write_text("")
-    run = rundir.claim(out, "grpo")
-    assert sorted(run.entries) == ["checkpoint", "metrics.jsonl"]
+    (out / "metrics.jsonl").write_text("someone's rows")
+    with pytest.raises(rundir.RunDirError, match="is not empty and was not written by grpo-kit"):
+        rundir.claim(out, "grpo")
+    run = rundir.claim(out, "grpo", overwrite=True)
+    assert run.entries == [] and (out / "metrics.jsonl").read_text() == "someone's rows"
+    with pytest.raises(rundir.RunDirError):
+        run.add("metrics.jsonl")
     run.release()
 
 
 # -- export and push ---------------------------------------------------------------------------------------------------
 @pytest.fixture()
 def exported(tmp_path, tiny):
-    from grpo_kit.export import export_model
+    from grpo_kit.eval.export import export_model
 
     model, tokenizer = tiny
     return export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma")
 
 
 def test_export_refuses_a_foreign_directory_and_replaces_only_its_own_files(tmp_path, tiny, exported):
-    from grpo_kit.export import export_model
+    from grpo_kit.eval.export import export_model
 
     model, tokenizer = tiny
     foreign = tmp_path / "foreign"
@@ -221,7 +227,7 @@ def hub(monkeypatch):
 
 
 def test_a_push_sends_only_the_exported_files_to_a_new_private_repo(exported, hub):
-    from grpo_kit.export import push_folder
+    from grpo_kit.eval.export import push_folder
 
     (exported / "stray-notes.txt").write_text("not part of the export")
     (exported / "checkpoint").mkdir()
@@ -234,8 +240,8 @@ def test_a_push_sends_only_the_exported_files_to_a_new_private_repo(exported, hu
 
 
 def test_an_existing_public_repo_is_reported_before_any_upload(exported, hub):
-    from grpo_kit.export import push_folder
-    from grpo_kit.hub import ModelAccessError
+    from grpo_kit.engine.hub import ModelAccessError
+    from grpo_kit.eval.export import push_folder
 
     hub.existing = False  # public
     with pytest.raises(ModelAccessError, match="me/tiny exists and is public, so this upload would be public"):
@@ -246,7 +252,7 @@ def test_an_existing_public_repo_is_reported_before_any_upload(exported, hub):
 
 
 def test_a_folder_the_kit_did_not_export_is_not_pushed(tmp_path, hub):
-    from grpo_kit.export import push_folder
+    from grpo_kit.eval.export import push_folder
 
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "id_rsa").write_text("secret")
@@ -280,7 +286,7 @@ def kaggle(monkeypatch):
     from kagglehub.gcs_upload import filtered_walk, normalize_patterns
     from kagglehub.models import DEFAULT_IGNORE_PATTERNS
 
-    import grpo_kit.export as export
+    import grpo_kit.eval.export as export
 
     record = {"calls": [], "visibility": "missing"}
 
@@ -305,7 +311,7 @@ def kaggle(monkeypatch):
 
 
 def test_a_kaggle_push_sends_only_the_exported_files_with_the_card(exported, kaggle):
-    from grpo_kit.export import push
+    from grpo_kit.eval.export import push
 
     (exported / "stray-notes.txt").write_text("not part of the export")
     (exported / "checkpoint").mkdir()
@@ -319,8 +325,8 @@ def test_a_kaggle_push_sends_only_the_exported_files_with_the_card(exported, kag
 
 
 def test_an_existing_public_kaggle_model_is_reported_and_credentials_are_asked_for(exported, kaggle, monkeypatch):
-    from grpo_kit.export import push
-    from grpo_kit.hub import ModelAccessError
+    from grpo_kit.engine.hub import ModelAccessError
+    from grpo_kit.eval.export import push
 
     kaggle["visibility"] = "public"
     with pytest.raises(ModelAccessError, match="kaggle:me/tiny exists and is public, so this upload would be public"):

@@ -1,5 +1,5 @@
-"""The package's shape: its public API, what notebooks may import, imports that never form a cycle, developer tools
-kept apart, short functions and named arguments, option lists written once."""
+"""The package's shape: its public API, what notebooks may import, the subpackages' import rules, the repository's
+tools kept out of the wheel, short functions and named arguments, option lists written once."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_every_public_name_resolves_and_internal_names_do_not():
     for name in gk.__all__:
         assert getattr(gk, name) is not None, name
     assert callable(gk.evaluate) and callable(gk.plan), "a public function is shadowed by its module"
-    assert gk.plan_table.__module__ == "grpo_kit.planner" and gk.plan_table.__name__ == "table"
+    assert gk.plan_table.__module__ == "grpo_kit.eval.planner" and gk.plan_table.__name__ == "table"
     with pytest.raises(AttributeError, match="no attribute 'sample'"):
         gk.sample  # noqa: B018 - internal, not public
 
@@ -50,39 +50,50 @@ def test_notebooks_use_only_the_public_api(path):
     assert set(imported) <= set(gk.__all__), sorted(set(imported) - set(gk.__all__))
 
 
+def module_name(path: Path) -> str:
+    """A package file's module under grpo_kit: `train.grpo`, `options`, `course` (a subpackage's __init__)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
 def module_imports(path: Path) -> set[str]:
-    """The grpo_kit modules a module imports anywhere in its body (function-level imports included); everything
-    under `grpo_kit/devtools/` counts as one module, `devtools`."""
-    in_devtools = path.parent.name == "devtools"
+    """The grpo_kit modules a package file imports anywhere in its body (function-level imports included), as
+    module names under grpo_kit (`engine.device`); `from . import x` counts as the module x where x is one, and an
+    import of the repository's `tools` as `tools`."""
+    here = list(path.parent.relative_to(PACKAGE).parts)  # the package a relative import starts from
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
-            if in_devtools and node.level == 1:
-                continue  # a devtools module importing another
+            base = here[: len(here) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names if not node.module else []:
+                if (PACKAGE / Path(*target.split("."), f"{alias.name}.py")).exists() if target else (
+                        PACKAGE / f"{alias.name}.py").exists():
+                    found.add(f"{target}.{alias.name}" if target else alias.name)
             if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grpo_kit."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("grpo_kit."))
-    return found - {path.stem, "devtools" if in_devtools else ""}
+                found.add(target)
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            for name in names:
+                if name.startswith("grpo_kit."):
+                    found.add(name.removeprefix("grpo_kit."))
+                elif name.split(".")[0] == "tools":
+                    found.add("tools")
+    return found - {module_name(path), ""}
 
 
 def import_graph() -> dict[str, set[str]]:
-    graph = {p.stem: module_imports(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    graph["devtools"] = set().union(*(module_imports(p) for p in (PACKAGE / "devtools").glob("*.py")))
-    return graph
+    return {module_name(p): module_imports(p) for p in PACKAGE.rglob("*.py")}
 
 
 def test_no_import_cycle_among_modules():
     graph = import_graph()
-    assert set().union(*graph.values()) <= set(graph), "an import names a module that does not exist"
+    subpackages = {m for m in graph if (PACKAGE / m.replace(".", "/") / "__init__.py").exists()}
+    assert set().union(*graph.values()) - subpackages <= set(graph), "an import names a module that does not exist"
     order, state = [], {}
 
     def visit(module: str, path: list[str]) -> None:
-        if state.get(module) == "done":
+        if state.get(module) == "done" or module not in graph:
             return
         assert state.get(module) != "open", "import cycle: " + " -> ".join([*path, module])
         state[module] = "open"
@@ -93,42 +104,52 @@ def test_no_import_cycle_among_modules():
 
     for module in sorted(graph):
         visit(module, [])
-    assert order.index("device") < order.index("models") < order.index("grpo")
+    assert order.index("engine.device") < order.index("engine.models") < order.index("train.grpo")
 
 
-MATH_MODULES = ("losses", "advantages")
-"""Pure tensor math: formulas in docstrings, no model, no device, nothing of the kit but `options`."""
+FOUNDATIONS = {"options", "validation"}
+"""Top-level modules every subpackage may import: the allowed values of choice settings and the checks."""
+
+SUBPACKAGES: dict[str, set[str]] = {
+    "algo": set(),
+    "data": set(),
+    "engine": {"data"},
+    "train": {"algo", "data", "engine"},
+    "eval": {"algo", "data", "engine", "train"},
+    "course": {"algo", "data", "engine", "train", "eval"},
+}
+"""What each subpackage may import besides itself and the foundations (docs/architecture.md's import rules)."""
 
 
-LAYERS = (
-    ("foundations", {"options", "answer_format", "validation", "datafiles", "trackers", "device", "chat", "decoder",
-                     "metrics", "checkpoint", "rundir", "hub", "losses", "advantages", "difficulty", "quizzes",
-                     "plots"}),
-    ("settings, data, models, rewards", {"config", "tasks", "controls", "models", "rewards", "course"}),
-    ("sampling and log-probs", {"sampling", "logprobs", "evaluation"}),
-    ("the loop, the trainers and their tools", {"loop", "sft", "rft", "grpo", "planner", "scoring", "export"}),
-    ("the faces", {"dashboard", "exercises", "demo", "notebook", "study", "cli", "devtools"}),
-)
-"""docs/architecture.md's import order: a module imports its own layer or those below, never one above."""
-
-
-def test_no_module_imports_a_sibling_above_its_layer():
+def test_each_subpackage_imports_only_what_its_rule_allows():
     graph = import_graph()
-    layer = {module: i for i, (_, modules) in enumerate(LAYERS) for module in modules}
-    assert set(layer) == set(graph), f"modules without a layer: {sorted(set(graph) - set(layer))}"
-    upward = [f"{m} ({LAYERS[layer[m]][0]}) imports {d} ({LAYERS[layer[d]][0]})"
-              for m, deps in graph.items() for d in deps if layer[d] > layer[m]]
-    assert not upward, upward
+    assert {m.split(".")[0] for m in graph if "." in m} == set(SUBPACKAGES), "a subpackage without an import rule"
+    broken = []
+    for module, deps in sorted(graph.items()):
+        top = module.split(".")[0]
+        if top in SUBPACKAGES:
+            allowed = SUBPACKAGES[top] | {top} | FOUNDATIONS
+        elif module in FOUNDATIONS:
+            allowed = set()
+        else:  # the entry points: __init__ (gk.*) and cli
+            assert module in ("__init__", "cli"), f"{module}: a top-level module that is neither a foundation nor " \
+                                                 "an entry point"
+            allowed = set(SUBPACKAGES) | FOUNDATIONS
+        broken += [f"{module} imports {dep}" for dep in sorted(deps) if dep.split(".")[0] not in allowed]
+    assert not broken, broken
+    course_users = sorted(m for m, deps in graph.items() if any(d.split(".")[0] == "course" for d in deps)
+                          and m.split(".")[0] != "course")
+    assert set(course_users) <= {"__init__", "cli"}, f"the course is imported by {course_users}"
 
 
-def test_math_modules_import_only_options_and_the_sampler_never_imports_the_log_probs():
+def test_math_modules_import_only_the_foundations_and_the_sampler_never_imports_the_log_probs():
     graph = import_graph()
-    for module in MATH_MODULES:
-        assert graph[module] <= {"options"}, f"{module} imports {sorted(graph[module] - {'options'})}: it is pure math"
-    assert "logprobs" not in graph["sampling"], "the sampler generates; log-probs for the update live in logprobs.py"
+    for module in ("algo.losses", "algo.advantages", "algo.difficulty"):
+        assert graph[module] <= FOUNDATIONS, f"{module} imports {sorted(graph[module] - FOUNDATIONS)}: it is pure math"
+    assert "engine.logprobs" not in graph["engine.sampling"], "the sampler generates; log-probs live in logprobs.py"
     for name in ("completion_logprobs", "packed_logprobs", "token_logprobs_and_entropy", "frozen_head_logprobs",
                  "logprobs_from_head_mean", "logit_chunks"):  # one home: defined in logprobs.py and nowhere else
-        homes = [p.stem for p in PACKAGE.glob("*.py") if re.search(rf"^def {name}\(", p.read_text(), re.M)]
+        homes = [p.stem for p in PACKAGE.rglob("*.py") if re.search(rf"^def {name}\(", p.read_text(), re.M)]
         assert homes == ["logprobs"], (name, homes)
 
 
@@ -141,22 +162,66 @@ def test_the_trainers_share_one_loop():
               "resume with the same value": "the resume check", "max_seconds": "the time limit",
               "claim(": "the output directory's claim"}
     for trainer in ("sft", "grpo", "rft"):
-        code = "\n".join(line for line in (PACKAGE / f"{trainer}.py").read_text().splitlines()
+        code = "\n".join(line for line in (PACKAGE / "train" / f"{trainer}.py").read_text().splitlines()
                          if not line.lstrip().startswith(("#", '"""')))
         repeats = [what for needle, what in shared.items() if needle in code]
         assert not repeats, f"{trainer}.py repeats the shared loop's {repeats}: use loop.TrainingLoop"
-    from grpo_kit.loop import TrainingLoop
+    from grpo_kit.train.loop import TrainingLoop
 
     assert issubclass(gk.SFTTrainer, TrainingLoop) and issubclass(gk.GRPOTrainer, TrainingLoop)
     for policy in ("host_syncs_are_cheap(self.device):\n            # XLA compiles", "def _reuses_sampler_head",
                    "def _cpu_bf16", "def _rollout_product_dtype"):  # speed/XLA policies live with the sampler
-        assert policy not in (PACKAGE / "grpo.py").read_text(), policy
+        assert policy not in (PACKAGE / "train" / "grpo.py").read_text(), policy
 
 
-def test_developer_tools_stay_out_of_the_user_package():
-    importers = sorted(module for module, deps in import_graph().items() if "devtools" in deps)
-    assert importers == ["cli"], f"only the command line may reach grpo_kit.devtools: {importers}"
-    assert not (ROOT / "benchmarks").exists(), "benchmarks live in grpo_kit/devtools/"
+def test_the_repositorys_tools_stay_out_of_the_package():
+    importers = sorted(module for module, deps in import_graph().items() if "tools" in deps)
+    assert not importers, f"package modules import the repository's tools/: {importers}"
+    assert not (PACKAGE / "devtools").exists() and not (PACKAGE / "study.py").exists()
+    assert not (ROOT / "benchmarks").exists(), "benchmarks live in tools/"
+
+
+def string_constants(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a package file that are not docstrings (the values the code uses)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+REPOSITORY_PATHS = re.compile(
+    r"^(?:\./)?(?:docs|notebooks|scripts|tools|tests)/|^(?:CHANGELOG|CONTRIBUTING)\.md$")
+
+
+def test_no_package_code_names_a_path_in_the_repository():
+    """The wheel works wherever it is installed: no module reads or writes the repository's docs/, notebooks/ or
+    pages (a path relative to the working directory is a checkout's); the tools that do live in tools/."""
+    found = [f"{path.relative_to(ROOT)}:{line} {value!r}" for path in package_sources()
+             for line, value in string_constants(path) if REPOSITORY_PATHS.search(value)]
+    assert not found, found
+
+
+def test_the_wheel_holds_the_package_and_none_of_the_tools(tmp_path):
+    """`pip install .` installs what `pip wheel .` builds: the package, its assets, and no study or benchmark."""
+    import shutil
+    import zipfile
+
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", ".platforms", "runs", "*.egg-info", "build", "__pycache__", ".pytest_cache", "notebooks",
+        "docs"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w",
+                            str(tmp_path / "wheel"), str(source)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("grpo_kit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"grpo_kit"}, tops
+    assert "grpo_kit/train/grpo.py" in names and "grpo_kit/assets/models/tiny-gemma/config.json" in names
+    shipped_tools = [n for n in names if re.search(r"(study|bench|smoke|gpu_check|plan_vs_measured|rft_rate)\.py$", n)]
+    assert not shipped_tools, shipped_tools
 
 
 def package_sources() -> list[Path]:
@@ -185,7 +250,7 @@ def test_functions_are_short_and_long_calls_name_their_arguments():
 
 def test_the_sampler_and_decoder_are_split_into_small_functions():
     for module in ("sampling.py", "decoder.py"):
-        for node in ast.walk(ast.parse((PACKAGE / module).read_text())):
+        for node in ast.walk(ast.parse((PACKAGE / "engine" / module).read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 assert node.end_lineno - node.lineno + 1 <= 65, f"{module}: {node.name} is over ~60 lines"
 
@@ -193,8 +258,9 @@ def test_the_sampler_and_decoder_are_split_into_small_functions():
 def test_each_option_list_is_the_one_the_code_dispatches_on():
     import torch
 
-    from grpo_kit import advantages, losses, options
-    from grpo_kit.config import GRPOConfig
+    from grpo_kit import options
+    from grpo_kit.algo import advantages, losses
+    from grpo_kit.train.config import GRPOConfig
 
     assert tuple(advantages.ESTIMATORS) == options.ADVANTAGE_ESTIMATORS
     rewards, logp = torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.zeros(4, 3)
@@ -266,8 +332,8 @@ def test_the_answer_format_has_one_home():
     are the same tags."""
     import ast
 
-    from grpo_kit.answer_format import TAGS
-    from grpo_kit.models import TINY_TAGS
+    from grpo_kit.data.answer_format import TAGS
+    from grpo_kit.engine.models import TINY_TAGS
 
     assert TINY_TAGS == list(TAGS)
     elsewhere = []

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from grpo_kit.cli import main
-from grpo_kit.config import PRESETS, auto_preset, load_run_config
-from grpo_kit.models import count_parameters
-from grpo_kit.planner import GIB, MODEL_SHAPES, MODELS, PlanInput, estimate, model_spec, plan, table
+from grpo_kit.engine.models import count_parameters
+from grpo_kit.eval.planner import GIB, MODEL_SHAPES, MODELS, PlanInput, estimate, model_spec, plan, table
+from grpo_kit.train.config import PRESETS, auto_preset, load_run_config
 
 
 def test_parameter_count_matches_the_real_tiny_model(tiny):
@@ -65,10 +65,10 @@ def _longest_prompt(cfg) -> int:
     its one prompt bucket, which holds every GSM8K question."""
     if cfg.task.kind != "word_problems":
         return cfg.grpo.prompt_bucket
-    from grpo_kit.hub import resolve_model
-    from grpo_kit.models import load_tokenizer
-    from grpo_kit.sampling import bucket_length, prompt_tokens
-    from grpo_kit.tasks import make_task
+    from grpo_kit.data.tasks import make_task
+    from grpo_kit.engine.hub import resolve_model
+    from grpo_kit.engine.models import load_tokenizer
+    from grpo_kit.engine.sampling import bucket_length, prompt_tokens
 
     tokenizer = load_tokenizer(resolve_model(cfg.model.name).path)
     longest = max(prompt_tokens(tokenizer, row["prompt"]) for row in make_task(cfg.task).test_set())
@@ -99,7 +99,7 @@ def test_every_real_gemma_preset_fits_its_board_per_the_planner():
     ("v3-8", "v3-8")])
 def test_each_board_colab_and_kaggle_name_picks_its_own_preset(monkeypatch, accelerator_type, board):
     """TPU_ACCELERATOR_TYPE as the runtimes set it (Colab v5e-1 and v6e-1, Kaggle v5e-8) → the board → its preset."""
-    from grpo_kit.device import detect_accelerator
+    from grpo_kit.engine.device import detect_accelerator
 
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", accelerator_type)
     assert detect_accelerator() == board
@@ -119,8 +119,8 @@ def test_auto_preset_follows_the_hardware():
 def test_a_board_without_a_preset_runs_what_fits_the_memory_its_runtime_reports(monkeypatch, capsys):
     """Not v2-8's eight devices of 8 GiB: the devices and memory the runtime reports choose a board whose preset the
     planner fits into no more memory per device, said in one line; a board that reports nothing is refused so."""
-    from grpo_kit import device
-    from grpo_kit.config import board_for_memory
+    from grpo_kit.engine import device
+    from grpo_kit.train.config import board_for_memory
 
     monkeypatch.setattr(device, "xla_device_memory", lambda: (8, 32.0))  # v4-8-like: 8 devices of 32 GiB
     assert auto_preset("v4-8") == "tpu-v6e-8-gemma-3-1b"
@@ -164,8 +164,8 @@ def test_plan_flags_come_from_the_plan_input_whose_defaults_are_the_tpu_presets(
     import dataclasses
 
     from grpo_kit.cli import PLAN_FLAGS, build_parser
-    from grpo_kit.config import PRESETS, load_run_config
-    from grpo_kit.planner import PlanInput
+    from grpo_kit.eval.planner import PlanInput
+    from grpo_kit.train.config import PRESETS, load_run_config
 
     args = build_parser().parse_args(["plan"])
     for name in PLAN_FLAGS:
@@ -179,7 +179,7 @@ def test_plan_flags_come_from_the_plan_input_whose_defaults_are_the_tpu_presets(
     assert json.loads(capsys.readouterr().out)["fits"]
 
 def test_estimate_is_close_to_a_measured_peak_on_the_tiny_model():
-    """The benchmark (grpo_kit/devtools/plan_vs_measured.py) measures; here only the order of magnitude is pinned,
+    """The benchmark (tools/plan_vs_measured.py) measures; here only the order of magnitude is pinned,
     so a broken formula shows up in CI without timing or memory noise failing it."""
     p = PlanInput(model="tiny-gemma", tpu="cpu", lora=False, prompts_per_step=64, group_size=8,
                   prompt_length=48, max_new_tokens=32, beta=0.0, dtype_bytes=4)
@@ -199,7 +199,7 @@ def test_cli_picks_the_preset_for_the_hardware_except_the_cpu_demo(monkeypatch):
 
 
 def test_every_real_gemma_preset_states_its_expected_times_and_where_they_come_from():
-    from grpo_kit.config import PRESET_TIMES
+    from grpo_kit.train.config import PRESET_TIMES
 
     for name in PRESETS:
         if _board(name) is None:
@@ -211,7 +211,7 @@ def test_every_real_gemma_preset_states_its_expected_times_and_where_they_come_f
 
 
 def test_the_cpu_gemma_preset_trains_in_float32_on_a_cpu_and_bf16_where_notebook_08_falls_back_to_it():
-    from grpo_kit.device import resolve_dtype
+    from grpo_kit.engine.device import resolve_dtype
 
     dtype = load_run_config("cpu-gemma-270m").model.dtype
     assert resolve_dtype(dtype, torch.device("cpu")) == torch.float32  # the measured CPU run

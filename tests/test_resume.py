@@ -67,8 +67,8 @@ def test_sft_resumed_from_its_checkpoint_continues_exactly(tiny, task, tmp_path)
     give the same losses and weights as six steps in one go."""
     import torch
 
-    from grpo_kit.config import SFTConfig
-    from grpo_kit.sft import SFTTrainer
+    from grpo_kit.train.config import SFTConfig
+    from grpo_kit.train.sft import SFTTrainer
 
     model, tok = tiny
     start = {k: v.clone() for k, v in model.state_dict().items()}
@@ -100,9 +100,9 @@ def test_an_ema_reference_is_saved_and_restored(sft_model, task, tmp_path):
     weights: the checkpoint carries it, and the resumed run's KL and weights match the uninterrupted run's."""
     import torch
 
-    from grpo_kit.config import GRPOConfig
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.train.config import GRPOConfig
+    from grpo_kit.train.grpo import GRPOTrainer
 
     model, tok = sft_model
     start = {k: v.clone() for k, v in model.state_dict().items()}

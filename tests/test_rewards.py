@@ -150,8 +150,8 @@ def test_a_reward_that_raises_on_the_batch_then_hangs_on_a_row_stops_the_run_nam
 
 
 def test_test_reward_prints_a_table_and_flags_the_cases_that_disagree(capsys):
-    from grpo_kit.rewards import correctness_reward
-    from grpo_kit.rewards import test_reward as check_reward
+    from grpo_kit.data.rewards import correctness_reward
+    from grpo_kit.data.rewards import test_reward as check_reward
 
     def broken(prompts, completions, answer=None, **_):
         raise KeyError("answer")
@@ -168,9 +168,9 @@ def test_test_reward_prints_a_table_and_flags_the_cases_that_disagree(capsys):
 
 
 def test_a_judge_reward_is_a_probability_per_completion_from_the_judges_yes_and_no(cpu):
-    from grpo_kit.config import ModelConfig
-    from grpo_kit.models import load_model
-    from grpo_kit.rewards import judge_reward
+    from grpo_kit.data.rewards import judge_reward
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
 
     judge_model, tok = load_model(ModelConfig(), cpu)
     judge = judge_reward(judge_model, tok, "The answer names a colour.", batch_size=2)

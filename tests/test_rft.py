@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import grpo_kit.rft as rft
-from grpo_kit.config import RFTConfig
-from grpo_kit.rft import RFTTrainer, accepted_completions
+import grpo_kit.train.rft as rft
+from grpo_kit.train.config import RFTConfig
+from grpo_kit.train.rft import RFTTrainer, accepted_completions
 from grpo_kit.validation import ConfigError
 
 
@@ -100,8 +100,8 @@ def test_rft_settings_are_validated():
 def test_rows_added_for_a_fixed_shape_leave_the_loss_and_its_gradient_unchanged(tiny):
     """On XLA RFT grows its batch of accepted completions to prompts × group rows (`rft.fixed_rows`): one shape every
     step, split evenly over a mesh. The added rows have no target tokens, so loss and gradient are the n rows'."""
-    from grpo_kit.sft import collate, encode_demonstrations, sft_loss
-    from grpo_kit.tasks import ArithmeticTask
+    from grpo_kit.data.tasks import ArithmeticTask
+    from grpo_kit.train.sft import collate, encode_demonstrations, sft_loss
 
     model, tokenizer = tiny
     rows = ArithmeticTask(num_demonstrations=3).demonstrations()

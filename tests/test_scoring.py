@@ -6,7 +6,7 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.scoring import SCORE_SETTINGS, leaderboard, ranked_rows, read_score, wilson_interval
+from grpo_kit.eval.scoring import SCORE_SETTINGS, leaderboard, ranked_rows, read_score, wilson_interval
 
 
 def test_the_wilson_interval_stays_inside_0_to_100_and_narrows_with_n():
@@ -72,7 +72,7 @@ def test_the_leaderboard_widget_ranks_a_folder_refreshes_and_lists_what_it_canno
     """`LeaderboardView`: the entries under a folder ranked as in the Markdown table; an entry scored later appears
     on refresh; a file from another split is listed with the reason instead of ranked; picking an entry shows its
     card; ranking by maj@k reorders the rows."""
-    from grpo_kit.scoring import LeaderboardView
+    from grpo_kit.eval.scoring import LeaderboardView
 
     entries = tmp_path / "entries"
     entries.mkdir()
@@ -96,7 +96,7 @@ def test_the_leaderboard_widget_ranks_a_folder_refreshes_and_lists_what_it_canno
 
 
 def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads_them(tmp_path, capsys, monkeypatch):
-    import grpo_kit.scoring as scoring
+    import grpo_kit.eval.scoring as scoring
 
     monkeypatch.setattr(scoring, "SCORE_SETTINGS", scoring.ScoreSettings(max_new_tokens=16, k=2))
     monkeypatch.setattr(scoring.score_model, "__kwdefaults__", {**scoring.score_model.__kwdefaults__,
@@ -142,9 +142,9 @@ def test_scoring_a_model_writes_the_score_and_the_card_and_the_leaderboard_reads
 def test_an_arc_directory_is_scored_at_the_stage_asked(tmp_path, capsys, monkeypatch):
     import dataclasses
 
-    import grpo_kit.scoring as scoring
-    from grpo_kit.config import load_run_config
-    from grpo_kit.demo import Arc
+    import grpo_kit.eval.scoring as scoring
+    from grpo_kit.course.arc import Arc
+    from grpo_kit.train.config import load_run_config
 
     monkeypatch.setattr(
         scoring.score_model, "__kwdefaults__",
@@ -180,8 +180,8 @@ def test_an_arcs_final_checkpoint_is_scored_and_exported_whole_and_an_unfinished
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_kit.config import load_run_config
-    from grpo_kit.demo import Arc
+    from grpo_kit.course.arc import Arc
+    from grpo_kit.train.config import load_run_config
 
     cfg = load_run_config("cpu-tiny-quick")
     cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "arc"), task=dataclasses.replace(cfg.task, num_test=6),

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_kit.cli import main
-from grpo_kit.config import PRESETS, load_run_config
-from grpo_kit.device import describe_machine
-from grpo_kit.evaluation import paired_difference
-from grpo_kit.study import (
+from grpo_kit.engine.device import describe_machine
+from grpo_kit.eval.evaluation import paired_difference
+from grpo_kit.train.config import PRESETS, load_run_config
+from tools.__main__ import main
+from tools.study import (
     REGIMES,
     REPORT_BEGIN,
     REPORT_END,
@@ -274,7 +274,7 @@ def test_a_recorded_cells_rft_runs_again_at_grpos_rate_from_the_same_sft_model(t
     same machine), RFT trains the cell's fixed steps at GRPO's rate, not the recorded SFT's, and is paired with the
     recorded stages; running again continues the arc (nothing retrains). A record without the RFT control is refused
     with its name."""
-    from grpo_kit.devtools import rft_rate
+    from tools import rft_rate
 
     records = tmp_path / "cells"
     run_study(tmp_path / "study", preset="cpu-tiny-quick", regimes=("scarce",), seeds=(0,), overrides=TINY,
@@ -310,7 +310,7 @@ def test_a_recorded_cells_rft_runs_again_at_grpos_rate_from_the_same_sft_model(t
 ])
 def test_the_published_study_is_the_committed_cells(tmp_path, source, records, shown_on):
     """Each published summary (the study's, and its seeded replication's) summarises exactly the cells recorded in
-    its record directory, and the pages show it as `grpo-kit study --report` writes it: no published number comes
+    its record directory, and the pages show it as `python -m tools study --report` writes it: no published number comes
     from anywhere else."""
     published = json.loads((ROOT / source).read_text())
     again = summarize(tmp_path, regimes=list(published["regimes"]), seeds=published["planned_seeds"],
@@ -326,7 +326,7 @@ def test_the_published_study_is_the_committed_cells(tmp_path, source, records, s
     for page, begin, end, render in [*shows, ("docs/study/README.md", *markers["table"], render_markdown)]:
         assert begin in pages[page] and end in pages[page], f"{page}: no markers for {source}"
         shown = pages[page].split(begin, 1)[1].split(end, 1)[0]
-        assert shown == "\n" + render(published), f"{page}: run `grpo-kit study --from-json {source} --report`"
+        assert shown == "\n" + render(published), f"{page}: run `python -m tools study --from-json {source} --report`"
 
 
 def test_the_study_numbers_the_pages_quote_in_words_are_the_published_ones():

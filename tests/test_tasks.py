@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit.rewards import correctness_reward, strict_format_reward
-from grpo_kit.tasks import ArithmeticTask, addition_reasoning, load_gsm8k
+from grpo_kit.data.rewards import correctness_reward, strict_format_reward
+from grpo_kit.data.tasks import ArithmeticTask, addition_reasoning, load_gsm8k
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -59,9 +59,9 @@ def test_gsm8k_loader_on_rows_in_the_repo():
 
 
 def test_a_gsm8k_problem_is_levelled_by_its_solution_steps_so_difficulty_targeting_can_draw_on_it():
-    from grpo_kit.config import PRESETS, TaskConfig, load_run_config
-    from grpo_kit.difficulty import DifficultyTargeting
-    from grpo_kit.tasks import gsm8k_level, make_task
+    from grpo_kit.algo.difficulty import DifficultyTargeting
+    from grpo_kit.data.tasks import gsm8k_level, make_task
+    from grpo_kit.train.config import PRESETS, TaskConfig, load_run_config
 
     ds = load_gsm8k(DATA / "gsm8k_sample.jsonl")
     rows = [json.loads(line) for line in (DATA / "gsm8k_sample.jsonl").read_text().splitlines()]
@@ -86,7 +86,7 @@ def test_a_gsm8k_problem_is_levelled_by_its_solution_steps_so_difficulty_targeti
     ("3 or 4", None, None), ("2/3", None, None), ("3, 4", None, None), ("none", None, None), ("", None, None),
 ])
 def test_answer_numbers_as_gsm8k_writes_them_and_models_answer_them(text, number, canonical):
-    from grpo_kit.answer_format import canonical_number, parse_number
+    from grpo_kit.data.answer_format import canonical_number, parse_number
 
     assert parse_number(text) == number and canonical_number(text) == canonical
 
@@ -115,7 +115,7 @@ def test_gsm8k_final_answers_are_normalised_and_scored_numerically():
 def _solve_independently(question: str) -> tuple[Fraction, int]:
     """The answer of a generated word problem from its question text alone: the template whose wording it has, its
     numbers in order of appearance as the slots, the formula evaluated by Python on fractions."""
-    from grpo_kit.tasks import WORD_PROBLEMS
+    from grpo_kit.data.tasks import WORD_PROBLEMS
 
     for template in WORD_PROBLEMS:
         pattern = re.escape(template.question).replace(re.escape("{name}"), r"\w+")
@@ -131,7 +131,7 @@ def _solve_independently(question: str) -> tuple[Fraction, int]:
 def test_generated_word_problems_are_right_by_an_independent_check():
     """Every generated problem (all three difficulties): the answer solved again from the question alone, every
     equation of the worked solution true, one equation per operation, and the demonstration in the course format."""
-    from grpo_kit.tasks import WordProblemTask
+    from grpo_kit.data.tasks import WordProblemTask
 
     task = WordProblemTask(seed=3, num_demonstrations=150, num_test=150)
     stream = task.prompt_stream()
@@ -153,7 +153,7 @@ def test_generated_word_problems_are_right_by_an_independent_check():
 
 
 def test_word_problem_splits_are_seeded_disjoint_and_by_difficulty():
-    from grpo_kit.tasks import WordProblemTask
+    from grpo_kit.data.tasks import WordProblemTask
 
     def questions(rows) -> list[str]:  # noqa: ANN001
         return [r["prompt"][-1]["content"] for r in rows]
@@ -172,8 +172,8 @@ def test_word_problem_splits_are_seeded_disjoint_and_by_difficulty():
 
 
 def test_a_gsm8k_file_splits_into_held_out_demonstrations_and_prompts_the_same_way_every_time():
-    from grpo_kit.config import TaskConfig
-    from grpo_kit.tasks import GSM8KTask, make_task
+    from grpo_kit.data.tasks import GSM8KTask, make_task
+    from grpo_kit.train.config import TaskConfig
 
     rows = [json.loads(line) for line in (DATA / "gsm8k_sample.jsonl").read_text().splitlines()]
     task = make_task(
@@ -195,14 +195,14 @@ def test_a_gsm8k_file_splits_into_held_out_demonstrations_and_prompts_the_same_w
 
 
 def canonical_of(row: dict) -> str:
-    from grpo_kit.answer_format import canonical_number
+    from grpo_kit.data.answer_format import canonical_number
 
     return canonical_number(row["answer"].split("####")[-1])
 
 
 def test_task_settings_name_the_kind_and_the_difficulty():
-    from grpo_kit.config import TaskConfig
-    from grpo_kit.tasks import WordProblemTask, make_task
+    from grpo_kit.data.tasks import WordProblemTask, make_task
+    from grpo_kit.train.config import TaskConfig
     from grpo_kit.validation import ConfigError
 
     task = make_task(TaskConfig(kind="word_problems", operations=[2], num_test=5, num_demonstrations=5))

@@ -5,13 +5,7 @@ import json
 import pytest
 import torch
 
-from grpo_kit.checkpoint import load_checkpoint, save_checkpoint
-from grpo_kit.config import GRPOConfig, SFTConfig
-from grpo_kit.controls import Controls
-from grpo_kit.evaluation import evaluate
-from grpo_kit.grpo import GRPOTrainer
-from grpo_kit.metrics import read_jsonl
-from grpo_kit.rewards import (
+from grpo_kit.data.rewards import (
     DEFAULT_REWARDS,
     DEFAULT_WEIGHTS,
     arithmetic_steps_reward,
@@ -19,7 +13,13 @@ from grpo_kit.rewards import (
     correctness_reward,
     strict_format_reward,
 )
-from grpo_kit.sft import SFTTrainer, collate, encode_demonstrations
+from grpo_kit.eval.evaluation import evaluate
+from grpo_kit.train.checkpoint import load_checkpoint, save_checkpoint
+from grpo_kit.train.config import GRPOConfig, SFTConfig
+from grpo_kit.train.controls import Controls
+from grpo_kit.train.grpo import GRPOTrainer
+from grpo_kit.train.metrics import read_jsonl
+from grpo_kit.train.sft import SFTTrainer, collate, encode_demonstrations
 from grpo_kit.validation import ConfigError
 
 SMALL = dict(prompts_per_step=4, group_size=4, max_new_tokens=24, micro_batch_size=8, warmup_steps=1)
@@ -166,8 +166,8 @@ def test_checkpoint_resume_reproduces_the_run(sft_model, task, tmp_path):
 
 
 def test_a_lora_checkpoint_holds_only_the_adapter_and_a_second_save_replaces_the_first(cpu, tmp_path):
-    from grpo_kit.config import ModelConfig
-    from grpo_kit.models import load_model
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
 
     model, _ = load_model(ModelConfig(lora=True, lora_r=4), cpu)
     save_checkpoint(tmp_path / "c", model, None, 1)
@@ -233,14 +233,15 @@ def test_numpy_and_tensor_scalar_rewards_are_accepted():
 
 
 def test_the_hub_token_stays_out_of_reprs_and_saved_settings():
-    from grpo_kit.config import ModelConfig, RunConfig
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.train.config import RunConfig
 
     cfg = RunConfig(model=ModelConfig(hf_token="hf_SECRET123"))
     assert "hf_SECRET123" not in repr(cfg) and "hf_SECRET123" not in str(cfg.model)
 
 
 def test_pass_at_k_counts_a_problem_solved_by_any_of_its_k_samples(monkeypatch):
-    import grpo_kit.evaluation as evaluation
+    import grpo_kit.eval.evaluation as evaluation
 
     dataset = {"prompt": ["p0", "p1", "p2"], "answer": ["3", "4", "5"]}
     scripted = {"p0": ["<answer>9</answer>", "<answer>3</answer>"], "p1": ["<answer>1</answer>", "<answer>2</answer>"],

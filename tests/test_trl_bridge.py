@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grpo_kit.config import TRL_GRPO_NAMES, GRPOConfig, trl_grpo_settings
+from grpo_kit.train.config import TRL_GRPO_NAMES, GRPOConfig, trl_grpo_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,10 +38,10 @@ import json, sys, types
 import nbformat
 import grpo_kit as gk
 from grpo_kit import notebook as nbk
-from grpo_kit.rewards import DEFAULT_REWARDS
-from grpo_kit.tasks import ArithmeticTask
-from grpo_kit.models import load_model
-from grpo_kit.config import ModelConfig
+from grpo_kit.data.rewards import DEFAULT_REWARDS
+from grpo_kit.data.tasks import ArithmeticTask
+from grpo_kit.engine.models import load_model
+from grpo_kit.engine.model_config import ModelConfig
 import torch
 
 cells = nbformat.read(sys.argv[1], as_version=4).cells

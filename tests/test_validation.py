@@ -9,8 +9,8 @@ import time
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.config import GRPOConfig, load_run_config
-from grpo_kit.controls import Controls
+from grpo_kit.train.config import GRPOConfig, load_run_config
+from grpo_kit.train.controls import Controls
 from grpo_kit.validation import ConfigError
 
 BAD_YAML = [
@@ -158,8 +158,8 @@ BAD_DATASETS = [
 def test_bad_prompt_datasets_are_named_before_the_first_step(tiny, tmp_path, rows, message):
     from datasets import Dataset
 
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.train.grpo import GRPOTrainer
     from grpo_kit.validation import DataError
 
     model, tokenizer = tiny
@@ -182,8 +182,8 @@ def test_bad_prompt_datasets_are_named_before_the_first_step(tiny, tmp_path, row
     ([{"prompt": None, "completion": "5"}], "SFT row 0: 'prompt' must be a string or a non-empty list"),
 ], ids=["empty", "no-completion", "blank-completion", "no-prompt"])
 def test_bad_sft_datasets_are_named(tiny, rows, message):
-    from grpo_kit.config import SFTConfig
-    from grpo_kit.sft import SFTTrainer
+    from grpo_kit.train.config import SFTConfig
+    from grpo_kit.train.sft import SFTTrainer
     from grpo_kit.validation import DataError
 
     model, tokenizer = tiny
@@ -197,7 +197,8 @@ def test_each_rule_is_written_beside_its_field_and_a_new_one_is_checked_everywhe
     subclass inherits it, a live control reads its field's, and every default passes its own rule."""
     import dataclasses
 
-    from grpo_kit import config, validation
+    from grpo_kit import validation
+    from grpo_kit.train import config
 
     assert not hasattr(validation, "RULES"), "rules live beside their fields (config.py), not in a table by class name"
     for cls in (config.ModelConfig, config.TaskConfig, config.SFTConfig, config.RFTConfig, config.GRPOConfig,

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from grpo_kit.device import CompileMonitor, get_device, mark_step, move_model, xla_available
+from grpo_kit.engine.device import CompileMonitor, get_device, mark_step, move_model, xla_available
 
 HAS_WHEELS = sys.platform == "linux" and platform.machine() == "x86_64"
 if not xla_available():
@@ -123,10 +123,10 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     rollout, nothing falls back to the CPU — and draws the eager CPU sampler's tokens."""
     import torch_xla.debug.metrics as met
 
-    from grpo_kit.chat import stop_token_ids
-    from grpo_kit.config import ModelConfig
-    from grpo_kit.models import load_model
-    from grpo_kit.sampling import encode_prompts, sample
+    from grpo_kit.data.chat import stop_token_ids
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+    from grpo_kit.engine.sampling import encode_prompts, sample
 
     model, tok = load_model(ModelConfig(dtype="float32", lora=True), torch.device("cpu"))
     with torch.no_grad():  # a LoRA that does something (B starts at zero)
@@ -165,10 +165,11 @@ def test_dashboard_moves_after_warm_up_compile_nothing_new(task):
     0 and 1 into a graph), and a batch of shorter prompts than before, all reuse the compiled programs."""
     import dataclasses
 
-    from grpo_kit.config import GRPOConfig, ModelConfig
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.models import load_model
-    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+    from grpo_kit.train.config import GRPOConfig
+    from grpo_kit.train.grpo import GRPOTrainer
 
     model, tok = load_model(ModelConfig(dtype="float32"), torch.device("cpu"))
     model = move_model(model, get_device("xla"))
@@ -188,10 +189,11 @@ def test_dashboard_moves_after_warm_up_compile_nothing_new(task):
 def test_the_presets_grpo_recipe_runs_on_xla_without_recompiling(task):
     """The TPU presets run `config.GRPO_RECIPE`: gated shaped rewards and difficulty targeting are host-side (the
     rewards, the pass rates, which prompts a step keeps), so after warm-up a step compiles nothing new."""
-    from grpo_kit.config import GRPO_RECIPE, GRPOConfig, ModelConfig
-    from grpo_kit.grpo import GRPOTrainer
-    from grpo_kit.models import load_model
-    from grpo_kit.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+    from grpo_kit.train.config import GRPO_RECIPE, GRPOConfig
+    from grpo_kit.train.grpo import GRPOTrainer
 
     model, tok = load_model(ModelConfig(dtype="float32"), torch.device("cpu"))
     model = move_model(model, get_device("xla"))
@@ -211,9 +213,9 @@ def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
     ≥ 32k vocabulary (every real Gemma: `recompute`) and transformers' layer checkpointing
     (`ModelConfig.gradient_checkpointing`). torch's own checkpoint stops there with "module 'torch' has no
     attribute 'xla'"; the gradients must equal the CPU's."""
-    from grpo_kit.config import ModelConfig
-    from grpo_kit.logprobs import token_logprobs_and_entropy
-    from grpo_kit.models import load_model
+    from grpo_kit.engine.logprobs import token_logprobs_and_entropy
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
 
     xla = get_device("xla")
     gen = torch.Generator().manual_seed(0)
@@ -243,17 +245,18 @@ def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
 
 SFT_ON_MESH = """
 import json, sys, torch
-from grpo_kit.device import enable_spmd, get_device
+from grpo_kit.engine.device import enable_spmd, get_device
 devices = int(sys.argv[1])
 if devices > 1:
     enable_spmd(devices)
 import torch_xla
-import grpo_kit.logprobs
-grpo_kit.logprobs.LOGIT_CHUNK_ELEMENTS = 8 * 106  # the LM head in chunks, as Gemma's ≥ 32k vocabulary has it
-from grpo_kit.config import ModelConfig, SFTConfig
-from grpo_kit.models import load_model
-from grpo_kit.sft import SFTTrainer
-from grpo_kit.tasks import ArithmeticTask
+import grpo_kit.engine.logprobs
+grpo_kit.engine.logprobs.LOGIT_CHUNK_ELEMENTS = 8 * 106  # the LM head in chunks, as Gemma's ≥ 32k vocabulary has it
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.train.config import SFTConfig
+from grpo_kit.engine.models import load_model
+from grpo_kit.train.sft import SFTTrainer
+from grpo_kit.data.tasks import ArithmeticTask
 from grpo_kit.validation import ConfigError
 model, tok = load_model(ModelConfig(dtype="float32"), get_device("xla"))
 rows = ArithmeticTask(num_demonstrations=32).demonstrations()
@@ -289,13 +292,14 @@ def test_sft_under_spmd_splits_its_batch_over_the_devices_and_matches_one_device
 
 RFT_ON_MESH = """
 import json, torch
-from grpo_kit.device import enable_spmd, get_device
+from grpo_kit.engine.device import enable_spmd, get_device
 enable_spmd(8)
 import torch_xla
-import grpo_kit.rft as rft
-from grpo_kit.config import ModelConfig, RFTConfig
-from grpo_kit.models import load_model
-from grpo_kit.tasks import ArithmeticTask
+import grpo_kit.train.rft as rft
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.train.config import RFTConfig
+from grpo_kit.engine.models import load_model
+from grpo_kit.data.tasks import ArithmeticTask
 
 def three_accepted(rows, texts, **_):  # a step keeps 3 of its 8 samples: a row count the mesh cannot split
     return [{"prompt": rows[0]["prompt"], "completion": t or "1"} for t in texts[:3]]
@@ -323,9 +327,9 @@ def test_rft_under_spmd_grows_its_accepted_batch_to_split_over_the_devices():
 
 LOGPROBS_ON_MESH = """
 import json, sys, torch
-from grpo_kit.device import enable_spmd, get_device, mark_step, shard_batch
+from grpo_kit.engine.device import enable_spmd, get_device, mark_step, shard_batch
 enable_spmd(8)
-from grpo_kit.logprobs import token_logprobs_and_entropy
+from grpo_kit.engine.logprobs import token_logprobs_and_entropy
 gen = torch.Generator().manual_seed(0)
 hidden, weight = torch.randn(16, 12, 32, generator=gen), torch.randn(40_960, 32, generator=gen) * 0.3
 ids, coef = torch.randint(0, 40_960, (16, 12), generator=gen), torch.randn(16, 12, generator=gen)
@@ -347,7 +351,7 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     """Gemma's vocabulary (≥ 32k) makes the LM head run in chunks, recomputed in the backward pass. On an 8-device
     mesh, with the batch split over the devices, the chunks are cut by position (`logprobs.logit_chunks`): chunks of
     rows stopped the process in XLA's SPMD partitioner. Values and gradients equal the CPU's."""
-    from grpo_kit.logprobs import token_logprobs_and_entropy
+    from grpo_kit.engine.logprobs import token_logprobs_and_entropy
 
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
     proc = subprocess.run(
@@ -369,7 +373,7 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
 
 
 def test_logit_chunks_cut_rows_off_xla_and_positions_on_it(monkeypatch):
-    from grpo_kit import logprobs
+    from grpo_kit.engine import logprobs
 
     monkeypatch.setattr(logprobs, "LOGIT_CHUNK_ELEMENTS", 2 * 10 * 1000)
     rows, dim = logprobs.logit_chunks((5, 10), 1000)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit.course import STEPS
+from grpo_kit.course.modes import STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = "05_grpo_training.ipynb"

@@ -1,0 +1,720 @@
+"""Lean Gemma forwards: the model's own weights and modules, attention written out, no HF bookkeeping.
+
+HF's forward is general: per call it builds attention masks through its masking utilities, copies the
+cached keys and values once per query head (grouped-query attention via `repeat_kv`) and goes through the
+cache classes. A rollout calls it once per new token, so that bookkeeping costs as much as the arithmetic
+on small models. And a padded batch computes every padding position. Here, for Gemma 2 and Gemma 3 text
+models, two forwards:
+
+- `forward` — rollouts: one (B, KV, T, D) key and value tensor per layer, written at a device-side index
+  (one graph for every decode step on XLA);
+- `packed_completion_hidden` — log-prob and training forwards (cpu/cuda): real tokens only, packed.
+
+Both use the model's projections (LoRA layers included), MLPs, embeddings and rotary tables, so the numbers
+are the model's numbers; Gemma's RMSNorm runs as one `F.rms_norm` with the scale (1 + w) (`Constants`).
+Attention groups the query heads by key head instead of copying keys:
+
+      scores = softcap·tanh((q kᵀ · scaling)/softcap) + bias,   out = softmax(scores) v,
+
+with one additive bias per layer kind: 0 where key j is a real token, j ≤ i, and (sliding layers)
+i − j < window; the lowest float elsewhere (so a row with no visible key stays finite). Logits are
+softcap·tanh(lm_head(norm(h))/softcap) for the positions asked for only.
+
+`supports(model)` says whether a model can use them; `sampling` falls back to HF's forward otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from .device import PREPACK_MAX_ROWS, prepack_weight, prepacked_linear
+
+GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
+
+
+def final_softcap(hf: torch.nn.Module) -> float | None:
+    """The model's final logit softcap c (Gemma 2: logits → c·tanh(logits/c)); None where it has none."""
+    return getattr(hf.config, "final_logit_softcapping", None)
+
+
+def supports(hf: torch.nn.Module) -> bool:
+    """True for a transformers Gemma 2 / Gemma 3 causal LM (text), the layers this module knows."""
+    layers = getattr(getattr(hf, "model", None), "layers", None)
+    return (
+        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head"))
+
+
+@dataclasses.dataclass
+class SharedPrefix:
+    """The prompt part of a decode cache kept once per group of G consecutive rows that share their prompt
+    (GRPO's groups): a decode step reads each prompt's keys and values once for its group instead of once per
+    row (`KVCache.share_prefix`)."""
+
+    keys: list[torch.Tensor]
+    """Per layer (B/G, KV heads, P, head_dim)."""
+    values: list[torch.Tensor]
+    mask: torch.Tensor
+    """(B/G, P) bool: the prompt slots that hold real tokens."""
+    bias: torch.Tensor
+    """(B/G, P) additive attention bias from `mask` (0 or the lowest float)."""
+    group: int
+
+
+@dataclasses.dataclass
+class KVCache:
+    """Keys and values per layer, each (B, KV heads, T, head_dim), plus which of the T slots hold real tokens.
+    With a `prefix` the first P slots live there, once per group, and keys and values hold slots P … P + T − 1."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    key_mask: torch.Tensor
+    """(B, T) bool: slot j holds a real token (left padding and never-written slots are False)."""
+    key_bias: torch.Tensor | None = None
+    """(B, T) additive attention bias from `key_mask` (0 or the lowest float), made by the first decode step
+    that needs it and reused by the rest."""
+    prefix: SharedPrefix | None = None
+    """The prompt slots shared by each group of rows (`share_prefix`); None = every row holds all its slots."""
+
+    @classmethod
+    def empty(cls, hf: torch.nn.Module, batch: int, length: int, key_mask: torch.Tensor) -> KVCache:
+        cfg = hf.config
+        weight = hf.model.embed_tokens.weight
+        shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
+        layers = range(cfg.num_hidden_layers)
+        return cls(
+            [weight.new_zeros(shape) for _ in layers], [weight.new_zeros(shape) for _ in layers], key_mask.bool()
+        )
+
+    def decode_bias(self, visible: int, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, 1, visible) bias for one new token written at slot visible − 1 (no window cuts into it): it
+        sees every real key up to itself, so the bias depends on the key mask only."""
+        if self.key_bias is None or self.key_bias.dtype != dtype:
+            self.key_bias = additive_bias(self.key_mask, dtype)
+        return self.key_bias[:, None, None, :visible]
+
+    def select_rows(self, rows: torch.Tensor) -> KVCache:
+        """The cache of the given batch rows only (finished rows leaving an eager rollout); a shared prefix is
+        copied out to every row first (the rows left no longer come in whole groups)."""
+        if self.prefix is not None:
+            return self.unshared().select_rows(rows)
+        return KVCache([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values],
+                       self.key_mask.index_select(0, rows),
+                       self.key_bias.index_select(0, rows) if self.key_bias is not None else None)
+
+    def repeat_interleave(self, repeats: int, key_mask: torch.Tensor) -> KVCache:
+        """Each row `repeats` times in a row (a prompt's cache shared by its group), with a new key mask."""
+        return KVCache([k.repeat_interleave(repeats, 0) for k in self.keys],
+                       [v.repeat_interleave(repeats, 0) for v in self.values], key_mask.bool())
+
+    def share_prefix(self, group: int, prompt_len: int) -> KVCache:
+        """From a prefill's cache of one row per group (P prompt slots written, then the completion slots): the
+        prompt slots kept once per group (`SharedPrefix`), and the completion slots G times, one per row — what
+        `repeat_interleave` gives, without copying the prompt's keys to every row."""
+        batch, kv_heads, length, head_dim = self.keys[0].shape
+        prompt_mask = self.key_mask[:, :prompt_len]
+        prefix = SharedPrefix([k[:, :, :prompt_len].contiguous() for k in self.keys],
+                              [v[:, :, :prompt_len].contiguous() for v in self.values], prompt_mask,
+                              additive_bias(prompt_mask, self.keys[0].dtype), group)
+        shape = (batch * group, kv_heads, length - prompt_len, head_dim)
+        return KVCache([k.new_zeros(shape) for k in self.keys], [v.new_zeros(shape) for v in self.values],
+                       self.key_mask[:, prompt_len:].repeat_interleave(group, 0), prefix=prefix)
+
+    def unshared(self) -> KVCache:
+        """The same cache with every row holding all its slots (the shared prefix copied to each row)."""
+        if self.prefix is None:
+            return self
+        p, g = self.prefix, self.prefix.group
+        return KVCache(
+            [torch.cat([pk.repeat_interleave(g, 0), k], 2) for pk, k in zip(p.keys, self.keys, strict=True)],
+            [torch.cat([pv.repeat_interleave(g, 0), v], 2) for pv, v in zip(p.values, self.values, strict=True)],
+            torch.cat([p.mask.repeat_interleave(g, 0), self.key_mask], 1))
+
+
+def shares_prefix(hf: torch.nn.Module, length: int) -> bool:
+    """Whether a decode of `length` slots (prompt and completion) may keep the prompt's cache once per group
+    (`KVCache.share_prefix`): no attention logit softcap, and no sliding window shorter than `length` (a window
+    would cut into the prompt differently for every step)."""
+    cfg = hf.config
+    window = getattr(cfg, "sliding_window", None)
+    return getattr(cfg, "attn_logit_softcapping", None) is None and (window is None or window >= length)
+
+
+def attention_bias(key_mask: torch.Tensor, slots: torch.Tensor, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, S, T) additive bias for queries written at cache slots `slots` (S,): 0 where key slot j is a real
+    token with j ≤ slot and, given a window, slot − j < window; the lowest `dtype` value elsewhere."""
+    key_slots = torch.arange(key_mask.shape[1], device=key_mask.device)
+    visible = key_slots[None, :] <= slots[:, None]
+    if window is not None:
+        visible = visible & (key_slots[None, :] > slots[:, None] - window)
+    visible = visible[None, None] & key_mask[:, None, None, :]
+    return additive_bias(visible, dtype)
+
+
+def additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where `visible` (bool) is True, the lowest `dtype` value elsewhere: added to attention scores."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+
+
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counting only real tokens (left padding gets position 0), as HF generate does."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _layer_kinds(cfg: object) -> list[str]:
+    kinds = getattr(cfg, "layer_types", None)
+    return list(kinds) if kinds else ["full_attention"] * cfg.num_hidden_layers
+
+
+@functools.cache
+def _rotary_takes_layer_type(rotary_class: type) -> bool:
+    return "layer_type" in inspect.signature(rotary_class.forward).parameters  # Gemma 3: local and global RoPE bases
+
+
+def _rotary(
+    hf: torch.nn.Module, h: torch.Tensor, positions: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary = hf.model.rotary_emb
+    if _rotary_takes_layer_type(type(rotary)):
+        return rotary(h, positions, kind)
+    return rotary(h, positions)
+
+
+GEMMA_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm")
+
+LinearParts = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]
+"""(weight, bias, LoRA A, LoRA B · scaling) of a projection: y = x Wᵀ + b + (x Aᵀ)(s·B)ᵀ; no LoRA → A = B = None."""
+
+
+def linear_parts(module: torch.nn.Module) -> LinearParts | None:
+    """The tensors of a plain `nn.Linear`, or of a peft LoRA layer over one (active adapters summed: their A
+    stacked, their s·B side by side), for rollouts to apply with three matmuls instead of peft's per-adapter
+    module calls — same math, the LoRA weights are not merged into the base (in bf16 the small update
+    would round away). None where the layer is something else (DoRA and other variants, LoRA biases,
+    mixed dtypes, a merged layer with adapters disabled): it is then called as a module."""
+    if type(module) is torch.nn.Linear:
+        return module.weight, module.bias, None, None
+    base = getattr(module, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(module, "lora_A") or getattr(module, "fan_in_fan_out", False):
+        return None
+    if module.disable_adapters:
+        return None if module.merged else (base.weight, base.bias, None, None)
+    if module.merged:
+        return base.weight, base.bias, None, None
+    a, b = [], []
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        lora_a, lora_b = module.lora_A[name], module.lora_B[name]
+        if (
+            name in getattr(module, "lora_variant", {})
+            or lora_b.bias is not None
+            or type(lora_a) is not torch.nn.Linear
+            or lora_a.weight.dtype != base.weight.dtype
+        ):
+            return None
+        a.append(lora_a.weight)
+        b.append(lora_b.weight * module.scaling[name])
+    if not a:
+        return base.weight, base.bias, None, None
+    return base.weight, base.bias, torch.cat(a), torch.cat(b, dim=1)
+
+
+def _stacked(parts: list[LinearParts]) -> LinearParts:
+    """Projections of the same input as one: outputs stacked; LoRA B block-diagonal over the stacked A."""
+    weight = torch.cat([p[0] for p in parts])
+    bias = None
+    if any(p[1] is not None for p in parts):
+        bias = torch.cat([p[1] if p[1] is not None else p[0].new_zeros(p[0].shape[0]) for p in parts])
+    if all(p[2] is None for p in parts):
+        return weight, bias, None, None
+    lora_dtype = next(p[2].dtype for p in parts if p[2] is not None)  # W may be cast to bf16, LoRA is not
+    a = torch.cat([p[2] if p[2] is not None else p[0].new_zeros(0, p[0].shape[1], dtype=lora_dtype) for p in parts])
+    b = torch.block_diag(
+        *[p[3] if p[3] is not None else p[0].new_zeros(p[0].shape[0], 0, dtype=lora_dtype) for p in parts])
+    return weight, bias, a, b
+
+
+def _apply(parts: LinearParts, x: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """x Wᵀ + b (+ (x Aᵀ)(s·B)ᵀ with LoRA), returned in x's dtype. Each product runs in its weights' dtype: with
+    W and b cast to bf16 (`Constants.build(product_dtype=…)`) x is rounded to bf16 for x Wᵀ only, and the LoRA
+    path stays in x's dtype. `packed`: W prepacked (`device.prepack_weight`), which x Wᵀ then runs through."""
+    weight, bias, lora_a, lora_b = parts
+    xw = x.to(weight.dtype)
+    y = (F.linear(xw, weight, bias) if packed is None else prepacked_linear(xw, packed, bias)).to(x.dtype)
+    return y if lora_a is None else y + F.linear(F.linear(x.to(lora_a.dtype), lora_a), lora_b).to(x.dtype)
+
+
+@dataclasses.dataclass
+class Constants:
+    """What every forward of one rollout (or one update) reuses: Gemma's norm scales and the RoPE tables.
+
+    Gemma's RMSNorm is  y = x / √(mean(x²) + ε) · (1 + w),  computed in float32; with (1 + w) stored once it
+    is one `F.rms_norm` call instead of ten small ops (same values). RoPE's cos and sin depend on the
+    position only, so they are looked up in tables for positions 0 … length − 1 (the model's rotary module
+    fills them, so the values are the model's); `sin` is stored sign-folded, so rotating is
+    x·cos + roll(x, D/2)·sin′ with sin′ = (−sin₁, sin₂) — the same numbers as x·cos + rotate_half(x)·sin.
+    Built without gradients, for rollouts (eval mode: LoRA dropout off); forwards that train build it with
+    `norms=False` (no cached scales, no `LinearParts`, no fused projections) and call the live modules.
+
+    `product_dtype` (rollouts; `device.product_dtype`: bf16 for an fp32 model on a CPU with native bf16 products)
+    casts each projection's W and b once per rollout, so its x Wᵀ reads half the bytes and runs on the bf16
+    units; the LoRA A and B, the norms, the RoPE tables and the residual stream keep the model's dtype.
+    """
+
+    norm_scales: dict[int, torch.Tensor]
+    """id(norm module) → (1 + w) in float32."""
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    """layer kind → (cos, sign-folded sin), each (length, head_dim)."""
+    linears: dict[int, LinearParts] = dataclasses.field(default_factory=dict)
+    """id(projection module) → its `LinearParts` (rollouts only: plain `nn.Linear` and unmerged vanilla LoRA)."""
+    fused_qkv: dict[int, tuple[LinearParts, torch.Tensor | None]] = dataclasses.field(default_factory=dict)
+    """id(attention module) → (q, k and v as one `LinearParts` — weights and biases stacked, LoRA A stacked,
+    LoRA B block-diagonal —, the q and k norm scales stacked per head or None): one matmul, one norm and one
+    rotation for q and k together. Where all three have `LinearParts` and both norms share ε."""
+    fused_gate_up: dict[int, LinearParts] = dataclasses.field(default_factory=dict)
+    """id(MLP module) → its gate and up projections as one `LinearParts` (they read the same input): one product
+    and one cast of x instead of two. Where both have `LinearParts`."""
+    prepack: bool = False
+    """Run a decode step's products (one position, at most `device.PREPACK_MAX_ROWS` rows) through each weight
+    prepacked for oneDNN (`device.prepack_weight`, made at its first such product and kept in `packed`): rollouts on
+    the CPU, whose weights do not change while they run (`build(prepack=True)`). A prefill's products stay plain,
+    so how prompts are batched (one row per group, or every row) does not change which kernel runs."""
+    packed: dict[int, torch.Tensor | None] = dataclasses.field(default_factory=dict)
+    """id(W of a `LinearParts`) → W prepacked, or None where it cannot be (`device.prepack_weight`)."""
+
+    @classmethod
+    def build(
+        cls, hf: torch.nn.Module, length: int, norms: bool = True, product_dtype: torch.dtype | None = None,
+        prepack: bool = False,
+    ) -> Constants:
+        with torch.no_grad():
+            scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
+            embedding = hf.model.embed_tokens.weight
+            positions = torch.arange(length, device=embedding.device)[None]
+            tables = {}
+            for kind in set(_layer_kinds(hf.config)):
+                cos, sin = (t[0] for t in _rotary(hf, embedding[:1], positions, kind))
+                half = sin.shape[-1] // 2
+                tables[kind] = (cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
+            linears, fused, fused_mlp = {}, {}, {}
+            for layer in hf.model.layers if norms else ():
+                attn, mlp = layer.self_attn, layer.mlp
+                for module in _projections(layer):
+                    parts = linear_parts(module)
+                    if parts is not None:
+                        linears[id(module)] = _cast_base(parts, product_dtype)
+                gate_up = [linears.get(id(m)) for m in (mlp.gate_proj, mlp.up_proj)]
+                if None not in gate_up:
+                    fused_mlp[id(mlp)] = _stacked(gate_up)
+                qkv = [linears.get(id(m)) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+                q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+                if None in qkv or (q_norm is not None and q_norm.eps != k_norm.eps):
+                    continue
+                qk_scale = None
+                if q_norm is not None:
+                    heads, kv_heads = (attn.q_proj.out_features // attn.head_dim,
+                                       attn.k_proj.out_features // attn.head_dim)
+                    qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
+                fused[id(attn)] = (_stacked(qkv), qk_scale)
+        return cls(scales, tables, linears, fused, fused_mlp, prepack=prepack)
+
+    def apply(self, parts: LinearParts, x: torch.Tensor) -> torch.Tensor:
+        """`_apply(parts, x)`, through W prepacked where `prepack` is on and x (rows, 1, in) is a decode step's."""
+        packed = None
+        if self.prepack and x.dim() == 3 and x.shape[1] == 1 and x.shape[0] <= PREPACK_MAX_ROWS:
+            key = id(parts[0])
+            if key not in self.packed:
+                self.packed[key] = prepack_weight(parts[0])
+            packed = self.packed[key]
+        return _apply(parts, x, packed)
+
+    def rope(self, kind: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin at `positions` (any shape) → (*positions.shape, head_dim) each."""
+        cos, sin = self.tables[kind]
+        return F.embedding(positions, cos), F.embedding(positions, sin)
+
+
+def _projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
+def frozen_linears(hf: torch.nn.Module, product_dtype: torch.dtype) -> dict[int, LinearParts]:
+    """For a training forward: each projection whose base weight is frozen (LoRA), as `LinearParts` with W and b cast
+    to `product_dtype` and the LoRA A and s·B live (gradients reach them). Layers with LoRA dropout in training mode,
+    trainable base weights or anything `linear_parts` does not cover are left out (called as modules)."""
+    linears = {}
+    for layer in hf.model.layers:
+        for module in _projections(layer):
+            dropout = getattr(module, "lora_dropout", {})
+            if module.training and any(type(d) is not torch.nn.Identity for d in dropout.values()):
+                continue
+            parts = linear_parts(module)
+            if parts is not None and not parts[0].requires_grad and (parts[1] is None or not parts[1].requires_grad):
+                with torch.no_grad():
+                    linears[id(module)] = _cast_base(parts, product_dtype)
+    return linears
+
+
+def _cast_base(parts: LinearParts, dtype: torch.dtype | None) -> LinearParts:
+    """W and b in `dtype` (None: as they are); LoRA A and B unchanged."""
+    weight, bias, lora_a, lora_b = parts
+    if dtype is None or weight.dtype == dtype:
+        return parts
+    return weight.to(dtype), bias.to(dtype) if bias is not None else None, lora_a, lora_b
+
+
+def _norm(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
+    """Gemma's RMSNorm as one `F.rms_norm` (other norm classes: the module itself). Without a cached scale
+    the scale is taken from the live weight, so gradients reach it."""
+    scale = consts.norm_scales.get(id(module)) if consts is not None else None
+    if scale is None:
+        if type(module).__name__ not in GEMMA_NORMS:
+            return module(x)
+        scale = 1.0 + module.weight.float()
+    if x.dtype == torch.float32:  # skips two no-op conversions: a rollout makes ~20 norm calls per token
+        return F.rms_norm(x, scale.shape, scale, module.eps)
+    return F.rms_norm(x.float(), scale.shape, scale, module.eps).to(x.dtype)
+
+
+def _linear(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
+    """A projection through its `LinearParts` (rollouts), a plain `nn.Linear` as `F.linear` (no module call:
+    a decode step makes ~25 of them, and the call machinery costs as much as the small matmul itself), and
+    anything else (LoRA while training) through the module."""
+    parts = consts.linears.get(id(module)) if consts is not None else None
+    if parts is not None:
+        return consts.apply(parts, x)
+    if type(module) is torch.nn.Linear:
+        return F.linear(x, module.weight, module.bias)
+    return module(x)
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
+    """Gemma's gated MLP, down(act(gate(x)) · up(x)), as HF computes it; transformers' `GELUTanh` module is
+    called through the function it wraps."""
+    act = mlp.act_fn
+    act = act.act if type(act).__name__ == "GELUTanh" else act
+    fused = consts.fused_gate_up.get(id(mlp)) if consts is not None else None
+    if fused is not None:
+        gate, up = consts.apply(fused, x).chunk(2, dim=-1)
+        return _linear(mlp.down_proj, act(gate) * up, consts)
+    return _linear(mlp.down_proj, act(_linear(mlp.gate_proj, x, consts)) * _linear(mlp.up_proj, x, consts), consts)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * folded_sin
+
+
+def _attend(
+    attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """Softmax attention of queries (B, H, S, D) over keys and values (B, KV, T, D) with an additive bias
+    (B, 1, S, T); returns (B, S, H·D). The H/KV query heads that share a key head are stacked against that
+    head's keys, so keys are never copied per query head."""
+    batch, heads, length, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    softcap = getattr(attn, "attn_logit_softcapping", None)
+    if length == 1 and softcap is None and not attn.training and q.device.type == "cpu":
+        # one query per row (decode steps on the CPU): the scaling and the bias ride on the score matmul
+        # (`baddbmm`); measured ~15 % faster attention here, no gain on an H100
+        rows = batch * kv_heads
+        scores = torch.baddbmm(bias.expand(batch, kv_heads, 1, -1).reshape(rows, 1, -1),
+                               q.reshape(rows, heads // kv_heads, head_dim),
+                               keys.reshape(rows, -1, head_dim).transpose(1, 2), alpha=attn.scaling)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.bmm(weights, values.reshape(rows, -1, head_dim)).view(batch, 1, heads * head_dim)
+    q = q.reshape(batch, kv_heads, heads // kv_heads * length, head_dim)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * attn.scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.view(batch, kv_heads, heads // kv_heads, length, -1) + bias.unsqueeze(1)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if attn.training and getattr(attn, "attention_dropout", 0.0):
+        weights = F.dropout(weights, p=attn.attention_dropout)
+    out = torch.matmul(weights.view(batch, kv_heads, heads // kv_heads * length, -1), values)
+    return out.view(batch, heads, length, head_dim).transpose(1, 2).reshape(batch, length, heads * head_dim)
+
+
+def _attend_shared(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *,
+                   prefix: SharedPrefix, index: int) -> torch.Tensor:
+    """`_attend` for one query per row (B, H, 1, D) over its group's prompt slots (`SharedPrefix`, layer `index`)
+    and then its own completion slots (B, KV, t, D), all visible. One softmax over both parts: the scores against
+    the prompt are computed per group — the G rows' queries stacked against the prompt's keys, read once — then
+    laid out per row beside the completion scores; the prompt's weights go back the same way. Returns (B, 1, H·D)."""
+    batch, heads, _, head_dim = q.shape
+    kv_heads, g = keys.shape[1], prefix.group
+    per, groups, prompt_len = heads // kv_heads, batch // g, prefix.keys[index].shape[2]
+
+    def to_groups(x: torch.Tensor) -> torch.Tensor:  # (B·KV, H/KV, n) → (B/G·KV, G·H/KV, n)
+        return x.view(groups, g, kv_heads, per, -1).transpose(1, 2).reshape(groups * kv_heads, g * per, -1)
+
+    def to_rows(x: torch.Tensor) -> torch.Tensor:  # the way back
+        return x.view(groups, kv_heads, g, per, -1).transpose(1, 2).reshape(batch * kv_heads, per, -1)
+
+    rows_q = q.reshape(batch * kv_heads, per, head_dim)
+    bias = (
+        prefix.bias[:, None, None, :].expand(groups, kv_heads, 1, prompt_len).reshape(groups * kv_heads, 1, prompt_len))
+    prompt_keys = prefix.keys[index].reshape(groups * kv_heads, prompt_len, head_dim)
+    prompt_scores = torch.baddbmm(bias, to_groups(rows_q), prompt_keys.transpose(1, 2), alpha=attn.scaling)
+    own_scores = torch.bmm(rows_q, keys.reshape(batch * kv_heads, -1, head_dim).transpose(1, 2)) * attn.scaling
+    weights = torch.softmax(torch.cat([to_rows(prompt_scores), own_scores], -1), dim=-1, dtype=torch.float32).to(
+        q.dtype)
+    out = to_rows(torch.bmm(to_groups(weights[..., :prompt_len]),
+                            prefix.values[index].reshape(groups * kv_heads, prompt_len, head_dim)))
+    out = out + torch.bmm(weights[..., prompt_len:], values.reshape(batch * kv_heads, -1, head_dim))
+    return out.view(batch, 1, heads * head_dim)
+
+
+def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         consts: Constants | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Projected, normed (Gemma 3) and rotated q, k and v for hidden states (..., hidden) → (..., heads, D);
+    cos and sin broadcast against them."""
+    head_dim = attn.head_dim
+    fused = consts.fused_qkv.get(id(attn)) if consts is not None else None
+    if fused is not None:
+        parts, qk_scale = fused
+        qkv = consts.apply(parts, x).unflatten(-1, (-1, head_dim))
+        kv_heads = attn.k_proj.out_features // head_dim  # peft's LoRA layers carry out_features too
+        qk, v = qkv[..., :-kv_heads, :], qkv[..., -kv_heads:, :]
+        if qk_scale is not None:
+            qk = (F.rms_norm(qk.float(), (head_dim,), eps=attn.q_norm.eps) * qk_scale).to(x.dtype)
+        qk = _rotate(qk, cos, sin)
+        return qk[..., :-kv_heads, :], qk[..., -kv_heads:, :], v
+    q = _linear(attn.q_proj, x, consts).unflatten(-1, (-1, head_dim))
+    k = _linear(attn.k_proj, x, consts).unflatten(-1, (-1, head_dim))
+    v = _linear(attn.v_proj, x, consts).unflatten(-1, (-1, head_dim))
+    if getattr(attn, "q_norm", None) is not None:  # Gemma 3
+        q, k = _norm(attn.q_norm, q, consts), _norm(attn.k_norm, k, consts)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
+def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
+               index: int, slots: torch.Tensor, bias: torch.Tensor | None, consts: Constants,
+               visible: int | None) -> torch.Tensor:
+    """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
+    attention over the first `visible` slots (all when None). The cache and the attention products stay in the
+    model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
+    longer cache copies its operands (~4× slower here than fp32's strided one)."""
+    attn, (cos, sin) = layer.self_attn, rope
+    q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
+    # with a shared prefix (decode steps) the prompt's slots are there and the cache holds the slots after them
+    offset = cache.prefix.keys[index].shape[2] if cache.prefix is not None else 0
+    end = None if visible is None else visible - offset
+    slots = slots - offset if offset else slots  # no extra op (nor graph change on XLA) without a prefix
+    keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :end]
+    values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :end]
+    if cache.prefix is not None:
+        attended = _attend_shared(attn, q.transpose(1, 2), keys, values, prefix=cache.prefix, index=index)
+    else:
+        attended = _attend(attn, q.transpose(1, 2), keys, values, bias)
+    return _linear(attn.o_proj, attended, consts)
+
+
+LM_HEAD_BLOCK = 4096
+"""Vocabulary entries per block of a decode step's LM head on the CPU (a 4096 × 640 fp32 block is 10 MiB)."""
+
+
+def lm_head_logits(head: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits x Wᵀ for the last positions x (B, d). On the CPU with a large vocabulary and a decode-sized batch
+    this is block by block of W as W_blk xᵀ, with the small product written into place: each block of W streams
+    through once against a cache-resident xᵀ, ~1.6× faster than `F.linear` for Gemma's 262k × 640 head at
+    B = 32 (`python -m tools bench`), equal to it up to float summation order. Elsewhere: the module as it is."""
+    weight = getattr(head, "weight", None)
+    if (type(head) is not torch.nn.Linear or head.bias is not None or x.device.type != "cpu" or x.dim() != 2
+            or x.shape[0] > 64 or weight.shape[0] < 8 * LM_HEAD_BLOCK):
+        return _linear(head, x)
+    logits = x.new_empty(x.shape[0], weight.shape[0])
+    xt = x.T.contiguous()
+    for start in range(0, weight.shape[0], LM_HEAD_BLOCK):
+        logits[:, start : start + LM_HEAD_BLOCK] = torch.mm(weight[start : start + LM_HEAD_BLOCK], xt).T
+    return logits
+
+
+def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: torch.Tensor,
+            consts: Constants, *, logits_for_last: bool = True, visible: int | None = None,
+            head: bool = True) -> torch.Tensor:
+    """Run S new tokens (B, S) at RoPE positions (B, S), written to cache slots start … start + S − 1 (`start`
+    a one-element device tensor, so every decode step is the same graph); returns logits (B, V) for the last
+    token (or (B, S, V) for all). `visible` (a host int, eager cpu/cuda only) limits attention to the first
+    `visible` cache slots — the ones written so far, so `start` + S — instead of all of them behind a mask.
+    `head=False` returns the final normed hidden states instead, for the caller to apply the LM head (and
+    any final softcap) itself."""
+    cfg = hf.config
+    model = hf.model
+    slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)
+    h = model.embed_tokens(input_ids)
+    kinds = _layer_kinds(cfg)
+    key_mask = cache.key_mask[:, :visible]
+    tables, biases = {}, {}
+    for kind in set(kinds):
+        tables[kind] = consts.rope(kind, positions)
+        window = cfg.sliding_window if kind == "sliding_attention" else None
+        if cache.prefix is not None:
+            biases[kind] = None  # every completion slot so far is visible; the prompt's bias is in the prefix
+        elif visible is not None and input_ids.shape[1] == 1 and (window is None or window >= visible):
+            biases[kind] = cache.decode_bias(visible, h.dtype)  # one op instead of ~8 per step
+        else:
+            biases[kind] = attention_bias(key_mask, slots, window, h.dtype)
+    layers = model.layers
+    for index in range(cfg.num_hidden_layers):
+        layer = layers[index]
+        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), tables[kinds[index]], cache=cache,
+                              index=index, slots=slots, bias=biases[kinds[index]], consts=consts, visible=visible)
+        h = h + _norm(layer.post_attention_layernorm, attended, consts)
+        h = h + _norm(layer.post_feedforward_layernorm,
+                      _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
+    if logits_for_last:
+        h = h[:, -1, :]
+    h = _norm(model.norm, h, consts)
+    if not head:
+        return h
+    logits = lm_head_logits(hf.lm_head, h)
+    softcap = final_softcap(hf)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+@functools.cache
+def compiled_forward() -> object:
+    """`forward` under `torch.compile` (static shapes): inductor fuses the norms, rotary, softmax and sampling
+    arithmetic around the matmuls. Compiles once per model and shape (prompt bucket, batch), then reuses."""
+    return torch.compile(forward, dynamic=False)
+
+
+@dataclasses.dataclass
+class _Packing:
+    """Where the real tokens of (B, P + N) rows sit once packed: each group's prompt once, then every completion
+    token but the last (the last predicts nothing)."""
+
+    prompt_mask: torch.Tensor
+    """(B/G, P) bool, one row per group."""
+    input_mask: torch.Tensor
+    """(B, N − 1) bool: completion tokens fed to the model."""
+    target_mask: torch.Tensor
+    """(B, N) bool: completion tokens predicted."""
+    prompt_index: torch.Tensor
+    """Flat indices of the real prompt tokens in (B/G · P)."""
+    input_index: torch.Tensor
+    """Flat indices of the real fed completion tokens in (B · (N − 1))."""
+    tokens: torch.Tensor
+    """(M,) the packed token ids: prompts first, then completions."""
+    positions: torch.Tensor
+    """(M,) their RoPE positions."""
+    group_size: int
+
+    @classmethod
+    def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, group_size: int) -> _Packing:
+        mask, g = attention_mask.bool(), group_size
+        prompt_mask, input_mask, target_mask = mask[::g, :prompt_len], mask[:, prompt_len:-1], mask[:, prompt_len:]
+        if (target_mask[:, 1:] & ~input_mask).any():
+            raise ValueError("completion masks must be 1 up to the stop token and 0 after it (a gap was found)")
+        positions = position_ids_from_mask(mask)
+        prompt_index = prompt_mask.reshape(-1).nonzero().squeeze(1)
+        input_index = input_mask.reshape(-1).nonzero().squeeze(1)
+        tokens = torch.cat(
+            [input_ids[::g, :prompt_len].reshape(-1)[prompt_index],
+             input_ids[:, prompt_len:-1].reshape(-1)[input_index]]
+        )
+        token_pos = torch.cat(
+            [positions[::g, :prompt_len].reshape(-1)[prompt_index],
+             positions[:, prompt_len:-1].reshape(-1)[input_index]]
+        )
+        return cls(prompt_mask=prompt_mask, input_mask=input_mask, target_mask=target_mask, prompt_index=prompt_index,
+                   input_index=input_index, tokens=tokens, positions=token_pos, group_size=g)
+
+    @property
+    def n_prompt(self) -> int:
+        return self.prompt_index.numel()
+
+    def prediction_sources(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed position of the hidden state that predicts each real completion token, its flat index b·N + j):
+        completion token 0 is predicted by its prompt's last token, token j > 0 by completion token j − 1."""
+        batch, new = self.target_mask.shape
+        target_index = self.target_mask.reshape(-1).nonzero().squeeze(1)
+        row, col = target_index // new, target_index % new
+        last_prompt = self.prompt_mask.sum(1).cumsum(0) - 1
+        input_rank = torch.full((batch * max(new - 1, 1),), -1, dtype=torch.long, device=target_index.device)
+        input_rank[self.input_index] = torch.arange(self.input_index.numel(), device=target_index.device)
+        source = torch.where(col == 0, last_prompt[row // self.group_size],
+                             self.n_prompt + input_rank[(row * (new - 1) + col - 1).clamp(min=0)])
+        return source, target_index
+
+
+def _unpack(x: torch.Tensor, index: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """(m, heads, D) real tokens → (rows, heads, width, D) with zeros at padding."""
+    padded = x.new_zeros(rows * width, *x.shape[1:]).index_copy(0, index, x)
+    return padded.view(rows, width, *x.shape[1:]).transpose(1, 2)
+
+
+def _repack(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).index_select(0, index)
+
+
+def _packed_attention(attn: torch.nn.Module, qkv: tuple[torch.Tensor, ...], pack: _Packing,
+                      biases: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Attention over packed (M, heads, D) queries, keys and values: the prompts against themselves, the
+    completions against their group's prompt and their own earlier tokens (`biases`: prompt, completion)."""
+    q, k, v = qkv
+    n, (groups, plen), (batch, fed) = pack.n_prompt, pack.prompt_mask.shape, pack.input_mask.shape
+    prompt_k, prompt_v = (_unpack(x[:n], pack.prompt_index, groups, plen) for x in (k, v))
+    prompt_q = _unpack(q[:n], pack.prompt_index, groups, plen)
+    out = [_repack(_attend(attn, prompt_q, prompt_k, prompt_v, biases[0]), pack.prompt_index)]
+    if fed:
+        g = pack.group_size
+        keys = torch.cat([prompt_k.repeat_interleave(g, 0), _unpack(k[n:], pack.input_index, batch, fed)], 2)
+        values = torch.cat([prompt_v.repeat_interleave(g, 0), _unpack(v[n:], pack.input_index, batch, fed)], 2)
+        queries = _unpack(q[n:], pack.input_index, batch, fed)
+        out.append(_repack(_attend(attn, queries, keys, values, biases[1]), pack.input_index))
+    return torch.cat(out)
+
+
+def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                             prompt_len: int, group_size: int = 1, *,
+                             product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final (normed) hidden states that predict the real completion tokens, without computing any padding.
+
+    Rows are (B, P + N): left-padded prompts, then completions whose mask is 1 up to and including the stop
+    token. Every projection, norm and MLP runs on the real tokens only, packed into one (M, hidden) matrix:
+    each group's prompt once (rows come in groups of G sharing a prompt, as in `sampling.sample`), then every
+    completion token but the last. Attention unpacks them into two padded blocks — the prompts against
+    themselves, the completions against their group's prompt and their own earlier tokens — with the same
+    causal, padding and sliding-window rule as `attention_bias`. Returns (hidden (T, hidden), index (T,)):
+    the hidden state predicting completion token j of row b sits at flat index b·N + j, for the T real ones.
+
+    Reads the masks on the host (the packed sizes depend on them), so for cpu/cuda; autograd flows through
+    everything, so it serves the training forward as well as the log-prob forwards. `product_dtype` (bf16 on a CPU
+    with native bf16 products): the frozen base weights' products x Wᵀ run in it (`frozen_linears`, cast once per
+    call); LoRA, norms, attention and the residual stream stay in the model's dtype, and so do all gradients.
+    """
+    cfg, model, device = hf.config, hf.model, input_ids.device
+    pack = _Packing.build(input_ids, attention_mask, prompt_len, group_size)
+    kinds = _layer_kinds(cfg)
+    consts = Constants.build(hf, int(pack.positions.max()) + 1, norms=False)  # norms stay live: they may be trained
+    if product_dtype is not None and product_dtype != model.embed_tokens.weight.dtype:
+        consts.linears = frozen_linears(hf, product_dtype)
+    completion_keys = torch.cat([pack.prompt_mask.repeat_interleave(group_size, 0), pack.input_mask], dim=1)
+    h = model.embed_tokens(pack.tokens)
+    tables, biases = {}, {}
+    for kind in set(kinds):
+        tables[kind] = tuple(t.unsqueeze(1) for t in consts.rope(kind, pack.positions))
+        window = cfg.sliding_window if kind == "sliding_attention" else None
+        biases[kind] = (attention_bias(pack.prompt_mask, torch.arange(prompt_len, device=device), window, h.dtype),
+                        attention_bias(completion_keys, torch.arange(prompt_len, input_ids.shape[1] - 1, device=device),
+                                       window, h.dtype))
+    for layer, kind in zip(model.layers[: cfg.num_hidden_layers], kinds, strict=True):
+        attn = layer.self_attn
+        qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
+        h = h + _norm(layer.post_attention_layernorm,
+                      _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts))
+        h = h + _norm(
+            layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h), consts)
+        )
+    source, target_index = pack.prediction_sources()
+    return _norm(model.norm, h.index_select(0, source)), target_index

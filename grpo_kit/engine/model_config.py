@@ -1,0 +1,44 @@
+"""`ModelConfig`: which model to load and how to adapt it (LoRA, dtype, gradient checkpointing).
+
+It lives with the engine, which loads models, so that loading never imports the trainers' settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import options
+from ..validation import above, at_least, one_of, ruled, validate, within
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train and how to adapt it."""
+
+    name: str = "tiny-gemma"
+    """`tiny-gemma` (embedded, ~1M params, character vocabulary), a local Hugging Face directory, or a
+    hub id such as `google/gemma-3-1b-it`. Default tiny-gemma: it trains in minutes on a laptop CPU."""
+    seed: int = ruled(0, within(0, 2**32 - 1))
+    """Seed for the random initialisation: the tiny model's weights, and a LoRA adapter's A matrices (also the
+    fresh adapter put on the SFT model before GRPO and its controls). A real checkpoint's weights ignore it."""
+    lora: bool | None = None
+    """Train a LoRA adapter instead of all weights. None = automatic: LoRA for real Gemma (memory),
+    full fine-tuning for tiny-gemma (it is small and LoRA would slow its learning)."""
+    lora_r: int = ruled(8, at_least(1))
+    """LoRA rank. 8 is the common default: enough for format and arithmetic skills."""
+    lora_alpha: int = ruled(16, above(0))
+    """LoRA scaling numerator (alpha / r scales the update). 2 × r is the usual choice."""
+    lora_dropout: float = ruled(0.0, within(0, 1, high_open=True))
+    """0 by default: dropout makes the policy and reference disagree and inflates KL (trl#3500)."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Attention and MLP projections, as Unsloth and TRL examples use for Gemma."""
+    dtype: str = ruled("auto", one_of(options.MODEL_DTYPES))
+    """`auto` = bfloat16 on TPU/GPU, float32 on CPU (this CPU has no fast bf16). Gemma must not train in
+    float16 (it overflows, unsloth-zoo#600)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30 % more time. Off for tiny models."""
+    hf_token: str | None = field(default=None, repr=False)
+    """Hugging Face token for gated Gemma checkpoints; None reads HF_TOKEN or the Colab secret."""
+
+    def __post_init__(self) -> None:
+        validate(self)

@@ -1,0 +1,197 @@
+"""Models: the embedded tiny Gemma, real Gemma checkpoints, LoRA, and the reference policy.
+
+The tiny Gemma is transformers' own `Gemma3ForCausalLM` built from a small config, with a character-level
+tokenizer that carries Gemma's special tokens and Gemma's chat template. Its config and tokenizer files
+live in `grpo_kit/assets/models/tiny-gemma/` (the tokenizer written by `scripts/make_tiny_gemma.py`); weights start from
+a seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from ..data.answer_format import TAGS
+from ..data.chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
+from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, seeded_cpu_rng, shard_parameters
+from .hub import MODEL_SHAPES, TINY_GEMMA, resolve_model
+from .model_config import ModelConfig
+
+# Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
+TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+# The answer-format tags are single tokens in the tiny vocabulary: shorter sequences, faster CPU demos.
+TINY_TAGS = list(TAGS)
+TINY_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+
+TINY_CONFIG: dict[str, Any] = json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text())
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per printable ASCII character and newline, Gemma's special
+    tokens at Gemma's ids, the answer-format tags as single tokens, and Gemma's chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL + TINY_TAGS)}
+    for ch in TINY_CHARS:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in TINY_SPECIAL])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TINY_TAGS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
+        chat_template=GEMMA_CHAT_TEMPLATE,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=TINY_CONFIG["max_position_embeddings"],
+    )
+
+
+def write_tiny_gemma_files(out_dir: str | Path) -> Path:
+    """Write the tiny Gemma's config.json and tokenizer files (no weights: they come from a seed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    if len(tokenizer) > TINY_CONFIG["vocab_size"]:
+        raise AssertionError(f"tiny vocabulary {len(tokenizer)} exceeds vocab_size {TINY_CONFIG['vocab_size']}")
+    tokenizer.save_pretrained(out)
+    (out / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def tiny_gemma_dir() -> Path:
+    """The tiny Gemma's config and tokenizer, shipped inside the package."""
+    return MODEL_SHAPES / "tiny-gemma"
+
+
+def _attn_impl(device: torch.device, tiny: bool) -> str:
+    # sdpa adds host syncs inside every step on XLA; tiny models gain nothing from it either.
+    return "eager" if tiny or is_xla(device) else "sdpa"
+
+
+def load_tokenizer(name: str, token: str | None = None) -> Any:
+    """The tokenizer for a model name (see `hub.resolve_model`), with Gemma's chat template when it has none."""
+    path = resolve_model(name, token).path
+    if path == TINY_GEMMA:
+        return AutoTokenizer.from_pretrained(tiny_gemma_dir())
+    return ensure_chat_template(AutoTokenizer.from_pretrained(path))
+
+
+def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    """Load (model, tokenizer) for `cfg.name`, move it to `device` with embeddings re-tied, and wrap it in
+    a LoRA adapter when asked. Initialisation happens on the CPU (XLA's random init differs)."""
+    resolved = resolve_model(cfg.name, cfg.hf_token)
+    if resolved.note:
+        warnings.warn(f"{cfg.name}: {resolved.note}", stacklevel=2)
+    tiny = resolved.path == TINY_GEMMA
+    dtype = resolve_dtype(cfg.dtype, device)
+    tokenizer = load_tokenizer(resolved.path)
+    if tiny:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(tiny_gemma_dir())
+        config._attn_implementation = "eager"
+        with seeded_cpu_rng(cfg.seed):
+            model = AutoModelForCausalLM.from_config(config)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32,
+                                                     attn_implementation=_attn_impl(device, tiny))
+    use_lora = (not tiny) if cfg.lora is None else cfg.lora
+    if use_lora:
+        model = add_lora(model, cfg)
+    if cfg.gradient_checkpointing:
+        enable_activation_checkpointing(model, device)
+        if use_lora:
+            model.enable_input_require_grads()
+    model = move_model(model, device, dtype)
+    shard_parameters(model)  # FSDP-style under SPMD with full fine-tuning; a no-op otherwise
+    return model, tokenizer
+
+
+def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Wrap `model` in a peft LoRA adapter (created on the CPU, before any move). Its random A matrices come from
+    `cfg.seed`, so that a seeded run is the same run in every process; the process's own random state is left
+    as it was."""
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [m for m in cfg.lora_target_modules if m in present]
+    if not targets:
+        raise ValueError(f"none of lora_target_modules {cfg.lora_target_modules} exist in {type(model).__name__}")
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM")
+    with seeded_cpu_rng(cfg.seed):
+        return get_peft_model(model, lora)
+
+
+def merge_and_restart_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Fold a trained LoRA adapter into the base weights and put a fresh adapter (B = 0: the same function) on
+    top. A GRPO run after LoRA SFT starts like this, so that its reference policy — the model with the adapter
+    off — is the SFT model and not the base model from before SFT. A model without an adapter is returned as it
+    is: under full fine-tuning the reference is a copy of the weights GRPO starts from already."""
+    if not is_lora(model):
+        return model
+    device = next(model.parameters()).device
+    merged = model.merge_and_unload()
+    fresh = add_lora(merged, cfg)
+    if cfg.gradient_checkpointing:
+        fresh.enable_input_require_grads()
+    return move_model(fresh, device, resolve_dtype(cfg.dtype, device))
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+class ReferencePolicy:
+    """π_ref for the KL term: the same model with the LoRA adapter disabled (no second copy), or a frozen
+    copy of the initial weights under full fine-tuning. Optional EMA: ref ← (1 − α)·ref + α·policy."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.policy = model
+        self.frozen: torch.nn.Module | None = None
+        if not is_lora(model):
+            self.frozen = copy.deepcopy(model).eval()
+            self.frozen.requires_grad_(False)
+            move_model(self.frozen, next(model.parameters()).device)
+
+    @contextlib.contextmanager
+    def model(self) -> Iterator[torch.nn.Module]:
+        """Yields the module whose forward is π_ref."""
+        if self.frozen is not None:
+            yield self.frozen
+        else:
+            with self.policy.disable_adapter():
+                yield self.policy
+
+    @torch.no_grad()
+    def ema_update(self, alpha: float) -> None:
+        if self.frozen is None:
+            raise ValueError("EMA reference updates need full fine-tuning (under LoRA the reference is the base model)")
+        for ref_p, p in zip(self.frozen.parameters(), self.policy.parameters(), strict=True):
+            ref_p.lerp_(p.detach(), alpha)
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    unique = {id(p): p for p in model.parameters()}.values()
+    return {"total": sum(p.numel() for p in unique), "trainable": sum(p.numel() for p in unique if p.requires_grad)}
+

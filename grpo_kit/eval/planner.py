@@ -1,0 +1,298 @@
+"""Memory planner: will this GRPO run fit on this accelerator, and with which settings?
+
+Per device, in bytes (n = devices sharing the batch, b = bytes per weight element, T = prompt + completion):
+
+    weights      P_base · b                       (replicated; /n when full fine-tuning shards FSDP-style)
+    trainable    P_lora · 4                       LoRA factors stay fp32 (peft upcasts them)
+    gradients    P_train · 4 (LoRA) or P · b / n (full fine-tuning, sharded)
+    optimizer    2 × the gradients                AdamW's two moments, in the parameters' dtype
+    fsdp gather  2 layers' weights · b            full fine-tuning over n > 1 devices: gathered for compute
+    reference    P_base · b / n                   a frozen copy, full fine-tuning with β > 0 only
+    activations  r · T · L · (c_h·h + c_i·i + c_a·H·T) · b     r = micro-batch rows per device;
+                 with checkpointing: r · T · L · h · b + one layer's worth
+    logits       c · N · V · 4 · 6                one chunk of c rows of fp32 logits over the N completion
+                                                  positions (logprobs.logit_chunk_rows), recomputed in the
+                                                  backward: logits, shifted logits, softmax, the entropy's
+                                                  p·z product and two gradients live at once
+    kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n)
+    rollout      R · V · 4 · 3                    the last position's logits while sampling
+    prefill      R · P · (4h + 3i + 2·H·T) · b    one layer's transient tensors during the prompt forward
+    qkv stacked  L · (H + 2K) · d · h · b         each layer's q, k and v weights stacked for the rollout's
+                                                  one-matmul projection (decoder.Constants), rebuilt per rollout
+
+    peak = weights + trainable + gradients + optimizer + reference + fsdp gather
+           + max(training: activations + logits,  rollout: kv cache + rollout + prefill + qkv stacked)
+           + 10 % margin
+
+The activation coefficients (c_h = 22, c_i = 4, c_a = 2.5: Gemma's four RMSNorms per layer, q/k norms,
+gated GELU MLP and eager attention keep more than the textbook 16·h) were fitted to measured peaks on
+the CPU by `tools/plan_vs_measured.py`. The margin covers XLA's own buffers. It is an estimate:
+treat ±25 % as the expected error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..engine.hub import MODEL_SHAPES
+from ..engine.logprobs import logit_chunk_rows
+from ..engine.model_config import ModelConfig
+from ..train.config import PRESETS, TPU_BOARDS
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture numbers the estimate needs."""
+
+    name: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool = True
+
+    @classmethod
+    def from_config(cls, name: str, config: dict[str, Any]) -> ModelSpec:
+        """From a Hugging Face config.json (a multimodal one's `text_config`)."""
+        cfg = config.get("text_config", config)
+        heads = cfg["num_attention_heads"]
+        return cls(name=name, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
+                   heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
+                   head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads), intermediate=cfg["intermediate_size"],
+                   tied=cfg.get("tie_word_embeddings", True))
+
+    @property
+    def params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        norms = 4 * self.hidden + 2 * self.head_dim
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * (attn + mlp + norms) + embed + self.hidden
+
+    def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
+        shapes = {
+            "q_proj": (self.hidden, self.heads * self.head_dim), "k_proj": (self.hidden, self.kv_heads * self.head_dim),
+            "v_proj": (self.hidden, self.kv_heads * self.head_dim), "o_proj": (self.heads * self.head_dim, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate), "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+        return self.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+
+
+MODELS: dict[str, ModelSpec] = {
+    path.parent.name: ModelSpec.from_config(path.parent.name, json.loads(path.read_text()))
+    for path in sorted(MODEL_SHAPES.glob("*/config.json"))
+}
+"""Known models, read from each one's config.json under `assets/models/` (the `google/` prefix and `-it`/base
+suffix are optional when looking one up)."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    devices: int
+    gib_per_device: float
+    bf16: bool = True
+
+
+ACCELERATORS: dict[str, Accelerator] = {
+    **{board: Accelerator(f"TPU {board}", n, gib) for board, (n, gib) in TPU_BOARDS.items()},
+    "t4": Accelerator("GPU T4", 1, 15.0, bf16=False),
+    "cpu": Accelerator("CPU (24 GiB)", 1, 24.0, bf16=False),
+}
+
+ACTIVATION_COEFFS = {"hidden": 22.0, "intermediate": 4.0, "scores": 2.5}
+XLA_MARGIN = 0.10
+
+
+def model_spec(name: str) -> ModelSpec:
+    """A known model by name (e.g. `google/gemma-3-1b-it`), or a local HF directory's config.json."""
+    path = Path(name)
+    if (path / "config.json").exists():
+        return ModelSpec.from_config(path.name, json.loads((path / "config.json").read_text()))
+    key = name.split("/")[-1].lower().removesuffix("-offline")  # gemma-3-270m-offline: the PyPI copy, same shapes
+    for candidate in (key, key.removesuffix("-it"), key + "-it", key.removesuffix("-pt") + "-it"):
+        if candidate in MODELS:
+            return MODELS[candidate]
+    raise ValueError(f"unknown model {name!r}: known {sorted(MODELS)}, or pass a directory holding config.json")
+
+
+def accelerator(name: str) -> Accelerator:
+    key = name.lower().removeprefix("tpu-").removeprefix("tpu ")
+    if key not in ACCELERATORS:
+        raise ValueError(f"unknown accelerator {name!r}; known: {sorted(ACCELERATORS)}")
+    return ACCELERATORS[key]
+
+
+TPU_RECIPE: dict[str, Any] = PRESETS["tpu-v2-8-gemma-3-1b"]
+"""The recipe every TPU preset shares (prompts per step, group size, completion length, β, LoRA rank): what a plan
+assumes unless told otherwise."""
+
+
+@dataclass
+class PlanInput:
+    """What a plan is for; every field is also a `grpo-kit plan` flag of the same name (its default the same)."""
+
+    model: str = "gemma-3-1b-it"
+    """gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json"""
+    tpu: str = "v2-8"
+    """v2-8, v3-8, v5e-1, v5e-8, v6e-1, v6e-8 (also t4, cpu)"""
+    lora: bool = True
+    """LoRA (False: full fine-tuning)"""
+    lora_r: int = ModelConfig.lora_r
+    """LoRA rank (ModelConfig.lora_r)"""
+    lora_targets: tuple[str, ...] = ModelConfig.lora_target_modules
+    """the modules LoRA adapts (ModelConfig.lora_target_modules)"""
+    prompts_per_step: int = TPU_RECIPE["grpo"]["prompts_per_step"]
+    """GRPOConfig.prompts_per_step, as in the TPU presets"""
+    group_size: int = TPU_RECIPE["grpo"]["group_size"]
+    """GRPOConfig.group_size, as in the TPU presets"""
+    prompt_length: int = 128
+    """prompt tokens after the chat template (a GSM8K question with the instruction: about 120)"""
+    max_new_tokens: int = TPU_RECIPE["grpo"]["max_new_tokens"]
+    """GRPOConfig.max_new_tokens, as in the TPU presets"""
+    micro_batch_size: int | None = None
+    """GRPOConfig.micro_batch_size; None = the planner picks the largest that fits"""
+    gradient_checkpointing: bool | None = None
+    """ModelConfig.gradient_checkpointing; None = the planner turns it on only when needed"""
+    beta: float = TPU_RECIPE["grpo"]["beta"]
+    """GRPOConfig.beta, as in the TPU presets (> 0 keeps a reference copy under full fine-tuning)"""
+    dtype_bytes: int | None = None
+    """bytes per weight element; None = 2 (bf16) on bf16 hardware, else 4"""
+
+
+def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, float]:
+    """Per-device bytes by component for one configuration (see the module docstring)."""
+    spec, acc = model_spec(p.model), accelerator(p.tpu)
+    n = acc.devices
+    b = p.dtype_bytes or (2 if acc.bf16 else 4)
+    total_params = spec.params
+    trainable = spec.lora_params(p.lora_r, p.lora_targets) if p.lora else total_params
+    shard = 1 if p.lora else n
+    seq = p.prompt_length + p.max_new_tokens
+    rows = max(1, math.ceil(micro_batch / n))
+    rollout_rows = max(1, math.ceil(p.prompts_per_step * p.group_size / n))
+    c = ACTIVATION_COEFFS
+    per_token_layer = c["hidden"] * spec.hidden + c["intermediate"] * spec.intermediate + c["scores"] * spec.heads * seq
+    if checkpointing:
+        activations = rows * seq * b * (spec.layers * spec.hidden + per_token_layer)
+    else:
+        activations = rows * seq * spec.layers * per_token_layer * b
+    out = {
+        "weights": total_params * b / shard,
+        "trainable_fp32": trainable * 4 if p.lora else 0.0,
+        "gradients": trainable * (4 if p.lora else b) / shard,
+        "optimizer": trainable * 2 * (4 if p.lora else b) / shard,
+        "fsdp_gathered_layer": 0.0
+        if p.lora or n == 1
+        else 2 * (total_params - spec.vocab * spec.hidden) / spec.layers * b,
+        "reference": (total_params * b / n) if (not p.lora and p.beta > 0) else 0.0,
+        "activations": activations,
+        "logits": min(logit_chunk_rows(p.max_new_tokens, spec.vocab), rows) * p.max_new_tokens * spec.vocab * 4 * 6,
+        "kv_cache": rollout_rows * seq * spec.layers * 2 * spec.kv_heads * spec.head_dim * b,
+        "rollout_logits": rollout_rows * spec.vocab * 4 * 3,
+        "prefill_transient": rollout_rows
+        * p.prompt_length
+        * (4 * spec.hidden + 3 * spec.intermediate + 2 * spec.heads * seq)
+        * b,
+        "qkv_stacked": spec.layers * (spec.heads + 2 * spec.kv_heads) * spec.head_dim * spec.hidden * b,
+    }
+    persistent = sum(
+        out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer"))
+    out["training_phase"] = out["activations"] + out["logits"]
+    out["rollout_phase"] = out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"] + out["qkv_stacked"]
+    peak = persistent + max(out["training_phase"], out["rollout_phase"])
+    out["margin"] = XLA_MARGIN * peak
+    out["total"] = peak + out["margin"]
+    return out
+
+
+def plan(p: PlanInput) -> dict[str, Any]:
+    """Pick micro-batch and checkpointing that fit; report the estimate, or refuse with what to change."""
+    acc, spec = accelerator(p.tpu), model_spec(p.model)
+    n = acc.devices
+    budget = acc.gib_per_device * GIB
+    rows = p.prompts_per_step * p.group_size
+    if rows % n:
+        raise ValueError(f"prompts_per_step × group_size = {rows} rows cannot be split over {n} devices of {acc.name}: "
+                         f"make it a multiple of {n}")
+    sizes = (
+        [p.micro_batch_size]
+        if p.micro_batch_size
+        else [m for m in (rows, 64, 32, 16, 8, 4, 2, 1) if m <= rows and rows % m == 0 and m % n == 0]
+    )
+    sizes = sorted(set(sizes), reverse=True) or [n]
+    ckpt_options = [p.gradient_checkpointing] if p.gradient_checkpointing is not None else [False, True]
+    tried = []
+    for ckpt in ckpt_options:
+        for m in sizes:
+            est = estimate(p, m, ckpt)
+            tried.append((m, ckpt, est["total"]))
+            if est["total"] <= budget:
+                return _report(p, spec=spec, acc=acc, micro=m, ckpt=ckpt, est=est, fits=True)
+    m, ckpt, _ = min(tried, key=lambda t: t[2])
+    report = _report(p, spec=spec, acc=acc, micro=m, ckpt=ckpt, est=estimate(p, m, ckpt), fits=False)
+    report["advice"] = _advice(p, report)
+    return report
+
+
+def _report(
+    p: PlanInput, *, spec: ModelSpec, acc: Accelerator, micro: int, ckpt: bool, est: dict, fits: bool
+) -> dict[str, Any]:
+    return {
+        "model": spec.name, "accelerator": acc.name, "devices": acc.devices, "gib_per_device": acc.gib_per_device,
+        "params": spec.params, "lora": p.lora, "fits": fits, "micro_batch_size": micro,
+        "gradient_checkpointing": ckpt, "estimate_gib": {k: round(v / GIB, 3) for k, v in est.items()},
+        "inputs": dataclasses.asdict(p),
+    }
+
+
+def _advice(p: PlanInput, report: dict) -> str:
+    est = report["estimate_gib"]
+    biggest = sorted((v, k) for k, v in est.items() if k not in ("total", "margin", "training_phase", "rollout_phase"))[
+        -2:]
+    hints = []
+    if not p.lora:
+        hints.append("use LoRA (lora=True): base weights are then frozen, with no gradients or optimizer state")
+    if est["kv_cache"] + est["rollout_logits"] > 0.25 * est["total"]:
+        hints.append("sample fewer rows at once (prompts_per_step or group_size) or a shorter max_new_tokens")
+    if est["activations"] > 0.25 * est["total"]:
+        hints.append("a shorter max_new_tokens / prompt_length")
+    hints.append("a bigger accelerator (v3-8 / v5e-8 have 16 GiB per device)")
+    return (f"{report['model']} needs ≈ {est['total']:.1f} GiB per device even with micro-batch "
+            f"{report['micro_batch_size']} and gradient checkpointing, but {report['accelerator']} has "
+            f"{report['gib_per_device']:.0f} GiB; the largest parts are {biggest[1][1]} ({biggest[1][0]:.1f} GiB) "
+            f"and {biggest[0][1]} ({biggest[0][0]:.1f} GiB). Try: " + "; ".join(hints) + ".")
+
+
+def table(models: tuple[str, ...] = ("gemma-3-270m", "gemma-3-1b-it", "gemma-2-2b-it"),
+          tpus: tuple[str, ...] = ("v2-8", "v3-8", "v5e-1", "v5e-8", "v6e-1", "v6e-8"), **kwargs: Any) -> str:
+    """The README's markdown table: what fits where, with which settings."""
+    lines = ["| model | " + " | ".join(f"TPU {t}" for t in tpus) + " |", "|---|" + "---|" * len(tpus)]
+    for model in models:
+        cells = []
+        for tpu in tpus:
+            parts = []
+            for lora in (True, False):
+                r = plan(PlanInput(model=model, tpu=tpu, lora=lora, **kwargs))
+                kind = "LoRA" if lora else "full"
+                if r["fits"]:
+                    parts.append(
+                        f"{kind}: micro {r['micro_batch_size']}{', ckpt' if r['gradient_checkpointing'] else ''}"
+                        f" ({r['estimate_gib']['total']:.1f} GiB)"
+                    )
+                else:
+                    parts.append(f"{kind}: no ({r['estimate_gib']['total']:.1f} GiB)")
+            cells.append("<br>".join(parts))
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

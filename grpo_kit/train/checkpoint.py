@@ -1,0 +1,284 @@
+"""Crash-safe checkpoints: weights (or the LoRA adapter), optimizer, RNG states and step, with no pickle.
+
+A checkpoint is a directory written under a temporary name, fsynced and swapped into place, so a crash mid-save
+never leaves a half-written checkpoint where a resume would find it; loading verifies every file's checksum and
+reads tensor files with `weights_only=True`, so a checkpoint from elsewhere cannot run code.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import secrets
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Trainable state: the adapter under LoRA, else all weights (tied embeddings stored once)."""
+    if hasattr(model, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(model)
+    else:
+        state, seen = {}, set()
+        for name, tensor in model.state_dict().items():
+            if tensor.data_ptr() in seen and "lm_head" in name:
+                continue
+            seen.add(tensor.data_ptr())
+            state[name] = tensor
+    return {k: v.detach().cpu().contiguous() for k, v in state.items()}
+
+
+TMP_PREFIX = ".tmp-"
+"""Checkpoints are written to `<parent>/.tmp-<name>-<8 hex digits>` first; leftovers of that exact form (a killed
+save of this checkpoint, not of another one in the same folder) are removed at the next save."""
+
+
+def temporary_names(path: Path) -> re.Pattern[str]:
+    """The names a save of the checkpoint at `path` writes to first (`.tmp-<name>-<8 hex digits>`)."""
+    return re.compile(rf"^{re.escape(TMP_PREFIX)}{re.escape(path.name)}-[0-9a-f]{{8}}$")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "state.json").is_file()
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (a full disk, a quota, a file-size limit); the previous one is intact."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def previous_path(path: Path) -> Path:
+    """Where a save puts the checkpoint it replaces during the swap (`.<name>.old`)."""
+    return path.with_name(f".{path.name}.old")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_whole(path: Path, text: str, *, tmp: Path | None = None) -> None:
+    """Write `text` to `path` whole or not at all: into `tmp` (default `.<name>.tmp` beside it; the same file system),
+    then swapped in with one rename, so a kill leaves the old file or the new one, never half of one."""
+    tmp = tmp or path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a directory's entries') data to disk, so a power cut or kill cannot leave it empty."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    *,
+    extra: dict[str, Any] | None = None,
+    generator: torch.Generator | None = None,
+    modules: dict[str, torch.nn.Module] | None = None,
+) -> Path:
+    """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle),
+    `<name>.safetensors` for each of `modules` (state that cannot be rebuilt from the base, e.g. an EMA
+    reference policy), and state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory,
+    fsynced, then swapped
+    in: a valid checkpoint exists at every instant (during the swap the previous one sits at `.<name>.old`, where
+    `load_checkpoint` finds it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if (path.exists() or path.is_symlink()) and not _is_checkpoint(path):
+        raise FileExistsError(f"{path} exists and is not a grpo_kit checkpoint: choose another path (the kit replaces "
+                              "only checkpoints it wrote)")
+    leftovers = temporary_names(path)
+    for leftover in path.parent.iterdir():  # a save of this checkpoint that was killed
+        if leftovers.match(leftover.name) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        save_file(_weights(model), str(tmp / "weights.safetensors"))
+        for name, module in (modules or {}).items():
+            save_file(_weights(module), str(tmp / f"{name}.safetensors"))
+        if optimizer is not None:
+            torch.save(_to_cpu(optimizer.state_dict()), tmp / "optimizer.pt")
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if generator is not None:
+            rng["generator"] = generator.get_state()
+        torch.save(rng, tmp / "rng.pt")
+        files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        (tmp / "state.json").write_text(
+            json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+    except Exception as e:  # noqa: BLE001 - safetensors, torch.save and the OS each raise their own type on a full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = _human(shutil.disk_usage(path.parent).free)
+        kept = ("the previous checkpoint is kept" if _is_checkpoint(path) or _is_checkpoint(previous_path(path))
+                else "there is no earlier checkpoint")
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointSaveError(getattr(e, "errno", None) or errno.EIO,
+                                  f"could not save the checkpoint {path} ({type(e).__name__}: {why}); {free} free "
+                                  f"on that disk; {kept}. Free space there, or choose another output directory, "
+                                  "then run the same command again to continue") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    previous = previous_path(path)
+    if path.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(path, previous)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+    shutil.rmtree(previous, ignore_errors=True)
+    return path
+
+
+def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, dict[str, Any]]:
+    """(the directory to load, its state.json) for the checkpoint at `path`; the previous one (`.<name>.old`) when
+    a save was interrupted mid-swap, with a warning. With `verify`, every file's checksum is checked (reading
+    every byte: callers that only look at state.json pass False, and `load_checkpoint` verifies)."""
+    path = Path(path)
+    if not _is_checkpoint(path) and _is_checkpoint(previous_path(path)):
+        warnings.warn(
+            f"{path} is missing (a save was interrupted): loading the previous checkpoint {previous_path(path)}",
+            stacklevel=2)
+        path = previous_path(path)
+    if not _is_checkpoint(path):
+        raise FileNotFoundError(f"{path} is not a grpo_kit checkpoint (no state.json)")
+    state = json.loads((path / "state.json").read_text())
+    if verify:
+        if not isinstance(state.get("files"), dict):
+            raise ValueError(
+                f"checkpoint {path} has no file manifest (damaged or altered), so its files cannot be checked: "
+                "load a checkpoint grpo_kit saved whole, or train again"
+            )
+        missing = [name for name in state["files"] if not (path / name).exists()]
+        if missing:
+            raise ValueError(f"checkpoint {path} is missing {', '.join(missing)} (incomplete copy?)")
+        for name, digest in state["files"].items():
+            if _sha256(path / name) != digest:
+                raise ValueError(f"checkpoint {path}: {name} does not match its checksum (corrupt or altered)")
+    return path, state
+
+
+def _tensors_only(path: Path, device: torch.device | str = "cpu") -> Any:
+    """torch.load without pickle's code execution: tensors, numbers, strings and containers only."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"refusing to load {path}: it holds more than tensors and plain values "
+                         f"(loading it would run code from the file): {str(e).splitlines()[0]}") from None
+
+
+def refuse_arc_adapter(path: str | Path) -> None:
+    """Raise when the checkpoint at `path` is a LoRA adapter that an arc (`demo.Arc`) trained over its merged SFT
+    model (state.json's `adapter_over`): loaded over the preset's bare model it would be a model without its SFT.
+    The arc's own copy (`ARC/<phase>/final`, or the arc's directory) loads with its SFT."""
+    state = checkpoint_state(path, verify=False)[1]
+    if state.get("adapter_over") == "sft":
+        raise ValueError(f"{path} is a LoRA adapter that the arc in {state.get('arc')} trained over its SFT model, "
+                         f"which this model lacks: give the arc's own copy, {state.get('arc')}/{state.get('phase')}"
+                         "/final (it loads with its SFT)")
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    kind: str | None = None,
+    modules: dict[str, torch.nn.Module] | None = None,
+) -> dict[str, Any]:
+    """Restore what `save_checkpoint` wrote; returns state.json's contents (step and extras). `kind` ("sft" or
+    "grpo") refuses a checkpoint of the other kind; each of `modules` is loaded from its `<name>.safetensors`."""
+    path, state = checkpoint_state(path)
+    if kind is not None and state.get("kind", kind) != kind:
+        raise ValueError(f"{path} is a {state['kind']} checkpoint, not a {kind} one"
+                         + (": start GRPO from it with --init-from, not --resume" if kind == "grpo" else ""))
+    device = next(model.parameters()).device
+    listed = state["files"]
+    needed = ["weights.safetensors", "rng.pt", *(f"{name}.safetensors" for name in modules or {})]
+    needed += ["optimizer.pt"] if optimizer is not None else []
+    unlisted = [name for name in needed if name not in listed]
+    if unlisted:
+        hint = ("; it was saved without optimizer state: start from its weights with --init-from instead of resuming"
+                if unlisted == ["optimizer.pt"] else " (saved with other settings?)")
+        raise ValueError(f"checkpoint {path} has no {', '.join(unlisted)}{hint}")
+    _load_weights(path, "weights", model)
+    for name, module in (modules or {}).items():
+        _load_weights(path, name, module)
+    if optimizer is not None:
+        optimizer.load_state_dict(_tensors_only(path / "optimizer.pt", device))
+    rng = _tensors_only(path / "rng.pt")
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_as_tuples(rng["python"]))
+    if generator is not None and "generator" in rng:
+        generator.set_state(rng["generator"])
+    return state
+
+
+def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
+    """`path/<name>.safetensors` into `model` (into its adapter under LoRA), refusing weights that do not fit."""
+    device = next(model.parameters()).device
+    weights = {k: v.to(device) for k, v in load_file(str(path / f"{name}.safetensors")).items()}
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"checkpoint {path}: {name} does not match the LoRA model: unexpected "
+                             f"{result.unexpected_keys[:5]} (full weights given to a LoRA model?)")
+        return
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [m for m in missing if "lm_head" not in m]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _as_tuples(value: Any) -> Any:
+    """random.setstate wants tuples where a round trip may give lists."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -1,0 +1,724 @@
+"""Configuration: one documented dataclass per trainer and named presets.
+
+Every field says its default and why. Presets are plain dicts of overrides, so a preset is
+readable in one glance and a YAML file can hold the same keys.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .. import options
+from ..data.answer_format import WORD_PROBLEM_INSTRUCTION
+from ..engine.model_config import ModelConfig
+from ..validation import ConfigError, Rule, above, at_least, one_of, ruled, subset_of, validate, within
+
+STEP_COUNTS: Rule = (lambda v: len(v) > 0 and all(2 <= n <= 4 for n in v), "a non-empty list of 2, 3 or 4")
+"""The rule of a word-problem task's step counts."""
+
+
+def field_docs(config_class: type) -> dict[str, str]:
+    """Each field's documentation: the string written under it in the class body (the docstring convention every
+    config class here follows), read from the source, parent classes first; a field with none is absent."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_class.__mro__[:-1]):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+        except (OSError, TypeError):
+            continue
+        for field_node, doc in itertools.pairwise(body):
+            if (
+                isinstance(field_node, ast.AnnAssign)
+                and isinstance(field_node.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                docs[field_node.target.id] = " ".join(doc.value.value.split())
+    return docs
+
+
+@dataclass
+class TaskConfig:
+    """Which problems to train and evaluate on (`tasks.make_task` builds them)."""
+
+    kind: str = ruled("arithmetic", one_of(options.TASK_KINDS))
+    """`arithmetic` (two-operand addition, the tiny model's course task), `word_problems` (generated GSM8K-style
+    multi-step problems, offline: the real-Gemma CPU preset's task), `gsm8k` (GSM8K itself from `source`), or your
+    own data: `file` (a .jsonl/.json/.csv/.parquet file at `source`) or `hub` (a Hugging Face dataset id in `source`),
+    read with the `*_column` settings below (`data_task.load_task`)."""
+    operations: tuple[int, ...] = ruled((2, 3, 4), STEP_COUNTS)
+    """word_problems: how many arithmetic steps a problem takes (its templates' lengths, from 2 to 4) — the
+    difficulty knob."""
+    demonstration_operations: tuple[int, ...] | None = ruled(None, STEP_COUNTS)
+    """word_problems: the step counts of the worked solutions SFT sees (None = `operations`): e.g. (2,) with
+    operations (3,) demonstrates 2-step problems only and tests on 3-step ones, beyond the demonstrations."""
+    source: str = "openai/gsm8k"
+    """gsm8k: the hub dataset (needs network; test split held out) or a local GSM8K-format .jsonl/.json file
+    (`question`, `answer` ending in `#### N`; its first num_test rows held out). file: the data file's path. hub: the
+    dataset id."""
+    prompt_column: str = "prompt"
+    """file/hub: the column holding each question (text, or chat messages)."""
+    answer_column: str = "answer"
+    """file/hub: the column holding the right final answer."""
+    solution_column: str | None = None
+    """file/hub: the column holding a worked solution, for SFT (None: no SFT rows; rows without one are skipped)."""
+    system_column: str | None = None
+    """file/hub: a column holding a per-row instruction (None: `system_prompt` for every row)."""
+    answer_type: str = ruled("auto", one_of(options.ANSWER_TYPES))
+    """file/hub: how answers are compared (`answer_format.ANSWER_TYPES`: number, choice, string, regex; auto = inferred
+    per
+    row from the answer). A file's own `answer_type` column wins, row by row."""
+    split: str = "train"
+    """hub: the dataset split to read (the kit holds out its own `num_test` rows from it)."""
+    seed: int = ruled(1234, within(0, 2**32 - 1))
+    """Seed for problems; demonstrations, the prompt stream and the held-out set are disjoint."""
+    num_demonstrations: int = ruled(200, at_least(1))
+    """Size of the fixed SFT demonstration pool. Small on purpose: RL pays where demonstrations are scarce. (file/hub:
+    every training row with a solution.)"""
+    num_test: int = ruled(200, at_least(1))
+    """Held-out problems for greedy evaluation (file/hub: drawn by `seed`, the same rows on every run)."""
+    min_value: int = ruled(10, at_least(0))
+    """arithmetic: smallest operand."""
+    max_value: int = ruled(99, at_least(1))
+    """arithmetic: largest operand (two-digit addition by default)."""
+    system_prompt: str | None = None
+    """Optional instruction folded into the first user turn (Gemma has no system role). The tiny model
+    learns the format from SFT; real Gemma benefits from an instruction."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if self.max_value < self.min_value:
+            raise ConfigError(f"TaskConfig.max_value={self.max_value}: must be ≥ min_value ({self.min_value})")
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
+
+    steps: int = ruled(200, at_least(0))
+    """Optimizer steps. 200 × batch 32 = 32 passes over 200 demonstrations: enough to learn the format and
+    part of the arithmetic, leaving GRPO room to improve (docs/tuning.md)."""
+    batch_size: int = ruled(32, at_least(1))
+    """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
+    learning_rate: float = ruled(1e-3, above(0))
+    """Peak AdamW learning rate. High because the tiny model is small (higher generalises worse); use ~2e-4
+    with LoRA on real Gemma."""
+    weight_decay: float = ruled(0.0, at_least(0))
+    """AdamW weight decay; 0 keeps the warm-up simple."""
+    warmup_steps: int = ruled(20, at_least(0))
+    """Linear warm-up steps before cosine decay."""
+    max_grad_norm: float = ruled(1.0, above(0))
+    """Gradient clipping norm."""
+    max_length: int = ruled(128, at_least(8))
+    """Sequences are padded to a multiple of `pad_to_multiple_of` up to this length; longer ones are an error."""
+    pad_to_multiple_of: int = ruled(32, at_least(1))
+    """Length bucket size for static shapes: a few buckets, each compiled once on XLA."""
+    log_every: int = ruled(10, at_least(1))
+    """Write a metrics row every N steps."""
+    seed: int = ruled(0, within(0, 2**32 - 1))
+    """Seed for batch order."""
+    max_skipped_steps: int = ruled(5, at_least(0))
+    """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (one bad
+    step is skipped and training goes on). 0 = never stop."""
+    save_every: int = ruled(0, at_least(0))
+    """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
+    save_every_seconds: float | None = ruled(300.0, above(0))
+    """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
+    this much training (None = by steps only). `grpo-kit sft` resumes from that checkpoint when run again."""
+    output_dir: str | None = "runs/sft"
+    """Where metrics and the checkpoint go."""
+    report_to: tuple[str, ...] = ruled((), subset_of(options.TRACKERS))
+    """Experiment trackers that also get every metrics row's numbers (`trackers.py`; TRL's `report_to`): any of
+    trackio, wandb, tensorboard; none by default. A single name is taken as a list of one."""
+    max_seconds: float | None = ruled(None, above(0))
+    """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
+    padding_free: bool | None = None
+    """None or True: for Gemma on cpu/cuda each step's forward runs on the real tokens only (GRPO's packed forward,
+    `sft.sft_loss`) instead of the padded batch through HF's forward; the same loss up to float order, and on the
+    270M's SFT batches 6.3 s a step instead of 8.0 on a 2-core AMD EPYC. False, or on XLA (fixed shapes), or under
+    gradient checkpointing: the padded forward. (None rather than True so that a run saved before this setting
+    existed resumes.)"""
+    cpu_bf16: bool | None = None
+    """None or True: with `padding_free`, on a CPU with native bf16 products (`device.cpu_bf16_products`) and an
+    fp32 LoRA model, the frozen base weights are multiplied in bf16, as in `GRPOConfig.cpu_bf16`'s update, so that
+    SFT, its continuation (the arc's control) and RFT get the speed GRPO's update gets (5.3 s a step instead of
+    6.3 there); LoRA, the head, the loss and all gradients stay fp32. False, other CPUs, or GRPO_KIT_CPU_BF16=0:
+    the model's own dtype."""
+
+    def __post_init__(self) -> None:
+        _one_tracker_as_a_list(self)
+        validate(self)
+
+
+@dataclass
+class RFTConfig(SFTConfig):
+    """Rejection-sampling fine-tuning (RFT, RAFT): each step samples `group_size` completions for each of
+    `prompts_per_step` new prompts from the current model, keeps the right ones (finished, correct answer, each text
+    once per prompt) and takes one SFT step on them. Learning from the verifier without GRPO's advantages: the
+    control that asks whether a GRPO gain is GRPO's (arXiv 2504.11343). The SFT settings above apply to its steps;
+    `batch_size` is unused (a step trains on whatever was accepted)."""
+
+    prompts_per_step: int = ruled(8, at_least(1))
+    """New prompts per step (the arc's RFT control takes GRPO's)."""
+    group_size: int = ruled(4, at_least(1))
+    """Completions sampled per prompt."""
+    temperature: float = ruled(0.8, above(0))
+    """Sampling temperature of the completions."""
+    max_new_tokens: int = ruled(80, at_least(1))
+    """Completion length; a completion that has not finished by then is not kept."""
+    prompt_bucket: int = ruled(32, at_least(1))
+    """Prompt length bucket, as GRPOConfig.prompt_bucket."""
+    output_dir: str | None = "runs/rft"
+    """Where metrics (rft_metrics.jsonl) and the checkpoint go."""
+
+
+@dataclass
+class GRPOConfig:
+    """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same. The fields come
+    in five sections: the rollout (what each step samples), rewards and advantages, the algorithm (the update),
+    speed (switches that change how fast a step runs, not what it learns, up to float order), and the run
+    (length, seed, output, saving)."""
+
+    # ---- rollout: what each step samples ----
+    prompts_per_step: int = ruled(128, at_least(1))
+    """Distinct prompts per step. With group_size 4 this is 512 completions, all one shape. Many distinct
+    prompts average out the noisy policy gradient; at equal cost more distinct problems beat more samples of
+    each (docs/tuning.md)."""
+    group_size: int = ruled(4, at_least(2))
+    """Completions per prompt (G). Advantages compare completions within a group; TRL's default is 8. With
+    the dense answer-digits reward 4 samples already differ in most groups."""
+    max_new_tokens: int = ruled(32, at_least(1))
+    """Completion buffer length. Fixed, so sampling compiles the same graphs every step."""
+    max_prompt_tokens: int | None = ruled(1024, at_least(1))
+    """Longest prompt allowed, in tokens after the chat template; checked over the whole dataset before the first
+    step (and on every batch), so an over-long row is named at once instead of slowing every step (on XLA each
+    longer prompt width is a new compiled program). None = no limit."""
+    prompt_bucket: int = ruled(16, at_least(1))
+    """Prompts are left-padded to a multiple of this (a few buckets, each compiled once on XLA). Smaller wastes
+    less compute on padding; larger means fewer distinct shapes."""
+    temperature: float = ruled(0.7, above(0))
+    """Sampling temperature; the training forward divides logits by the same value, so importance ratios
+    stay honest. Below 1 because a small model after SFT samples mostly wrong answers at 1.0 (groups with no
+    right answer give no signal), while too low a temperature explores too little (docs/tuning.md)."""
+    top_k: int = ruled(0, at_least(0))
+    """Keep only the k most likely tokens (0 = off)."""
+    top_p: float = ruled(1.0, within(0, 1, low_open=True))
+    """Nucleus sampling mass (1.0 = off)."""
+    dynamic_sampling_rollouts: int = ruled(1, at_least(1))
+    """DAPO's dynamic sampling (arXiv 2503.14476), capped: a group whose G rewards are all equal has A = 0 and teaches
+    nothing, so while fewer than `prompts_per_step` groups of the step differ, it samples `prompts_per_step` more
+    prompts — up to this many rollouts in all — and the update trains on the first `prompts_per_step` groups that
+    differ (the first group if none does). 1 = off: one rollout, every group trained. Metrics (rewards, accuracy,
+    `zero_std_fraction`) cover every group sampled; `rollouts` and `trained_groups` say what the step did (the
+    latter after `skip_zero_advantage_groups` too). cpu/cuda (XLA keeps one batch shape)."""
+    difficulty_targeting: bool = False
+    """Online difficulty targeting (`difficulty.DifficultyTargeting`, arXiv 2504.03380): track each level's pass rate
+    (the `accuracy_reward` outcomes of the rollouts already made, per value of the prompt rows' `difficulty_key`) and
+    keep a prompt drawn from the stream with probability ∝ p(1 − p), so steps spend their rollouts where groups are
+    likeliest to differ. Needs `accuracy_reward` among the rewards and that column in every prompt row (the generated
+    word problems name their template). Off by default: prompts come in the stream's order."""
+    difficulty_key: str = "level"
+    """difficulty_targeting: the prompt column that names a prompt's level."""
+
+    # ---- rewards and advantages: how the samples are compared ----
+    reward_weights: dict[str, float] | None = None
+    """Weight per reward function name; missing names get 1.0."""
+    accuracy_reward: str | None = "correctness_reward"
+    """The reward whose score 1.0 marks a correct answer: the share of such completions is the step's `accuracy`
+    metric (None, or a name not among the rewards: no accuracy metric). Default: the kit's `correctness_reward`."""
+    gate_shaped_rewards: bool = False
+    """Count the shaped rewards (every reward but `accuracy_reward`, e.g. `answer_digits_reward`, format rewards) only
+    in groups whose outcome varies (`advantages.outcome_gated_rewards`): a group with all-wrong or all-right answers
+    gets no advantage from them, instead of z-scored noise (verl-recipe PR #125). Logged rewards stay the plain
+    weighted sums. Needs `accuracy_reward` among the rewards. Off by default: with it, hard prompts teach nothing
+    until one answer in a group is right."""
+    reward_timeout_seconds: float | None = ruled(600.0, above(0))
+    """A reward function still running after this many seconds on one batch stops the run with an error naming it
+    (a hung reward would otherwise block training for good, and the stop button acts only between steps).
+    None = wait forever."""
+    reward_on_error: str = ruled("raise", one_of(options.REWARD_ON_ERROR))
+    """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
+    advantage: str = ruled("zscore", one_of(options.ADVANTAGE_ESTIMATORS))
+    """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
+    `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""
+    advantage_tau: float = ruled(1.0, above(0))
+    """Divide advantages by τ after normalisation (τ > 1 softens updates)."""
+    advantage_clip: str = ruled("none", one_of(options.ADVANTAGE_CLIPS))
+    """`none`, `symmetric` (clip to ±clip_value), `asymmetric` (clip to [-clip_low, clip_value]), `tanh` (soft)."""
+    advantage_clip_value: float = ruled(5.0, above(0))
+    """Upper bound for advantage clipping."""
+    advantage_clip_low: float = ruled(5.0, above(0))
+    """Lower magnitude for asymmetric clipping."""
+    winsorize_quantile: float = ruled(0.0, within(0, 0.5, high_open=True))
+    """Winsorise rewards per batch at this quantile (0 = off): tames outlier rewards before normalisation."""
+
+    # ---- algorithm: the update ----
+    learning_rate: float = ruled(1e-4, above(0))
+    """AdamW learning rate (constant after warm-up; the dashboard may change it live). Small because the
+    policy after SFT sits in a sharp spot that larger steps leave (KL up, accuracy down). Use ~1e-5 for LoRA
+    on real Gemma."""
+    warmup_steps: int = ruled(3, at_least(0))
+    """Linear learning-rate warm-up. Adam's first steps move every weight by about ±lr whatever the gradient's
+    size; with noisy policy gradients that is a random kick, so ramp up instead."""
+    weight_decay: float = ruled(0.0, at_least(0))
+    """AdamW weight decay."""
+    max_grad_norm: float = ruled(1.0, above(0))
+    """Gradient clipping norm; clipping keeps a bad batch from wrecking the policy."""
+    beta: float = ruled(0.0, at_least(0))
+    """KL coefficient toward the reference policy. 0 (TRL's default) skips the reference forward entirely;
+    then KL is still measured when `log_kl` is on, but does not enter the loss."""
+    log_kl: bool = True
+    """Measure KL to the reference even when beta = 0 (one extra no-grad forward). Turn off for speed."""
+    kl_estimator: str = ruled("k3", one_of(options.KL_ESTIMATORS))
+    """`k1` (log-ratio, unbiased, can be negative) or `k3` (Schulman's low-variance, non-negative)."""
+    target_kl: float | None = ruled(None, above(0))
+    """Adaptive β: when set, β moves toward keeping KL near this value each step (None = fixed β)."""
+    epsilon: float = ruled(0.2, within(0, 1, low_open=True, high_open=True))
+    """Lower clip range of the PPO ratio: ratio ≥ 1 − ε."""
+    epsilon_high: float | None = ruled(None, above(0))
+    """Upper clip range: ratio ≤ 1 + ε_high. None = ε. DAPO's clip-higher uses 0.28."""
+    loss_type: str = ruled("grpo", one_of(options.LOSS_TYPES))
+    """Aggregation / objective: `grpo` (mean per sequence, then over sequences), `bnpo` / `dapo` (mean over
+    all tokens), `dr_grpo` (sum over tokens / (batch × max_new_tokens)), `cispo` (clipped IS weight × log-prob)."""
+    importance_sampling_level: str = ruled("token", one_of(options.IMPORTANCE_SAMPLING_LEVELS))
+    """`token` (PPO/GRPO) or `sequence` (GSPO: one length-normalised ratio per sequence)."""
+    num_iterations: int = ruled(1, at_least(1))
+    """μ: optimizer passes over each rollout batch. >1 reuses the rollout's old log-probs (PPO-style)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off); positive values keep exploration up."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_new_tokens without stopping from the loss (DAPO)."""
+    ema_reference: float = ruled(0.0, within(0, 1))
+    """If > 0, after each step the reference moves toward the policy: ref ← (1 − α) ref + α policy
+    (full fine-tuning only). 0 keeps the reference frozen."""
+    micro_batch_size: int = ruled(128, at_least(1))
+    """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
+
+    # ---- speed: the same result in less time (each documents how far "the same" goes) ----
+    compile_sampler: bool | None = None
+    """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
+    (compute capability ≥ 7.0 with triton installed), off elsewhere.
+    On an H100 (`python -m tools.gpu_check`) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0×
+    HF
+    generate) after a first rollout that compiled for 15–24 s; on 2 CPU cores 1.4× after ≈ 26 s, which the
+    CPU demo would not earn back (and inductor needs a C++ compiler there). XLA compiles its graphs anyway.
+    Each new batch or prompt-bucket shape compiles again, and finished rows stay in the batch."""
+    share_prompt_forward: bool = True
+    """Run each prompt through the model once for its whole group in the log-prob and training forwards, and
+    repeat its keys/values for the G completions, instead of running it G times. Same log-probs and gradients
+    (up to float order); the update does (B/G)·P + B·N positions instead of B·(P + N) — 2.2× faster in the
+    benchmark. Used when micro_batch_size is a multiple of group_size (micro-batches then hold whole groups)."""
+    padding_free: bool = True
+    """Gemma on cpu/cuda: the log-prob and training forwards compute real tokens only — no prompt left
+    padding, nothing after a completion's stop token, the LM head on completion tokens only — packed into one
+    matrix and unpacked for attention (`decoder.packed_completion_hidden`). Same log-probs and gradients (up
+    to float order). XLA keeps the padded fixed shapes (packed sizes change every step: a new graph each
+    time); under gradient checkpointing the padded forward runs too."""
+    reuse_sampler_head: bool = True
+    """On the CPU, with a frozen LM head of ≥ 32k entries (LoRA), no final softcap, no dropout and entropy_coef 0:
+    the sampler also keeps, for each token it draws, the policy's expected head row E = Σ_v π_v W_v (one more
+    product with the head per token, streamed with the draw), and the update's first pass takes log π's gradient
+    from it, ∂log π(y)/∂h = (W_y − E)/T, instead of running the head again (two products per token). The weights
+    are those the tokens were sampled with, so the gradients are the same up to float order; False recomputes.
+    With `cpu_bf16` the sampler's head products are bf16; its log-probs then differ from fp32 by bf16 rounding of the
+    logits (< 0.1 nats), and log π's value in the update is the sampler's."""
+    cpu_bf16: bool = True
+    """On a CPU where bf16 products are the faster (AMX, or AVX512-BF16 on an AMD CPU; `device.cpu_bf16_products`) and
+    an fp32 model: the rollout multiplies the layers' projections and the LM head in bf16 (`device.product_dtype`),
+    and the update's
+    padding-free Gemma forward multiplies the frozen base weights in bf16 (LoRA; `decoder.frozen_linears`), their
+    backward following — together a third less time per capstone step than fp32
+    (`python -m tools bench`'s capstone rows).
+    LoRA, norms, residual sums, attention, softmax, log-probs, the loss, the trained weights, their gradients and the
+    optimizer stay fp32. Not applied where the
+    update compares the sampler's log-probs with its own (a reference pass, or μ > 1 with `reuse_sampler_head`):
+    a ratio or KL of one policy must be exactly 1 or 0, not bf16 rounding noise. False, other CPUs, GPUs, TPUs and
+    GRPO_KIT_CPU_BF16=0 (for the whole process): the model's own dtype throughout."""
+    skip_zero_advantage_groups: bool = True
+    """On cpu/cuda, with beta 0 (and no KL to measure: `log_kl` off or no reference), entropy_coef 0 and any
+    loss_type but `bnpo`: the update's forward and backward run only on groups whose advantages are not all 0.
+    A group whose G rewards are equal has A = 0 for every completion, so its loss terms and their gradients are
+    exactly 0, and the full-batch normalisers (sequences, tokens) are kept: the weights after the step are the
+    same up to float order, for less work (the share left out is the step's `zero_std_fraction`). At least one
+    group always runs. The step's entropy, ratio and clip statistics are then means over the groups trained on
+    (`trained_fraction` says how many). `bnpo` is left alone: its micro-batch token mean counts every row. XLA
+    keeps the full batch (one fixed shape). False trains on every group."""
+
+    # ---- the run: length, seed, where it writes, when it saves ----
+    steps: int = ruled(60, at_least(0))
+    """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: enough for held-out
+    accuracy to level off on the tiny Gemma while the demo stays a few minutes long on 2 cores."""
+    seed: int = ruled(0, within(0, 2**32 - 1))
+    """Seed for prompt order and sampling noise."""
+    output_dir: str | None = "runs/grpo"
+    """Where metrics.jsonl and checkpoints go."""
+    report_to: tuple[str, ...] = ruled((), subset_of(options.TRACKERS))
+    """Experiment trackers that also get every metrics row's numbers (`trackers.py`; TRL's `report_to`): any of
+    trackio, wandb, tensorboard; none by default. A single name is taken as a list of one."""
+    max_seconds: float | None = ruled(None, above(0))
+    """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
+    save_every: int = ruled(0, at_least(0))
+    """Save `output_dir/checkpoint` every N steps (0 = by time only, see save_every_seconds)."""
+    save_every_seconds: float | None = ruled(300.0, above(0))
+    """Also save once this many seconds have passed since the last save, so a runtime that dies loses at most about
+    this much training (None = by steps only). `grpo-kit train` resumes from that checkpoint when run again."""
+    max_skipped_steps: int = ruled(5, at_least(0))
+    """Stop with an error after this many consecutive steps skipped for a non-finite loss or gradient (a diverging
+    run; one bad step is skipped and training goes on). 0 = never stop."""
+    log_completions: int = ruled(4, at_least(0))
+    """How many completions (with rewards and advantages) to keep in each metrics row for the browser."""
+    compile_warmup_steps: int = ruled(2, at_least(0))
+    """On XLA: steps after which any new graph compilation is warned about (step 1 compiles the rollout and
+    the training graphs, step 2 the optimizer update once Adam's state exists)."""
+
+    def __post_init__(self) -> None:
+        _one_tracker_as_a_list(self)
+        validate(self)
+        n = self.prompts_per_step * self.group_size
+        if n % self.micro_batch_size:
+            raise ConfigError(f"GRPOConfig.micro_batch_size={self.micro_batch_size}: must divide prompts_per_step × "
+                              f"group_size = {n}")
+
+
+TRL_GRPO_NAMES: dict[str, str] = {
+    "group_size": "num_generations", "max_new_tokens": "max_completion_length", "temperature": "temperature",
+    "top_k": "top_k", "top_p": "top_p", "learning_rate": "learning_rate", "warmup_steps": "warmup_steps",
+    "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm", "beta": "beta", "epsilon": "epsilon",
+    "epsilon_high": "epsilon_high", "loss_type": "loss_type", "importance_sampling_level": "importance_sampling_level",
+    "num_iterations": "num_iterations", "mask_truncated_completions": "mask_truncated_completions",
+    "steps": "max_steps", "seed": "seed",
+}
+"""Each `GRPOConfig` field with the same meaning in `trl.GRPOConfig` (TRL 1.16), by TRL's name. Besides these,
+`trl_grpo_settings` derives TRL's batch size, reward scaling and reward weights."""
+
+TRL_SCALE_REWARDS = {"zscore": "group", "batch": "batch", "centered": "none"}
+"""`GRPOConfig.advantage` → TRL's `scale_rewards` (reward − the group's mean, divided by the group's std, by the
+batch's std, or by nothing); `mad` has no TRL counterpart."""
+
+
+def trl_grpo_settings(config: GRPOConfig, reward_names: list[str]) -> dict[str, Any]:
+    """`config` as keyword arguments of `trl.GRPOConfig`: the fields in `TRL_GRPO_NAMES` under TRL's names; one
+    optimizer step over `prompts_per_step × group_size` completions (`per_device_train_batch_size`, on one device
+    with no gradient accumulation); `scale_rewards` from `advantage`; `reward_weights` as a list in the order of
+    `reward_names` (the reward functions given to TRL's trainer; 1.0 where `config.reward_weights` names none).
+    ValueError for an advantage estimator TRL lacks."""
+    if config.advantage not in TRL_SCALE_REWARDS:
+        raise ValueError(
+            f"advantage={config.advantage!r} has no TRL counterpart: one of {', '.join(TRL_SCALE_REWARDS)}")
+    settings = {trl: getattr(config, ours) for ours, trl in TRL_GRPO_NAMES.items()}
+    weights = config.reward_weights or {}
+    return {**settings, "per_device_train_batch_size": config.prompts_per_step * config.group_size,
+            "scale_rewards": TRL_SCALE_REWARDS[config.advantage],
+            "reward_weights": [float(weights.get(name, 1.0)) for name in reward_names]}
+
+
+@dataclass
+class RunConfig:
+    """Every setting of a run, as a preset or a YAML file gives them: the model, the task, SFT, GRPO, where outputs
+    go, and for the arc (`make demo`, notebook 08: SFT warm-up, then GRPO with verifier rewards, the controls and
+    an evaluation after each stage) its time budget and controls. Each command takes the sections it needs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    output_dir: str = "runs/demo"
+    """Where summary.json, progress.json, the plots and each phase's directory (sft/, grpo/, control/: metrics and
+    checkpoints) go. Running again with the same settings continues where the last run stopped."""
+    report_to: tuple[str, ...] | None = ruled(None, subset_of(options.TRACKERS))
+    """Trackers for every phase of the arc (SFT, GRPO, the controls), each phase a run of its own there; None = each
+    phase's own `sft.report_to` / `grpo.report_to`."""
+    time_budget_minutes: float | None = ruled(None, above(0))
+    """Size the SFT and GRPO phases so that the whole run — model load, every evaluation and the control
+    included — takes about this long, from step and evaluation times measured as it goes (so it fits a Colab or
+    Kaggle session). None = run sft.steps and grpo.steps as set."""
+    sft_fraction: float | None = ruled(0.3, within(0, 1, low_open=True, high_open=True))
+    """With a time budget: the share of the training time (the budget less load and evaluations) that SFT gets;
+    GRPO gets the rest (split evenly with the control when there is one). None = SFT runs `sft.steps` as set, and
+    the budget sizes GRPO and the controls from what is left after it (on a slower machine they get fewer steps)."""
+    control: bool = False
+    """After GRPO, also continue SFT from the SFT model for as long as GRPO trained, and evaluate it the same way:
+    does GRPO beat simply more SFT in the same time? Off by default (it doubles the training time)."""
+    rft_control: bool = False
+    """After GRPO (and the SFT control), also run rejection-sampling fine-tuning from the SFT model for as long as
+    GRPO trained (`rft.RFTTrainer`: SFT steps on the model's own right answers to GRPO's prompts, sampled as GRPO
+    samples them) and evaluate it: is a GRPO gain GRPO's, or only learning from the verifier? Off by default."""
+    control_steps: int | None = ruled(None, at_least(1))
+    """Steps of the SFT control; None = as many as fit the seconds GRPO trained, timed after its first steps and
+    again a third of the way in (`demo.Arc.control`). A fixed count makes "the same time" independent of whatever
+    else the machine is doing (the study sets it from a clean run)."""
+    rft_steps: int | None = ruled(None, at_least(1))
+    """Steps of the RFT control; None = as many as fit the seconds GRPO trained, timed after its first steps."""
+    rft_learning_rate: float | None = ruled(None, above(0))
+    """The RFT control's learning rate; None = GRPO's (`grpo.learning_rate`). RFT learns from the model's own samples
+    as GRPO does, and RAFT++ (arXiv 2504.11343) trains it in the RL trainer, with its settings. SFT's rate, ten times
+    GRPO's in the presets, throws the model off its SFT start: in the tiny Gemma's arc (`grpo-kit demo` with
+    `rft_control`, 2-core Intel Xeon) RFT went from SFT's 36.5 % to 65.5 % at GRPO's 1e-4 (GRPO itself: 57.5 %) and
+    to 0.5 % at SFT's 1e-3. The study's cells train RFT at SFT's rate, as its recorded cells did
+    (`study.cell_config`)."""
+    eval_batch_size: int = ruled(64, at_least(1))
+    """Held-out problems decoded together in an evaluation (their k samples with eval_pass_k). A CPU decodes a larger
+    batch faster per problem (the weights are read once per token for every row); an accelerator's memory bounds it."""
+    eval_pass_k: int = ruled(0, at_least(0))
+    """Also sample k completions per held-out problem at GRPO's temperature after SFT, GRPO and the controls, and
+    report sampled pass@1 (their mean accuracy), maj@k (majority vote) and pass@k (any right); 0 = greedy accuracy
+    only (this costs k evaluations)."""
+
+    def __post_init__(self) -> None:
+        _one_tracker_as_a_list(self)
+        validate(self)
+
+
+def _one_tracker_as_a_list(cfg: Any) -> None:
+    """report_to="tensorboard", as TRL takes it, read as ("tensorboard",)."""
+    if isinstance(cfg.report_to, str):
+        cfg.report_to = (cfg.report_to,)
+
+
+
+GRPO_RECIPE: dict[str, Any] = {"gate_shaped_rewards": True, "difficulty_targeting": True,
+                               "skip_zero_advantage_groups": True}
+"""The GRPO recipe every real-Gemma preset runs (the study's, docs/capstone.md): shaped rewards count only where the
+outcome varies (verl-recipe PR #125), prompts drawn by their level's pass rate p in proportion to p(1 − p) (arXiv
+2504.03380; the word problems' level is their template, GSM8K's its solution's step count) and groups whose advantages
+are all zero left out of the update (the same gradient, less work; cpu/cuda with β 0)."""
+
+GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
+"""GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
+
+TPU_BOARDS: dict[str, tuple[int, float]] = {
+    "v2-8": (8, 8.0), "v3-8": (8, 16.0), "v5e-1": (1, 16.0), "v5e-8": (8, 16.0), "v6e-1": (1, 32.0),
+    "v6e-8": (8, 32.0)}
+"""The TPU boards with a preset: devices (chips, or cores on v2/v3) and GiB of HBM per device, as Google publishes
+them (v5e: 16 GB, v6e Trillium: 32 GB a chip). `planner.ACCELERATORS` plans on these numbers."""
+
+TPU_BOARD_MICRO_BATCH: tuple[tuple[str, int, bool], ...] = (
+    ("v2-8", 8, False), ("v3-8", 32, False), ("v5e-1", 4, False), ("v5e-8", 32, False), ("v6e-1", 8, False),
+    ("v6e-8", 64, False))
+"""Each TPU board with a preset, its micro-batch and gradient checkpointing, as `grpo-kit plan` picks them for Gemma
+3 1B-IT (v6e-1: 8 rather than the 16 that just fits, for the planner's ±25 %)."""
+
+# Named presets: overrides per config section, picked by name (CLI `--preset`).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # `make demo`: the tiny Gemma's arc with both controls, each trained from the SFT model for GRPO's seconds, so the
+    # demo's GRPO gain is read against as much more SFT and against RFT (the README's table shows all three).
+    "cpu-tiny": {"control": True, "rft_control": True},
+    "cpu-tiny-quick": {
+        "sft": {"steps": 40},
+        "grpo": {"steps": 6, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
+        "task": {"num_test": 32},
+    },
+    # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
+    # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured runs).
+    # The task is the study's scarce regime: 32 worked solutions (enough for the format), GRPO on answer-only
+    # problems. There GRPO beat as much more SFT over three seeds (+3.5 points), and by less in a replication with
+    # seeded adapters (+1.3, not told apart from noise); with 200 solutions (plentiful) the two were not told apart
+    # (study.REGIMES, docs/capstone.md).
+    # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
+    # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
+    # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
+    # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
+    # GRPO's recipe is the study's (GRPO_RECIPE), as on every real-Gemma preset.
+    # SFT runs the study's 160 steps, as in the scarce cells (study.STUDY_SETTINGS), and the budget
+    # sizes GRPO and the control from what is left (on a 2-core EPYC Zen 4 GRPO got 100 steps natively and 79 under
+    # the AVX2 stand-in, on a Zen 3 with AVX2 only 43 and 37, and 75 there with --time-budget 80; the cells had 84).
+    # With SFT a fifth of the time (≈ 100 steps) more SFT still paid: SFT → control +1.4 points over five demo runs,
+    # against −0.2 in the study's scarce cells; so a slow CPU keeps SFT's 160 steps and gives GRPO fewer.
+    "cpu-gemma-270m": {
+        "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
+        "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 32, "num_test": 200,
+                 "system_prompt": WORD_PROBLEM_INSTRUCTION},
+        "sft": {"steps": 160, "learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5,
+                "log_every": 5},
+        "grpo": {
+            "steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
+            "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
+            **GRPO_RECIPE,
+            "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
+        "time_budget_minutes": 55,
+        "control": True,
+        "sft_fraction": None,
+    },
+    # TPU presets: LoRA on Gemma 3 1B-IT on GSM8K, with the micro-batch the memory planner (`grpo-kit plan`) picks for
+    # each board; prompts × group is a multiple of 8 so the batch splits over every core. One prompt bucket (256
+    # tokens holds every GSM8K question with the instruction) keeps the graph count fixed.
+    **{
+        f"tpu-{tpu}-gemma-3-1b": {
+            "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": ckpt},
+            "task": GSM8K_TASK,
+            "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768, "pad_to_multiple_of": 256},
+            "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 8, "group_size": 8,
+                     "micro_batch_size": micro, "prompt_bucket": 256, **GRPO_RECIPE},
+            "time_budget_minutes": 90,
+            "eval_pass_k": 8,
+        }
+        for tpu, micro, ckpt in TPU_BOARD_MICRO_BATCH
+    },
+    # Colab GPU: Gemma 3 1B-IT with LoRA on GSM8K; float32 on a T4 (no bf16), bf16 on L4/A100 (ModelConfig.dtype auto).
+    "gpu-gemma-3-1b": {
+        "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": True},
+        "task": GSM8K_TASK,
+        "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768},
+        "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4,
+                 "micro_batch_size": 8, "prompt_bucket": 64, **GRPO_RECIPE},
+        "time_budget_minutes": 90,
+        "eval_pass_k": 8,
+    },
+}
+
+PRESET_TIMES: dict[str, dict[str, Any]] = {
+    "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
+                 "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
+    "cpu-gemma-270m": {
+        "grpo_step_seconds": 13,
+        "sft_step_seconds": 5.7,
+        "eval_seconds": 100,
+        "run_minutes": 55,
+        "basis": "measured: `python -m tools bench` capstone rows after 160 SFT steps, medians of 6 in 2 processes, "
+        "on 2 "
+        "CPU cores: an AMD EPYC (Zen 4, bf16 products) 10.6 s natively (its steps 9.6–12.1 s) and 12.8 s under the "
+        "AVX2 stand-in (11.7–15.0 s); an Intel Xeon (AVX512-BF16, no AMX; fp32), with plain (not prepacked) "
+        "products, 18.0 s and 18.4 s; in `grpo-kit demo` an SFT step of 8 takes 5.3–5.9 s "
+        "on either (medians) and a greedy evaluation of 200 problems 73–124 s; on an AMD EPYC Zen 3 with AVX2 only "
+        "(fp32) the capstone step took 19.0 s (median of 6 in 2 processes, after 108 SFT steps) and an SFT step 8.5 s",
+    },
+    "tpu-v5e-1-gemma-3-1b": {
+        "grpo_step_seconds": 20,
+        "sft_step_seconds": 1.5,
+        "eval_seconds": 60,
+        "run_minutes": 90,
+        "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "
+        "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s; "
+        "an SFT step of 8 × 768 tokens and 200 problems' greedy decoding likewise",
+    },
+    "tpu-v6e-1-gemma-3-1b": {
+        "grpo_step_seconds": 12,
+        "sft_step_seconds": 0.6,
+        "eval_seconds": 35,
+        "run_minutes": 90,
+        "basis": "estimate: as v5e-1 with v6e's published speed (918 bf16 TFLOP/s, twice v5e's HBM bandwidth): "
+        "256 decode steps at ≈ 25 ms (torch_xla's per-step overhead stays), the update at ≈ 30 % of its FLOP/s",
+    },
+    "tpu-v6e-8-gemma-3-1b": {"grpo_step_seconds": 8, "sft_step_seconds": 0.3, "eval_seconds": 25, "run_minutes": 90,
+                             "basis": "estimate: as v6e-1 with the batch split over 8 chips (decode latency stays)"},
+    "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "sft_step_seconds": 0.6, "eval_seconds": 40, "run_minutes": 90,
+                             "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)"},
+    "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "sft_step_seconds": 0.8, "eval_seconds": 50, "run_minutes": 90,
+                            "basis": "estimate: as v5e-8, older chips"},
+    "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "sft_step_seconds": 1.2, "eval_seconds": 70, "run_minutes": 90,
+                            "basis": "estimate: as v5e-8, 8 GiB per core"},
+    "gpu-gemma-3-1b": {
+        "grpo_step_seconds": 4.0,
+        "sft_step_seconds": 0.4,
+        "eval_seconds": 27,
+        "run_minutes": 90,
+        "basis": "measured: two NVIDIA H200 machines in bf16, GRPO step medians 3.5 and 4.0 s (fp32: 4.4 and 4.1 s), "
+        "SFT step 0.39 and 0.43 s, greedy evaluation 27 and 22 s; Gemma 3 1B's shapes with random weights, every "
+        "completion 256 tokens (docs/gpu_check.md); the slower of each kept; a T4 is several times slower and has "
+        "not been measured",
+    },
+}
+"""Expected wall time per GRPO step, per SFT step, per greedy evaluation of 200 held-out problems and per run of each
+real-Gemma preset (a run is its time budget), and where the numbers come from: measured on the named machine, or an
+estimate from the hardware's published speed where we have no such machine. `notebook.capstone_config` prints the
+line for the preset it picks; `course.CourseMode.minutes` estimates the course's notebooks from them."""
+
+C = TypeVar("C")
+
+
+def apply_overrides(cfg: C, overrides: dict[str, Any], where: str = "config") -> C:
+    """Return a copy of dataclass `cfg` with `overrides` applied (nested dicts reach nested dataclasses).
+
+    Unknown keys raise a ValueError naming the key, so a typo in YAML never silently does nothing.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    changes: dict[str, Any] = {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {overrides!r}")
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown setting {key!r}; known: {', '.join(sorted(fields))}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current):
+            changes[key] = apply_overrides(current, value, f"{where}.{key}")
+        elif isinstance(current, tuple) and isinstance(value, list):
+            changes[key] = tuple(value)
+        else:
+            changes[key] = value
+    return dataclasses.replace(cfg, **changes)
+
+
+def auto_preset(hardware: str | None = None) -> str:
+    """The preset for the detected hardware (`device.detect_accelerator`): a TPU board's Gemma 3 1B preset, the GPU
+    preset, or the CPU tiny-Gemma demo. A TPU board without a preset of its own runs `board_for_memory`'s choice for
+    the devices and memory its runtime reports, said in one line; SetupError where it reports none or none fits."""
+    if hardware is None:
+        from ..engine.device import detect_accelerator
+
+        hardware = detect_accelerator()
+    if f"tpu-{hardware}-gemma-3-1b" in PRESETS:
+        return f"tpu-{hardware}-gemma-3-1b"
+    if hardware.startswith("v"):
+        from ..engine.device import SetupError, xla_device_memory
+
+        reported = xla_device_memory()
+        if reported is None:
+            raise SetupError(f"TPU {hardware} has no preset here and its runtime reports no device memory to plan "
+                             f"from: pass --preset with a board like it ({', '.join(TPU_BOARDS)})")
+        devices, gib = reported
+        board = board_for_memory(devices, gib)
+        if board is None:
+            raise SetupError(f"TPU {hardware} has no preset here, and no board's preset fits {devices} devices of "
+                             f"{gib:.0f} GiB: size one with `grpo-kit plan` and pass it with --config")
+        print(f"grpo-kit: TPU {hardware} has no preset of its own; its runtime reports {devices} devices of "
+              f"{gib:.0f} GiB, so it runs tpu-{board}-gemma-3-1b (planned for {TPU_BOARDS[board][0]} of "
+              f"{TPU_BOARDS[board][1]:.0f} GiB; each of yours holds as much or more)", file=sys.stderr)
+        return f"tpu-{board}-gemma-3-1b"
+    return "gpu-gemma-3-1b" if hardware == "cuda" else "cpu-tiny"
+
+
+def board_for_memory(devices: int, gib_per_device: float) -> str | None:
+    """The board whose preset fits `devices` devices of `gib_per_device` GiB each, by the planner's own fits: a board
+    with as many devices and no more memory each (the largest such), else a one-device board with no more memory
+    whose micro-batch splits over `devices` (each device then holds a share of that board's rows); None if none."""
+    micro = {board: m for board, m, _ in TPU_BOARD_MICRO_BATCH}
+    same = [b for b, (n, g) in TPU_BOARDS.items() if n == devices and g <= gib_per_device]
+    single = [b for b, (n, g) in TPU_BOARDS.items() if n == 1 and g <= gib_per_device and micro[b] % devices == 0]
+    for found in (same, single):
+        if found:
+            return max(found, key=lambda b: (TPU_BOARDS[b][1], list(TPU_BOARDS).index(b)))  # ties: the newer
+    return None
+
+
+def load_run_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> RunConfig:
+    """Build a RunConfig from a named preset (`auto`: picked for the detected hardware), then a YAML file
+    of overrides (same keys as the dataclasses)."""
+    if preset == "auto":
+        preset = auto_preset()
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    cfg = apply_overrides(RunConfig(), PRESETS[preset], f"preset {preset}")
+    if yaml_path is not None:
+        try:
+            data = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{yaml_path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{yaml_path}: expected a mapping of settings at the top level, got {data!r}")
+        cfg = apply_overrides(cfg, data, str(yaml_path))
+    return cfg
+
+

@@ -1,0 +1,616 @@
+"""The GRPO trainer: orchestration only. One step is six readable stages:
+
+    1. rollout    sample G completions for each of P prompts (fixed shapes, static KV cache)
+    2. reward     score them with every reward function, weighted
+    3. advantage  compare each completion with its group
+    4. update     μ passes of micro-batched forward/backward, clip, guard, optimizer step
+    5. log        one device→host transfer of all metrics, appended to metrics.jsonl
+    6. save       checkpoint when asked
+
+Live `Controls` (learning rate, β, temperature, top-p, ε, reward weights, pause/stop/save) are read once
+at the start of each step and the values used are recorded in that step's metrics row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from ..algo.advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction, zero_std_mask
+from ..algo.difficulty import DifficultyTargeting
+from ..algo.losses import adaptive_beta, policy_loss
+from ..data.chat import stop_token_ids
+from ..data.rewards import RewardFunc, RewardResult, RewardState, compute_rewards, reward_name
+from ..data.tasks import check_no_overlap
+from ..engine.device import (
+    compile_monitor,
+    compile_supported,
+    data_parallel_size,
+    host_syncs_are_cheap,
+    is_xla,
+    manual_seed,
+    mark_step,
+    memory_stats,
+    shard_batch,
+)
+from ..engine.logprobs import completion_logprobs, plan_products
+from ..engine.models import ReferencePolicy, is_lora
+from ..engine.sampling import (
+    GroupPrompts,
+    Rollout,
+    SampledHead,
+    concat_rollouts,
+    prompt_tokens,
+    sample,
+)
+from ..validation import ConfigError, check_prompt_dataset
+from .config import GRPOConfig
+from .controls import LIVE_SETTINGS, Controls
+from .loop import TrainingLoop
+from .metrics import HIST_EDGES, histogram, to_host
+
+
+class Scored(NamedTuple):
+    """`GRPOTrainer.score`'s result: per completion, in the rollout's row order."""
+
+    rewards: RewardResult
+    """Every reward function's scores and their weighted total."""
+    texts: list[str]
+    """The completions decoded."""
+    prompts: list
+    """Each completion's prompt."""
+    lengths: torch.Tensor
+    """(B,) completion lengths in tokens."""
+
+
+def _not_held_out(stream: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """A prompt stream's rows, each refused if it is a held-out question of a data task (`tasks.check_no_overlap`)."""
+    for i, row in enumerate(stream):
+        if isinstance(row, dict) and "prompt" in row:
+            check_no_overlap([row["prompt"]], where="the GRPO prompt stream", start=i)
+        yield row
+
+
+def _cycle(dataset: Any, seed: int) -> Iterator[dict[str, Any]]:
+    """Endless shuffled pass over a Dataset or list of rows."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        for i in torch.randperm(len(dataset), generator=gen).tolist():
+            yield dataset[i]
+
+
+class GRPOTrainer(TrainingLoop):
+    """GRPO on any causal LM the kit loads (tiny Gemma, Gemma with LoRA), on cpu / cuda / xla. The optimizer,
+    checkpoints, skip guard and loop are `loop.TrainingLoop`'s; this class is the algorithm and its orchestration."""
+
+    kind = "grpo"
+    metrics_file = "metrics.jsonl"
+    resume_settings = ("prompts_per_step", "group_size", "seed")
+    """Settings a resumed run must share with its checkpoint (else it would replay other prompts)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        reward_funcs: Sequence[RewardFunc],
+        prompts: Iterable[dict[str, Any]] | Any,
+        config: GRPOConfig | None = None,
+        controls: Controls | None = None,
+        resume_metrics: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        cfg = config or GRPOConfig()
+        self.reward_funcs = list(reward_funcs)
+        if not self.reward_funcs:
+            raise ValueError("GRPOTrainer needs at least one reward function")
+        self.reward_names = [reward_name(f) for f in self.reward_funcs]
+        unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
+        if unknown:
+            raise ValueError(
+                f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
+        if cfg.ema_reference > 0 and is_lora(model):
+            raise ValueError(
+                "GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
+        device = next(model.parameters()).device
+        if cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device):
+            raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be 1 on XLA "
+                              "(one batch shape per step)")
+        for setting in ("gate_shaped_rewards", "difficulty_targeting"):
+            if getattr(cfg, setting) and cfg.accuracy_reward not in self.reward_names:
+                raise ConfigError(f"GRPOConfig.{setting} needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
+                                  f"rewards, which are {self.reward_names}")
+        sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
+        if sized:  # a stream (an iterator) is checked batch by batch instead
+            check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
+                                 prompt_tokens=lambda p: prompt_tokens(tokenizer, p),
+                                 max_prompt_tokens=cfg.max_prompt_tokens)
+            check_no_overlap((row["prompt"] for row in prompts), where="the GRPO prompts")
+        self.prompts = _cycle(prompts, cfg.seed) if sized else _not_held_out(prompts)
+        self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
+        """With difficulty_targeting: the pass rates per level that decide which drawn prompts a step keeps."""
+        self.controls = controls or Controls.from_config(cfg)
+        self._start_loop(model, cfg, resume_metrics=resume_metrics)
+        needs_reference = cfg.beta > 0 or cfg.log_kl or cfg.target_kl is not None or cfg.ema_reference > 0
+        self.reference = ReferencePolicy(model) if needs_reference else None
+        self.products = plan_products(model, reuse_sampler_head=cfg.reuse_sampler_head, cpu_bf16=cfg.cpu_bf16,
+                                      entropy_coef=cfg.entropy_coef,
+                                      compares_logprobs=self.reference is not None or cfg.num_iterations > 1)
+        """Whether the update reuses the sampler's LM-head moments, and the products' dtype
+        (`logprobs.plan_products`)."""
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.group_prompts = GroupPrompts(tokenizer, bucket=cfg.prompt_bucket, group_size=cfg.group_size,
+                                          device=self.device, max_length=cfg.max_prompt_tokens)
+        self.compile_sampler = (
+            cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device))
+        manual_seed(cfg.seed, self.device)
+        self.prompts_drawn = 0
+        """Prompts taken from the stream so far (a resumed run skips as many)."""
+        self.init_from: str | None = None
+        """The checkpoint the weights started from (recorded in saves, so a resumed run rebuilds the same reference)."""
+        self.adaptive_beta: float | None = None
+
+    # ---- 1. rollout ---------------------------------------------------------------------------------
+    def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
+        cfg = self.config
+        ids, mask = self.group_prompts([r["prompt"] for r in rows])
+        roll = sample(
+            self.model,
+            ids,
+            mask,
+            max_new_tokens=cfg.max_new_tokens,
+            stop_ids=self.stop_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=controls["temperature"],
+            top_k=cfg.top_k,
+            top_p=controls["top_p"],
+            generator=self.generator,
+            group_size=cfg.group_size,
+            compiled=self.compile_sampler,  # each prompt is prefilled once for its group
+            head_moments=self.products.reuse_sampler_head,
+            product_dtype=self.products.rollout_product_dtype,
+        )
+        # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
+        return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
+
+    # ---- 2. reward ----------------------------------------------------------------------------------
+    def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> Scored:
+        """The rollout's completions decoded and rewarded (every reward function, weighted by today's controls)."""
+        g = self.config.group_size
+        texts, ids_list, lengths = roll.decoded(self.tokenizer)
+        prompts = [r["prompt"] for r in rows for _ in range(g)]
+        columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k not in ("prompt", "completion")}
+        columns["completion_ids"] = ids_list
+        weights = {**(self.config.reward_weights or {}), **controls["reward_weights"]}
+        result = compute_rewards(self.reward_funcs, prompts, texts, columns, weights,
+                                 on_error=self.config.reward_on_error, timeout=self.config.reward_timeout_seconds,
+                                 state=RewardState(global_step=self.step, max_steps=self.config.steps))
+        return Scored(result, texts, prompts, lengths)
+
+    # ---- 3. advantage -------------------------------------------------------------------------------
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        return compute_advantages(
+            rewards,
+            cfg.group_size,
+            estimator=cfg.advantage,
+            tau=cfg.advantage_tau,
+            clip=cfg.advantage_clip,
+            clip_high=cfg.advantage_clip_value,
+            clip_low=cfg.advantage_clip_low,
+            winsorize_quantile=cfg.winsorize_quantile,
+        )
+
+    def _advantage_rewards(self, result: RewardResult) -> torch.Tensor:
+        """The rewards the advantages are computed from: the total, or with `gate_shaped_rewards` the total whose
+        shaped terms count only where the outcome (`accuracy_reward`) varies within the group."""
+        cfg = self.config
+        if not cfg.gate_shaped_rewards:
+            return result.total
+        return outcome_gated_rewards(result.per_function, torch.tensor(result.weights),
+                                     result.names.index(cfg.accuracy_reward), cfg.group_size)
+
+    # ---- 4. update ----------------------------------------------------------------------------------
+    def update(
+        self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        ids, attn = roll.input_ids, roll.attention_mask
+        plen = roll.prompt_ids.shape[1]
+        loss_mask = roll.completion_mask.float()
+        if cfg.mask_truncated_completions:
+            loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
+        n = ids.shape[0]
+        total_tokens = loss_mask.sum()  # the whole batch's normalisers, also when groups are left out below
+        trained = self._groups_to_train(adv, beta)
+        if trained is not None:
+            roll, adv = roll.rows(trained).trimmed(), adv[trained.to(adv.device)]
+            loss_mask = loss_mask[trained.to(loss_mask.device)]
+            loss_mask = loss_mask[:, : roll.completion_ids.shape[1]]
+            ids, attn = roll.input_ids, roll.attention_mask
+        adv = shard_batch(adv.to(self.device))
+        n_trained = ids.shape[0]
+        # the last micro-batch is short when groups were left out of the update (its statistics weigh its rows)
+        micro = [slice(s, min(s + cfg.micro_batch_size, n_trained)) for s in range(0, n_trained, cfg.micro_batch_size)]
+        temperature = controls["temperature"]
+        group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
+
+        products = self.products.update_product_dtype(self.model)  # bf16 on a CPU with native bf16 (`cpu_bf16`)
+
+        def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
+            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group,
+                                       padding_free=cfg.padding_free, entropy_grad=cfg.entropy_coef != 0, sampled=head,
+                                       product_dtype=products)
+
+        monitor = compile_monitor()
+        shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
+        clock = _PhaseClock()
+        with torch.no_grad(), monitor.phase("logprob", **shapes):
+            with_reference = isinstance(beta, torch.Tensor) or beta > 0
+            old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=with_reference)
+        clock.lap("logprob_seconds")
+        self.model.train()
+        sums: dict[str, torch.Tensor | float] = {}
+        grad_norms, skipped = [], torch.zeros((), device=self.device)
+        for iteration in range(cfg.num_iterations):
+            # the first pass runs on the sampling weights: the sampler's head moments stand in for the head
+            sampled = iteration == 0 and roll.head_mean is not None
+            with monitor.phase("train", **shapes):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_total = torch.zeros((), device=self.device)
+                for m in micro:
+                    logp, entropy = logprobs(self.model, m, sampled=sampled)
+                    old = old_logp[m] if old_logp is not None else logp.detach()
+                    loss, stats = policy_loss(
+                        logp, old, adv[m], loss_mask[m],
+                        ref_logp=ref_logp[m] if ref_logp is not None else None, beta=beta,
+                        kl_estimator=cfg.kl_estimator, epsilon=controls["epsilon"], epsilon_high=cfg.epsilon_high,
+                        loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
+                        entropy=entropy, entropy_coef=cfg.entropy_coef, max_completion_length=cfg.max_new_tokens,
+                        total_sequences=n, total_tokens=total_tokens,
+                    )
+                    clock.lap("forward_seconds")
+                    loss.backward()
+                    clock.lap("backward_seconds")
+                    loss_total = loss_total + loss.detach()
+                    share = (m.stop - m.start) / n_trained / cfg.num_iterations
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v * share
+                grad_norm, skipped_now = self._optimizer_step(loss_total)
+                skipped = skipped + skipped_now
+                mark_step(self.device)
+                clock.lap("optimizer_seconds")
+            grad_norms.append(grad_norm)
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
+        sums["grad_norm"] = torch.stack(grad_norms).mean()
+        sums["skipped_updates"] = skipped
+        return {**sums, **clock.seconds, "trained_fraction": n_trained / n}
+
+    def _groups_to_train(self, adv: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor | None:
+        """Row numbers of the groups the update needs when `skip_zero_advantage_groups` applies and some group has
+        A = 0 throughout (its loss terms and gradients are exactly 0); None = train on every row. At least one
+        group is kept, so every trainable weight gets its (zero) gradient and the optimizer steps as it would."""
+        cfg = self.config
+        needs_reference = self.reference is not None and cfg.log_kl
+        if not (
+            cfg.skip_zero_advantage_groups
+            and host_syncs_are_cheap(self.device)
+            and not isinstance(beta, torch.Tensor)
+            and beta == 0
+            and not needs_reference
+            and cfg.entropy_coef == 0
+            and cfg.loss_type != "bnpo"
+        ):
+            return None
+        live = (adv.detach().view(-1, cfg.group_size) != 0).any(dim=1).cpu()
+        if bool(live.all()):
+            return None
+        if not bool(live.any()):
+            live[0] = True
+        return live.repeat_interleave(cfg.group_size).nonzero().squeeze(1)
+
+    def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
+                        micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs that stay fixed through the step's updates (no grad): the policy's before the first update
+        (μ > 1 only: at μ = 1 old = current, detached) and the reference's (β > 0, or `log_kl`)."""
+        cfg = self.config
+        old_logp = ref_logp = None
+        if cfg.num_iterations > 1:
+            self.model.eval()
+            old_logp = torch.cat([logprobs(self.model, m)[0] for m in micro])
+        if self.reference is not None and (with_reference or cfg.log_kl):
+            with self.reference.model() as ref:
+                ref.eval()
+                ref_logp = torch.cat([logprobs(ref, m)[0] for m in micro])
+        if old_logp is not None or ref_logp is not None:
+            mark_step(self.device)
+        return old_logp, ref_logp
+
+    # ---- one step: the six stages ---------------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """One GRPO step (the six stages); refused while another loop is training this trainer."""
+        with self.exclusive():
+            return self._train_step()
+
+    def _train_step(self) -> dict[str, Any]:
+        cfg = self.config
+        start = time.perf_counter()
+        compiles_before = compile_monitor().total()
+        controls = self.controls.snapshot()
+        warmup = min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = controls["learning_rate"] * warmup
+        beta = (
+            self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"])
+
+        step_controls, step_beta = controls, beta
+        if not host_syncs_are_cheap(self.device):
+            # XLA bakes the Python numbers 0 and 1 into a graph as constants (others become inputs): as device
+            # values, β 0 → 0.5 or a temperature moved off 1.0 from the dashboard reuse the compiled programs
+            # (one-element tensors copied from the CPU: torch_xla turns a 0-dim one into a constant as well)
+            step_controls = {**controls, "temperature": torch.tensor([float(controls["temperature"])]).to(self.device)}
+            step_beta = torch.tensor([float(beta)]).to(self.device)
+        sampled = self._sample_groups(controls, step_controls)  # 1-3: rollout, reward, advantage
+        roll, result, texts, prompts, lengths, adv = (sampled.roll, sampled.result, sampled.texts, sampled.prompts,
+                                                      sampled.lengths, sampled.adv)
+        t_rollout, t_reward = start + sampled.rollout_seconds, start + sampled.rollout_seconds + sampled.reward_seconds
+        trained = sampled.trained
+        device_stats = self.update(roll if trained is None else roll.rows(trained).trimmed(),
+                                   adv if trained is None else adv[trained.to(adv.device)], step_controls,
+                                   step_beta)  # 4
+        self.step += 1
+
+        # 5. log: one transfer for all device values, then host-side extras
+        row = to_host(device_stats)
+        row.update(self._reward_metrics(result, sampled.rewards, adv, lengths, roll))
+        row.update({f"logged/{name}": sum(values) / len(values)  # the rewards' log_metric, over the step's calls
+                    for name, values in result.logged.items()})
+        # the groups the update trained: dynamic sampling's choice, less those `skip_zero_advantage_groups` left out
+        update_rows = len(trained) if trained is not None else len(adv)
+        row.update(rollouts=sampled.rollouts,
+                   trained_groups=round(row["trained_fraction"] * update_rows) // cfg.group_size)
+        if self.difficulty is not None:
+            row["level_pass_rates"] = self.difficulty.pass_rates()
+        kl = row.get("kl")
+        if cfg.target_kl is not None and kl is not None:
+            self.adaptive_beta = adaptive_beta(beta, kl, cfg.target_kl)
+        if cfg.ema_reference > 0 and self.reference is not None:
+            self.reference.ema_update(cfg.ema_reference)
+        elapsed = time.perf_counter() - start
+        row.update({name: controls[name] for name in LIVE_SETTINGS})  # a column per live setting; then two as applied
+        row.update(
+            step=self.step,
+            learning_rate=controls["learning_rate"] * warmup,
+            beta=beta,
+            controls_version=controls["version"],
+            reward_weights=dict(zip(result.names, result.weights, strict=True)),
+            step_seconds=elapsed,
+            rollout_seconds=t_rollout - start,
+            reward_seconds=t_reward - t_rollout,
+            tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),
+            completions=self._logged_completions(result, adv, prompts, texts),
+        )
+        row.update({f"memory_{k}": v for k, v in memory_stats(self.device).items()})
+        if is_xla(self.device):
+            row.update(self._compile_metrics(compile_monitor().total() - compiles_before))
+        self.logger.log(row)
+        self._count_step_seconds(elapsed)
+        self._count_skipped(row)
+
+        # 6. save
+        requested = self.controls.consume_save_request()
+        if self.checkpoint_path is not None and (self._save_due() or requested):
+            self.save(self.checkpoint_path)
+        elif requested:
+            warnings.warn("save requested, but GRPOConfig.output_dir is None: nothing was saved", stacklevel=2)
+        return row
+
+    def _sample_groups(self, controls: dict[str, Any], step_controls: dict[str, Any]) -> _SampledGroups:
+        """Stages 1–3: `prompts_per_step` prompts sampled, scored and given advantages. With dynamic sampling
+        (`dynamic_sampling_rollouts` > 1) more rollouts of `prompts_per_step` new prompts follow while fewer than
+        `prompts_per_step` groups have rewards that differ, up to that many rollouts; the update then trains on the
+        first `prompts_per_step` such groups (at least one group: the first, if none differs)."""
+        cfg, g = self.config, self.config.group_size
+        rolls, results, texts, prompts, lengths = [], [], [], [], []
+        rollout_seconds = reward_seconds = 0.0
+        while True:
+            t0 = time.perf_counter()
+            rows = [self._next_prompt() for _ in range(cfg.prompts_per_step)]
+            self.prompts_drawn += len(rows)
+            rolls.append(self.rollout(rows, step_controls))  # 1
+            t1 = time.perf_counter()
+            scored = self.score(rows, rolls[-1], controls)  # 2
+            results.append(scored.rewards)
+            if self.difficulty is not None:
+                outcomes = scored.rewards.per_function[scored.rewards.names.index(cfg.accuracy_reward)].tolist()
+                self.difficulty.record([self.difficulty.level(r) for r in rows for _ in range(g)], outcomes)
+            texts, prompts, lengths = texts + scored.texts, prompts + scored.prompts, lengths + [scored.lengths]
+            rollout_seconds, reward_seconds = rollout_seconds + t1 - t0, reward_seconds + time.perf_counter() - t1
+            result = _joined_results(results)
+            rewards = self._advantage_rewards(result)
+            if (
+                len(rolls) >= cfg.dynamic_sampling_rollouts
+                or int((~zero_std_mask(rewards, g)).sum()) // g >= cfg.prompts_per_step
+            ):
+                break
+        roll = concat_rollouts(rolls, self.tokenizer.pad_token_id)
+        adv = self.advantages(rewards)  # 3
+        trained = None
+        if cfg.dynamic_sampling_rollouts > 1:
+            varied_groups = (~zero_std_mask(rewards, g)).view(-1, g)[:, 0].nonzero().squeeze(1)[: cfg.prompts_per_step]
+            groups = varied_groups if varied_groups.numel() else torch.zeros(1, dtype=torch.long)
+            trained = (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
+            if trained.numel() == len(rewards):
+                trained = None
+        return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths),
+                              rewards=rewards, adv=adv, trained=trained, rollouts=len(rolls),
+                              rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
+
+    def _next_prompt(self) -> dict[str, Any]:
+        """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""
+        return next(self.prompts) if self.difficulty is None else self.difficulty.next_prompt(self.prompts)
+
+    def _logged_completions(
+        self, result: Any, adv: torch.Tensor, prompts: list, texts: list[str]
+    ) -> list[dict[str, Any]]:
+        """The first `log_completions` completions with their rewards and advantages, for the browser."""
+        extra = {column: values for column, values in result.extra.items() if len(values) == len(texts)}
+        return [
+            {"prompt": p[-1]["content"] if isinstance(p, list) else p, "completion": t,
+             "rewards": {nm: _num(result.per_function[j, i]) for j, nm in enumerate(result.names)},
+             "reward": float(result.total[i]), "advantage": float(adv[i]),
+             **({"extra": {column: values[i] for column, values in extra.items()}} if extra else {})}
+            for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if i < self.config.log_completions
+        ]
+
+    def _compile_metrics(self, compiles: int) -> dict[str, Any]:
+        """XLA: this step's graph compilations (recompiles once warm-up is over) and the monitor's phase counts."""
+        monitor, warmup = compile_monitor(), self.config.compile_warmup_steps
+        metrics = {**monitor.metrics(), "xla_compiles_step": compiles, "xla_devices": data_parallel_size(),
+                   "xla_recompiles_step": compiles if self.step > warmup else 0}
+        if self.step >= warmup:
+            monitor.end_warmup()
+        return metrics
+
+    def _reward_metrics(self, result: Any, rewards: torch.Tensor, adv: torch.Tensor, lengths: torch.Tensor,
+                        roll: Rollout) -> dict[str, Any]:
+        g = self.config.group_size
+        total = result.total
+        out: dict[str, Any] = {
+            "reward_mean": float(total.mean()), "reward_std": float(total.std()),
+            # of the rewards the advantages come from: with gated shaped rewards an all-wrong group has no signal
+            "zero_std_fraction": float(zero_std_fraction(rewards, g)),
+            "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()),
+            "advantage_min": float(adv.min()), "advantage_max": float(adv.max()),
+            "advantage_hist": histogram(adv), "advantage_hist_edges": HIST_EDGES.tolist(),
+            "completion_length_mean": float(lengths.float().mean()), "completion_length_max": int(lengths.max()),
+            "truncated_fraction": float(roll.truncated.float().mean().cpu()),
+            "reward_failures": sum(result.failures.values()),
+        }
+        for j, name in enumerate(result.names):
+            col = result.per_function[j]
+            valid = col[~torch.isnan(col)]
+            out[f"rewards/{name}/mean"] = float(valid.mean()) if len(valid) else None
+            out[f"rewards/{name}/std"] = float(valid.std()) if len(valid) > 1 else 0.0
+        accuracy_reward = self.config.accuracy_reward
+        if accuracy_reward in result.names:
+            col = result.per_function[result.names.index(accuracy_reward)]
+            out["accuracy"] = float((col == 1.0).float().mean())
+        return out
+
+    def train(
+        self,
+        steps: int | None = None,
+        progress: bool = True,
+        callback: Callable[[GRPOTrainer, dict[str, Any]], None] | None = None,
+        poll: Callable[[], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run until `steps` (default config.steps) total steps, a stop request, or max_seconds.
+
+        `callback(trainer, row)` runs after each step; `poll()` runs before each step and while paused (the
+        dashboard's foreground loop processes widget events there). Refused while another loop trains."""
+        def before_step() -> bool:
+            if poll is not None:
+                poll()
+            self.controls.wait_while_paused(idle=poll)
+            return not self.controls.snapshot()["stop_requested"]
+
+        return self._run(self.config.steps if steps is None else steps, progress=progress, before_step=before_step,
+                         after_step=None if callback is None else lambda row: callback(self, row))
+
+    def _progress_postfix(self, row: dict[str, Any]) -> dict[str, str]:
+        return {"reward": f"{row['reward_mean']:.3f}", "acc": f"{row.get('accuracy', float('nan')):.2f}"}
+
+    def save(self, path: str | Path) -> Path:
+        """Weights (or adapter), optimizer, RNG states, step, the settings and the starting checkpoint."""
+        extra = {"adaptive_beta": self.adaptive_beta, "init_from": self.init_from, "prompts_drawn": self.prompts_drawn,
+                 "config": dataclasses.asdict(self.config)}
+        if self.difficulty is not None:
+            extra["difficulty"] = self.difficulty.state()
+        return self._save(path, extra, modules=self._unrecoverable_reference())
+
+    def _unrecoverable_reference(self) -> dict[str, torch.nn.Module]:
+        """The reference policy when it cannot be rebuilt from the starting weights (an EMA reference has moved)."""
+        moved = self.config.ema_reference > 0 and self.reference is not None and self.reference.frozen is not None
+        return {"reference": self.reference.frozen} if moved else {}
+
+    def load(self, path: str | Path) -> None:
+        """Resume: weights, optimizer, RNG and step; metrics rows after that step are dropped. Refuses a checkpoint
+        whose prompt order settings differ (the resumed run would replay different prompts)."""
+        state = self._restore(path, modules=self._unrecoverable_reference())
+        self.init_from = state.get("init_from")
+        self.adaptive_beta = state.get("adaptive_beta")
+        # prompt order continues from the same seed: skip the prompts already used (dynamic sampling draws more)
+        self.prompts_drawn = state.get("prompts_drawn", self.step * self.config.prompts_per_step)
+        if self.difficulty is not None and "difficulty" in state:  # its filter drew more rows than it kept
+            self.difficulty.restore(state["difficulty"], self.prompts)
+            return
+        for _ in itertools.repeat(None, self.prompts_drawn):
+            next(self.prompts)
+
+
+@dataclasses.dataclass
+class _SampledGroups:
+    """What stages 1–3 of a step made (`GRPOTrainer._sample_groups`): every rollout's rows joined, their rewards and
+    advantages, and which rows the update trains on (None = all)."""
+
+    roll: Rollout
+    result: RewardResult
+    texts: list[str]
+    prompts: list
+    lengths: torch.Tensor
+    rewards: torch.Tensor
+    """The rewards the advantages come from (`GRPOTrainer._advantage_rewards`)."""
+    adv: torch.Tensor
+    trained: torch.Tensor | None
+    rollouts: int
+    rollout_seconds: float
+    reward_seconds: float
+
+
+def _joined_results(results: list[RewardResult]) -> RewardResult:
+    """Several batches' reward results as one, rows in order."""
+    if len(results) == 1:
+        return results[0]
+    failures: dict[str, int] = {}
+    for r in results:
+        for name, count in r.failures.items():
+            failures[name] = failures.get(name, 0) + count
+    logged: dict[str, list[float]] = {}
+    extra: dict[str, list] = {}
+    for r in results:
+        for name, values in r.logged.items():
+            logged.setdefault(name, []).extend(values)
+        for column, values in r.extra.items():
+            extra.setdefault(column, []).extend(values)
+    return RewardResult(per_function=torch.cat([r.per_function for r in results], dim=1),
+                        total=torch.cat([r.total for r in results]), names=results[0].names, weights=results[0].weights,
+                        failures=failures, logged=logged, extra=extra)
+
+
+class _PhaseClock:
+    """Host seconds per phase of the update (`lap(name)` adds the time since the previous lap to `name`). On cpu
+    the work runs as it is issued; on cuda and XLA it is queued, so device time lands in the phase that waits
+    for it (on XLA: `optimizer_seconds`, which holds the step's `mark_step`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+
+def _num(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return None if math.isnan(v) else v
