@@ -85,6 +85,7 @@ PUBLIC: dict[str, str] = {
     "group_zscore": "algo.advantages",
     "zero_std_fraction": "algo.advantages",
     "policy_loss": "algo.losses",
+    "LossSpec": "algo.losses",
     "kl_estimate": "algo.losses",
     # generation, evaluation, SFT batches
     "encode_prompts": "engine.sampling",

@@ -1,15 +1,11 @@
-"""The allowed values of every choice setting, written once: `GRPOConfig` validates against them and the
-loss, KL and advantage functions dispatch on them (their docstrings give each option's formula)."""
+"""The allowed values of the choice settings that are not the algorithm's, written once, and `check_choice`. The
+algorithm's choices (losses, KL estimators, advantage estimators and clip modes) are the names of their registries
+in `grpo_kit.algo` (`losses.LOSSES`, `losses.KL_ESTIMATORS`, `advantages.ESTIMATORS`, `advantages.CLIP_MODES`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-KL_ESTIMATORS = ("k1", "k3")
-ADVANTAGE_ESTIMATORS = ("zscore", "centered", "mad", "batch")
-ADVANTAGE_CLIPS = ("none", "symmetric", "asymmetric", "tanh")
 REWARD_ON_ERROR = ("raise", "zero")
 TASK_KINDS = ("arithmetic", "word_problems", "gsm8k", "file", "hub")
 ANSWER_TYPES = ("auto", "number", "choice", "string", "regex", "math", "function")

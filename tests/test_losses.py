@@ -112,7 +112,7 @@ def test_ppo_clip_aggregations(loss_type):
         expected = (per * mask).sum() / mask.sum()
     else:
         expected = (per * mask).sum() / (2 * 3)
-    loss, stats = L.policy_loss(logp, old, adv, mask, epsilon=0.2, epsilon_high=0.28, loss_type=loss_type)
+    loss, stats = L.policy_loss(logp, old, adv, mask, L.LossSpec(epsilon=0.2, epsilon_high=0.28, loss_type=loss_type))
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
     # row 0 (A > 0): ratio exp(0.5) = 1.65 > 1.28 is clipped high; exp(−0.5) = 0.61 is not (A > 0 only clips up)
     # row 1 (A < 0): ratio exp(−0.4) = 0.67 < 0.8 is clipped low; the masked third token never counts
@@ -123,10 +123,10 @@ def test_ppo_clip_aggregations(loss_type):
 def test_micro_batches_add_up_to_full_batch():
     logp, old, mask, adv = _batch()
     for loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"):
-        full, _ = L.policy_loss(logp, old, adv, mask, loss_type=loss_type)
+        full, _ = L.policy_loss(logp, old, adv, mask, L.LossSpec(loss_type=loss_type))
         parts = sum(
-            L.policy_loss(logp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], loss_type=loss_type,
-                          total_sequences=2, total_tokens=mask.sum())[0]
+            L.policy_loss(logp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1],
+                          L.LossSpec(loss_type=loss_type), totals=L.StepTotals(2, mask.sum()))[0]
             for i in range(2)
         )
         if loss_type != "bnpo":  # bnpo is a local (per micro-batch) token mean by definition
@@ -136,13 +136,15 @@ def test_micro_batches_add_up_to_full_batch():
 def test_cispo_and_gspo():
     logp, old, mask, adv = _batch()
     logp = logp.clone().requires_grad_(True)
-    loss, _ = L.policy_loss(logp, old, adv, mask, loss_type="cispo", epsilon_high=0.1, total_tokens=mask.sum())
+    loss, _ = L.policy_loss(logp, old, adv, mask, L.LossSpec(loss_type="cispo", epsilon_high=0.1),
+                            totals=L.StepTotals(2, mask.sum()))
     ratio = torch.exp(logp.detach() - old)
     expected = (-(ratio.clamp(max=1.1)) * adv.unsqueeze(1) * logp.detach() * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
     loss.backward()
     assert torch.allclose(logp.grad, -(ratio.clamp(max=1.1)) * adv.unsqueeze(1) * mask / mask.sum())
-    seq_loss, _ = L.policy_loss(logp.detach(), old, adv, mask, importance_sampling_level="sequence", epsilon=10.0)
+    seq_loss, _ = L.policy_loss(logp.detach(), old, adv, mask,
+                                L.LossSpec(importance_sampling_level="sequence", epsilon=10.0))
     seq_ratio = torch.exp(((logp.detach() - old) * mask).sum(1) / mask.sum(1))
     assert seq_loss.item() == pytest.approx((-(seq_ratio * adv)).mean().item(), abs=1e-6)
 
@@ -151,9 +153,9 @@ def test_beta_kl_and_entropy_terms():
     logp, old, mask, adv = _batch()
     ref = logp - 0.5
     ent = torch.full_like(logp, 2.0)
-    base, _ = L.policy_loss(logp, old, adv, mask, loss_type="dapo")
-    with_terms, stats = L.policy_loss(logp, old, adv, mask, loss_type="dapo", ref_logp=ref, beta=0.1,
-                                      entropy=ent, entropy_coef=0.01)
+    base, _ = L.policy_loss(logp, old, adv, mask, L.LossSpec(loss_type="dapo"))
+    with_terms, stats = L.policy_loss(logp, old, adv, mask, L.LossSpec(loss_type="dapo", beta=0.1, entropy_coef=0.01),
+                                      ref_logp=ref, entropy=ent)
     k3 = math.exp(-0.5) + 0.5 - 1
     assert stats["kl"].item() == pytest.approx(k3, abs=1e-6)
     assert with_terms.item() == pytest.approx(base.item() + 0.1 * k3 - 0.01 * 2.0, abs=1e-6)
@@ -172,5 +174,22 @@ def test_adaptive_beta_moves_toward_target():
     assert L.adaptive_beta(0.1, kl=1.0, target_kl=0.1) == pytest.approx(0.1 * 1.02)
     assert L.adaptive_beta(0.1, kl=0.0, target_kl=0.1) == pytest.approx(0.1 * 0.98)
     assert L.adaptive_beta(0.0, kl=1.0, target_kl=0.1) > 0
-    with pytest.raises(ValueError):
-        L.policy_loss(*_batch()[:2], _batch()[3], _batch()[2], loss_type="ppo")
+    with pytest.raises(ValueError, match="loss_type='ppo': must be one of grpo, bnpo, dapo, dr_grpo, cispo"):
+        L.LossSpec(loss_type="ppo")
+
+
+def test_a_loss_declares_whether_rows_with_zero_advantage_can_be_left_out():
+    """The update leaves zero-advantage groups out only where the loss says that changes nothing: no KL or entropy
+    term, and a normaliser over the whole batch (every registered loss but bnpo's micro-batch token mean)."""
+    assert {name for name in L.LOSSES if L.LossSpec(loss_type=name).rows_with_zero_terms_can_be_left_out} == {
+        "grpo", "dapo", "dr_grpo", "cispo"}
+    assert not L.LossSpec(beta=0.04).rows_with_zero_terms_can_be_left_out
+    assert not L.LossSpec(beta=torch.tensor(0.0)).rows_with_zero_terms_can_be_left_out  # in the graph, even at 0
+    assert not L.LossSpec(entropy_coef=0.01).rows_with_zero_terms_can_be_left_out
+    logp, old, mask, adv = _batch()
+    adv = torch.tensor([0.7, 0.0])  # row 1's terms are exactly 0
+    for name in ("grpo", "dapo", "dr_grpo", "cispo"):
+        spec, totals = L.LossSpec(loss_type=name), L.StepTotals(2, mask.sum())
+        full, _ = L.policy_loss(logp, old, adv, mask, spec, totals=totals)
+        alone, _ = L.policy_loss(logp[:1], old[:1], adv[:1], mask[:1], spec, totals=totals)
+        assert alone.item() == pytest.approx(full.item(), abs=1e-7), name

@@ -258,22 +258,22 @@ def test_the_sampler_and_decoder_are_split_into_small_functions():
 def test_each_option_list_is_the_one_the_code_dispatches_on():
     import torch
 
-    from grpo_kit import options
     from grpo_kit.algo import advantages, losses
     from grpo_kit.train.config import GRPOConfig
 
-    assert tuple(advantages.ESTIMATORS) == options.ADVANTAGE_ESTIMATORS
     rewards, logp = torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.zeros(4, 3)
-    for clip in options.ADVANTAGE_CLIPS:
+    for clip in advantages.CLIP_MODES:
         assert advantages.compute_advantages(rewards, 2, clip=clip).shape == (4,)
-    for loss_type in options.LOSS_TYPES:
-        for level in options.IMPORTANCE_SAMPLING_LEVELS:
-            for kl in options.KL_ESTIMATORS:
-                loss, _ = losses.policy_loss(logp, logp, torch.ones(4), torch.ones(4, 3), ref_logp=logp, beta=0.1,
-                                             kl_estimator=kl, loss_type=loss_type, importance_sampling_level=level)
+    for estimator in advantages.ESTIMATORS:
+        assert advantages.compute_advantages(rewards, 2, estimator=estimator).shape == (4,)
+    for loss_type in losses.LOSSES:
+        for level in losses.IMPORTANCE_SAMPLING_LEVELS:
+            for kl in losses.KL_ESTIMATORS:
+                spec = losses.LossSpec(beta=0.1, kl_estimator=kl, loss_type=loss_type, importance_sampling_level=level)
+                loss, _ = losses.policy_loss(logp, logp, torch.ones(4), torch.ones(4, 3), spec, ref_logp=logp)
                 assert torch.isfinite(loss)
-    for setting, allowed in (("loss_type", options.LOSS_TYPES), ("advantage", options.ADVANTAGE_ESTIMATORS),
-                             ("kl_estimator", options.KL_ESTIMATORS), ("advantage_clip", options.ADVANTAGE_CLIPS)):
+    for setting, allowed in (("loss_type", losses.LOSSES), ("advantage", advantages.ESTIMATORS),
+                             ("kl_estimator", losses.KL_ESTIMATORS), ("advantage_clip", advantages.CLIP_MODES)):
         with pytest.raises(ValueError, match=rf"GRPOConfig\.{setting}='nope': must be one of {', '.join(allowed)}"):
             GRPOConfig(**{setting: "nope"})
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..options import ADVANTAGE_CLIPS, ADVANTAGE_ESTIMATORS, check_choice
+from ..options import check_choice
 
 EPS = 1e-4
 """Added to scale estimates; with rewards in [0, 1] this caps |A| near 3 for a single success in 8."""
@@ -89,6 +89,10 @@ def winsorize(rewards: torch.Tensor, quantile: float) -> torch.Tensor:
     return r.clamp(lo, hi)
 
 
+CLIP_MODES = ("none", "symmetric", "asymmetric", "tanh")
+"""How advantages are bounded (`clip_advantages` gives each one's formula)."""
+
+
 def clip_advantages(adv: torch.Tensor, mode: str, high: float = 5.0, low: float = 5.0) -> torch.Tensor:
     """Bound advantages:
         none       A
@@ -96,7 +100,7 @@ def clip_advantages(adv: torch.Tensor, mode: str, high: float = 5.0, low: float 
         asymmetric clamp(A, −low, high)      (e.g. punish failures less than rewarding successes)
         tanh       high · tanh(A / high)     (smooth, keeps order)
     """
-    check_choice("advantage clip mode", mode, ADVANTAGE_CLIPS)
+    check_choice("advantage clip mode", mode, CLIP_MODES)
     if mode == "symmetric":
         return adv.clamp(-high, high)
     if mode == "asymmetric":
@@ -130,6 +134,8 @@ def outcome_gated_rewards(
 
 
 ESTIMATORS = {"zscore": group_zscore, "centered": group_centered, "mad": group_mad, "batch": batch_normalized}
+"""The advantage estimators by name, each `(rewards, group_size) -> advantages` (their docstrings give the
+formulas): the one list of names `GRPOConfig.advantage` is checked against."""
 
 
 def compute_advantages(
@@ -144,7 +150,7 @@ def compute_advantages(
     winsorize_quantile: float = 0.0,
 ) -> torch.Tensor:
     """The full recipe: A = clip(estimator(winsorize(r)) / τ)."""
-    check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
+    check_choice("advantage estimator", estimator, ESTIMATORS)
     if tau <= 0:
         raise ValueError(f"advantage tau must be > 0, got {tau}")
     adv = ESTIMATORS[estimator](winsorize(rewards, winsorize_quantile), group_size) / tau

@@ -463,7 +463,7 @@ def length_bias(
     bias: a long wrong answer is punished less per token) and `dr_grpo` gives both the same. Never raises."""
     import torch
 
-    from ..algo.losses import policy_loss
+    from ..algo.losses import LossSpec, StepTotals, policy_loss
 
     controls = trainer.controls.snapshot()
     with torch.no_grad():
@@ -481,8 +481,8 @@ def length_bias(
     ratios = {}
     for loss_type in loss_types:
         logp = torch.zeros_like(mask, requires_grad=True)
-        loss, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type, max_completion_length=mask.shape[1],
-                              total_sequences=mask.shape[0], total_tokens=mask.sum())
+        spec = LossSpec(loss_type=loss_type, max_completion_length=mask.shape[1])
+        loss, _ = policy_loss(logp, logp.detach(), adv, mask, spec, totals=StepTotals(mask.shape[0], mask.sum()))
         (grad,) = torch.autograd.grad(loss, logp)
         per_token = grad.abs().sum(1) / mask.sum(1).clamp(min=1) / adv.abs().clamp(min=1e-8)
         ratios[loss_type] = float(per_token[long] / per_token[short])

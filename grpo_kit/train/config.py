@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import yaml
 
 from .. import options
+from ..algo.advantages import CLIP_MODES, ESTIMATORS
+from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSSES, LossSpec
 from ..data.answer_format import WORD_PROBLEM_INSTRUCTION
 from ..engine.model_config import ModelConfig
 from ..validation import ConfigError, Rule, above, at_least, one_of, ruled, subset_of, validate, within
@@ -249,12 +251,12 @@ class GRPOConfig:
     None = wait forever."""
     reward_on_error: str = ruled("raise", one_of(options.REWARD_ON_ERROR))
     """`raise` stops the run naming the reward and completion; `zero` scores 0 and counts the failure."""
-    advantage: str = ruled("zscore", one_of(options.ADVANTAGE_ESTIMATORS))
+    advantage: str = ruled("zscore", one_of(tuple(ESTIMATORS)))
     """`zscore` (group mean/std, GRPO), `centered` (mean only, Dr GRPO), `mad` (median/MAD, robust),
     `batch` (group mean, batch std, as in REINFORCE++-style batch normalisation)."""
     advantage_tau: float = ruled(1.0, above(0))
     """Divide advantages by τ after normalisation (τ > 1 softens updates)."""
-    advantage_clip: str = ruled("none", one_of(options.ADVANTAGE_CLIPS))
+    advantage_clip: str = ruled("none", one_of(CLIP_MODES))
     """`none`, `symmetric` (clip to ±clip_value), `asymmetric` (clip to [-clip_low, clip_value]), `tanh` (soft)."""
     advantage_clip_value: float = ruled(5.0, above(0))
     """Upper bound for advantage clipping."""
@@ -280,7 +282,7 @@ class GRPOConfig:
     then KL is still measured when `log_kl` is on, but does not enter the loss."""
     log_kl: bool = True
     """Measure KL to the reference even when beta = 0 (one extra no-grad forward). Turn off for speed."""
-    kl_estimator: str = ruled("k3", one_of(options.KL_ESTIMATORS))
+    kl_estimator: str = ruled("k3", one_of(tuple(KL_ESTIMATORS)))
     """`k1` (log-ratio, unbiased, can be negative) or `k3` (Schulman's low-variance, non-negative)."""
     target_kl: float | None = ruled(None, above(0))
     """Adaptive β: when set, β moves toward keeping KL near this value each step (None = fixed β)."""
@@ -288,10 +290,10 @@ class GRPOConfig:
     """Lower clip range of the PPO ratio: ratio ≥ 1 − ε."""
     epsilon_high: float | None = ruled(None, above(0))
     """Upper clip range: ratio ≤ 1 + ε_high. None = ε. DAPO's clip-higher uses 0.28."""
-    loss_type: str = ruled("grpo", one_of(options.LOSS_TYPES))
+    loss_type: str = ruled("grpo", one_of(tuple(LOSSES)))
     """Aggregation / objective: `grpo` (mean per sequence, then over sequences), `bnpo` / `dapo` (mean over
     all tokens), `dr_grpo` (sum over tokens / (batch × max_new_tokens)), `cispo` (clipped IS weight × log-prob)."""
-    importance_sampling_level: str = ruled("token", one_of(options.IMPORTANCE_SAMPLING_LEVELS))
+    importance_sampling_level: str = ruled("token", one_of(IMPORTANCE_SAMPLING_LEVELS))
     """`token` (PPO/GRPO) or `sequence` (GSPO: one length-normalised ratio per sequence)."""
     num_iterations: int = ruled(1, at_least(1))
     """μ: optimizer passes over each rollout batch. >1 reuses the rollout's old log-probs (PPO-style)."""
@@ -389,6 +391,14 @@ class GRPOConfig:
         if n % self.micro_batch_size:
             raise ConfigError(f"GRPOConfig.micro_batch_size={self.micro_batch_size}: must divide prompts_per_step × "
                               f"group_size = {n}")
+
+    def loss_spec(self, *, epsilon: float, beta: float | Any) -> LossSpec:
+        """The policy loss's settings for a step: these settings, with ε and β as the step applies them (live
+        controls, or the adaptive β)."""
+        return LossSpec(loss_type=self.loss_type, epsilon=epsilon, epsilon_high=self.epsilon_high,
+                        importance_sampling_level=self.importance_sampling_level, beta=beta,
+                        kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
+                        max_completion_length=self.max_new_tokens)
 
 
 TRL_GRPO_NAMES: dict[str, str] = {

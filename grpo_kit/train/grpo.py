@@ -26,7 +26,7 @@ import torch
 
 from ..algo.advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction, zero_std_mask
 from ..algo.difficulty import DifficultyTargeting
-from ..algo.losses import adaptive_beta, policy_loss
+from ..algo.losses import LossSpec, StepTotals, adaptive_beta, policy_loss
 from ..data.chat import stop_token_ids
 from ..data.rewards import RewardFunc, RewardResult, RewardState, compute_rewards, reward_name
 from ..data.tasks import check_no_overlap
@@ -228,8 +228,9 @@ class GRPOTrainer(TrainingLoop):
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
         n = ids.shape[0]
-        total_tokens = loss_mask.sum()  # the whole batch's normalisers, also when groups are left out below
-        trained = self._groups_to_train(adv, beta)
+        totals = StepTotals(n, loss_mask.sum())  # the whole batch's normalisers, also when groups are left out below
+        spec = cfg.loss_spec(epsilon=controls["epsilon"], beta=beta)
+        trained = self._groups_to_train(adv, spec)
         if trained is not None:
             roll, adv = roll.rows(trained).trimmed(), adv[trained.to(adv.device)]
             loss_mask = loss_mask[trained.to(loss_mask.device)]
@@ -247,15 +248,14 @@ class GRPOTrainer(TrainingLoop):
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
             head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
             return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group,
-                                       padding_free=cfg.padding_free, entropy_grad=cfg.entropy_coef != 0, sampled=head,
-                                       product_dtype=products)
+                                       padding_free=cfg.padding_free, entropy_grad=spec.entropy_in_gradient,
+                                       sampled=head, product_dtype=products)
 
         monitor = compile_monitor()
         shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
         clock = _PhaseClock()
         with torch.no_grad(), monitor.phase("logprob", **shapes):
-            with_reference = isinstance(beta, torch.Tensor) or beta > 0
-            old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=with_reference)
+            old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=spec.kl_in_loss)
         clock.lap("logprob_seconds")
         self.model.train()
         sums: dict[str, torch.Tensor | float] = {}
@@ -269,14 +269,8 @@ class GRPOTrainer(TrainingLoop):
                 for m in micro:
                     logp, entropy = logprobs(self.model, m, sampled=sampled)
                     old = old_logp[m] if old_logp is not None else logp.detach()
-                    loss, stats = policy_loss(
-                        logp, old, adv[m], loss_mask[m],
-                        ref_logp=ref_logp[m] if ref_logp is not None else None, beta=beta,
-                        kl_estimator=cfg.kl_estimator, epsilon=controls["epsilon"], epsilon_high=cfg.epsilon_high,
-                        loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
-                        entropy=entropy, entropy_coef=cfg.entropy_coef, max_completion_length=cfg.max_new_tokens,
-                        total_sequences=n, total_tokens=total_tokens,
-                    )
+                    loss, stats = policy_loss(logp, old, adv[m], loss_mask[m], spec, entropy=entropy, totals=totals,
+                                              ref_logp=ref_logp[m] if ref_logp is not None else None)
                     clock.lap("forward_seconds")
                     loss.backward()
                     clock.lap("backward_seconds")
@@ -294,21 +288,14 @@ class GRPOTrainer(TrainingLoop):
         sums["skipped_updates"] = skipped
         return {**sums, **clock.seconds, "trained_fraction": n_trained / n}
 
-    def _groups_to_train(self, adv: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor | None:
+    def _groups_to_train(self, adv: torch.Tensor, spec: LossSpec) -> torch.Tensor | None:
         """Row numbers of the groups the update needs when `skip_zero_advantage_groups` applies and some group has
         A = 0 throughout (its loss terms and gradients are exactly 0); None = train on every row. At least one
         group is kept, so every trainable weight gets its (zero) gradient and the optimizer steps as it would."""
         cfg = self.config
         needs_reference = self.reference is not None and cfg.log_kl
-        if not (
-            cfg.skip_zero_advantage_groups
-            and host_syncs_are_cheap(self.device)
-            and not isinstance(beta, torch.Tensor)
-            and beta == 0
-            and not needs_reference
-            and cfg.entropy_coef == 0
-            and cfg.loss_type != "bnpo"
-        ):
+        if not (cfg.skip_zero_advantage_groups and host_syncs_are_cheap(self.device)
+                and spec.rows_with_zero_terms_can_be_left_out and not needs_reference):
             return None
         live = (adv.detach().view(-1, cfg.group_size) != 0).any(dim=1).cpu()
         if bool(live.all()):
