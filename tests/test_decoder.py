@@ -398,7 +398,7 @@ def test_compile_sampler_default_is_on_for_cuda_only(task):
     model, tok = load_model(ModelConfig(), torch.device("cpu"))
     for setting, expected in ((None, False), (True, True), (False, False)):
         cfg = GRPOConfig(compile_sampler=setting, output_dir=None)
-        assert GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg).compile_sampler is expected
+        assert GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), cfg).sampler.compiled is expected
 
 
 def lora_gemma3_streamed_vocabulary() -> torch.nn.Module:

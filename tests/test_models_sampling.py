@@ -400,3 +400,55 @@ def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_mo
     monkeypatch.setattr(evaluate_module, "sample", spy)
     assert generate_completions(model, tokenizer, prompts, max_new_tokens=12) == alone
     assert seen == [3, 4]  # asked with 3 rows, sampled with 4
+
+
+def test_the_sampler_seam_gives_the_engines_tokens_and_log_probs(sft_model, task):
+    """`Sampler.generate` is `sample` on the prompts it encodes (the same tokens from the same noise, the all-padding
+    tail dropped on the CPU), and `Sampler.logprobs` is the training forward's log-probs of those tokens."""
+    from grpo_kit.engine.sampler import Sampler, SamplerSettings
+
+    model, tok = sft_model
+    prompts = list(task.test_set()["prompt"][:4])
+    settings = SamplerSettings(max_new_tokens=12, temperature=0.8, prompt_bucket=16)
+    roll = Sampler(model, tok, settings, group_size=2, generator=torch.Generator().manual_seed(0)).generate(prompts)
+    ids, mask = encode_prompts(tok, prompts, bucket=16)
+    ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
+    direct = sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=0.8,
+                    generator=torch.Generator().manual_seed(0), group_size=2)
+    width = roll.completion_ids.shape[1]
+    assert width <= 12 and torch.equal(roll.completion_ids, direct.completion_ids[:, :width])
+    assert not direct.completion_mask[:, width:].any()  # only padding was dropped
+    sampler = Sampler(model, tok, settings, group_size=2)
+    with torch.no_grad():
+        logp, _ = sampler.logprobs(roll)
+        plain, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1], temperature=0.8)
+        first, _ = sampler.logprobs(roll, slice(0, 2))
+    m = roll.completion_mask.bool()
+    assert torch.allclose(logp[m], plain[m], atol=1e-5)
+    assert torch.allclose(logp[m], roll.sampling_logprobs[m], atol=1e-4)
+    assert torch.allclose(first, logp[:2], atol=1e-5)
+
+
+def test_grpo_rft_and_evaluation_sample_through_the_one_seam_and_rft_compiles_where_grpo_does(tiny, task, monkeypatch):
+    """Every rollout of the package goes through `engine.sampler.Sampler`; where `torch.compile` runs (forced here,
+    without running it) GRPO's and RFT's samplers both compile."""
+    import grpo_kit.engine.sampler as seam
+    from grpo_kit import RFTConfig, RFTTrainer
+    from grpo_kit.data.rewards import DEFAULT_REWARDS
+    from grpo_kit.eval.evaluation import generate_completions
+    from grpo_kit.train.config import GRPOConfig
+    from grpo_kit.train.grpo import GRPOTrainer
+
+    model, tok = tiny
+    calls = []
+    real_sample = seam.sample
+    monkeypatch.setattr(seam, "sample", lambda *a, **k: calls.append(k["compiled"]) or real_sample(*a, **k))
+    generate_completions(model, tok, list(task.test_set()["prompt"][:2]), max_new_tokens=4)
+    rft = RFTTrainer(model, tok, task.prompt_stream(seed=0), RFTConfig(steps=1, prompts_per_step=2, group_size=2,
+                                                                        max_new_tokens=4, output_dir=None))
+    rft.train()
+    assert len(calls) >= 2 and not any(calls)  # evaluation, then RFT: each through the seam, uncompiled on a CPU
+    monkeypatch.setattr(seam, "compile_supported", lambda device: True)
+    grpo = GRPOTrainer(model, tok, DEFAULT_REWARDS, task.prompt_stream(seed=0), GRPOConfig(output_dir=None))
+    rft = RFTTrainer(model, tok, task.prompt_stream(seed=0), RFTConfig(output_dir=None))
+    assert grpo.sampler.compiled and rft.sampler.compiled

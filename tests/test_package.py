@@ -400,3 +400,16 @@ def test_every_third_party_module_the_package_imports_is_declared_and_every_depe
         assert dists & (core | extras), f"{module} (imported in {sorted(where)}) is not declared in pyproject.toml"
         used |= dists
     assert not core - used, f"declared but never imported: {sorted(core - used)}"
+
+
+def test_the_package_samples_only_through_the_sampler_seam():
+    """`sampling.sample` and the prompt encoders are called by the seam (`engine/sampler.py`) alone: GRPO, RFT and
+    evaluation cannot drift apart in how they sample."""
+    callers = {}
+    for path in package_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in ("sample", "GroupPrompts"):
+                    callers.setdefault(name, set()).add(module_name(path))
+    assert callers == {"sample": {"engine.sampler", "engine.sampling"}, "GroupPrompts": {"engine.sampler"}}, callers

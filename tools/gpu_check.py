@@ -215,7 +215,7 @@ def trainer_steps(steps: int) -> dict[str, object]:
     grpo.output_dir, grpo.log_completions, grpo.reward_weights = None, 0, grpo.reward_weights or DEFAULT_WEIGHTS
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, ArithmeticTask().prompt_stream(seed=1), grpo)
     rows = [trainer.train_step() for _ in range(steps)]
-    return {"compile_sampler": trainer.compile_sampler, "step_s": [round(r["step_seconds"], 3) for r in rows],
+    return {"compile_sampler": trainer.sampler.compiled, "step_s": [round(r["step_seconds"], 3) for r in rows],
             "rollout_s": [round(r["rollout_seconds"], 3) for r in rows],
             "reward_mean": [round(r["reward_mean"], 3) for r in rows]}
 
@@ -268,7 +268,7 @@ def preset_times(preset: str, tokenizer_dir: str, *, steps: int, sft_steps: int,
             "rollout_s": [round(r["rollout_seconds"], 2) for r in rows[1:]],
             "completion_length": [round(r["completion_length_mean"], 1) for r in rows[1:]],
             "prompts": grpo.prompts_per_step, "group": grpo.group_size, "max_new_tokens": grpo.max_new_tokens,
-            "eval_200_greedy_s": round(eval_s, 1), "compile_sampler": trainer.compile_sampler}
+            "eval_200_greedy_s": round(eval_s, 1), "compile_sampler": trainer.sampler.compiled}
 
 
 def main() -> None:

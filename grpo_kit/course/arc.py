@@ -46,10 +46,10 @@ PROBE_STEPS = 2
 """Steps run before a phase is sized to its time: the first may compile (XLA) or warm caches; the last one's time
 is the estimate."""
 SFT_PROBE_STEPS = 6
-"""SFT's and the control's probe: an SFT step's time varies with its batch's lengths (5.0–6.5 s in one capstone run;
-in another the second step took 4.7 s against a median of 5.1 s), so one step misjudges the phase by up to a fifth.
-The median of the probe's steps after the first sizes the phase; they run at the start of the schedule, where the
-run's length barely changes the rate. SFT and the control are sized again a third of the way in (`Arc._resize`)."""
+"""SFT's and the control's probe: an SFT step's time varies with its batch's lengths, so one step misjudges the phase by
+up to a fifth. The median of the probe's steps after the first sizes the phase; they run at the start of the schedule,
+where the run's length barely changes the rate. SFT and the control are sized again a third of the way in
+(`Arc._resize`)."""
 
 
 class Arc:
@@ -296,11 +296,10 @@ class Arc:
         return self.trainer
 
     def grpo(self, run: Callable[[int], Any] | None = None) -> dict[str, Any]:
-        """GRPO from the SFT model: `grpo.steps` steps, or with a time budget as many as fit its share (sized after
-        the first steps, stopped once its share is spent, and given more steps once if they ran faster than the
-        probe's: steps vary, and in measured capstone runs the probe's took 11.0 s against a median of 13.7 s after
-        it, and 14.5 s against 13.1 s). `run(total_steps)` trains (default: the trainer's `train`; notebook 08
-        passes the dashboard's `run`)."""
+        """GRPO from the SFT model: `grpo.steps` steps, or with a time budget as many as fit its share (sized after the
+        first steps, stopped once its share is spent, and given more steps once if they ran faster than the probe's: a
+        step's time varies by a fifth or more from one batch to the next). `run(total_steps)` trains (default: the
+        trainer's `train`; notebook 08 passes the dashboard's `run`)."""
         if record := self.done("grpo"):
             return record
         trainer = self.grpo_trainer()
@@ -360,7 +359,7 @@ class Arc:
         trainer = self._sft_trainer("control", steps=plan.get("control_resized_steps",
                                                              plan.get("control_steps", estimate)))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
-        if "control_steps" not in plan:  # its steps can be slower than SFT's (5.4 s against 5.1 s in a capstone run)
+        if "control_steps" not in plan:  # probed on its own: its steps need not take SFT's time
             plan["control_probe_step_seconds"] = self._probe_sft_steps(trainer)
             trainer.set_steps(self._size_after_probe("control", seconds=grpo["trained_seconds"], started=t0,
                                                      step_seconds=plan["control_probe_step_seconds"],

@@ -226,10 +226,9 @@ def flush_denormals() -> bool:
     """Have this process's CPU arithmetic treat denormal floats (magnitudes below 1.2e-38, in fp32 and bf16) as zero;
     returns whether the CPU can (`torch.set_flush_denormal`).
 
-    Why: a model that has memorised its demonstrations (the capstone's 32 worked solutions after a few dozen SFT
-    steps) has gradients and Adam moments that small, and x86 CPUs compute with denormals many times slower. On a
-    2-core Xeon an SFT step on such a model took 8.0 s with them and 5.3 s, a fresh model's time, without. Values
-    that small are far below anything a loss or an update resolves.
+    Why: a model that has memorised its demonstrations (a few dozen worked solutions after a few dozen SFT steps)
+    has gradients and Adam moments that small, and x86 CPUs compute with denormals many times slower
+    (docs/cpu_choices.md). Values that small are far below anything a loss or an update resolves.
 
     The setting is per thread, and OpenMP's worker threads take it from the thread that starts them, so importing
     grpo_kit sets it before torch's first parallel work. Called after that work, it reaches only the calling thread."""
@@ -265,15 +264,11 @@ def cpu_vendor() -> str:
 
 
 def cpu_bf16_products() -> bool:
-    """Are bf16 weight products faster than fp32 on this CPU (through oneDNN, accumulating in fp32)? With AMX tiles,
-    and with AVX512-BF16 on an AMD EPYC, a bf16 product runs several times faster than fp32 (a 2-core EPYC VM, Zen 4:
-    a 2048² product at 416 GFLOP/s against 105, the 270M's head product for 32 rows in 51 ms against 189, and the
-    capstone's GRPO step in a median of 10.6 s, against 12.8 s in fp32 with AVX2 kernels). An Intel CPU with
-    AVX512-BF16 but no AMX is slower in bf16: on a 2-core Xeon VM a bf16 product of 32 rows ran at 120–165 GFLOP/s
-    against fp32's 200–320, and the capstone's GRPO step in fp32 took its rollout 14.1 s against 14.5 s and its
-    update's forward and backward 0.8 s against 2.9 s; there, and on CPUs without AVX512-BF16 (bf16 emulated), the
-    kit stays fp32. Read at run time, so the same code picks fp32 on an AVX2-only laptop. GRPO_KIT_CPU_BF16=0 turns
-    it off everywhere (fp32)."""
+    """Are bf16 weight products faster than fp32 on this CPU (through oneDNN, accumulating in fp32)? True with AMX
+    tiles, and with AVX512-BF16 on an AMD CPU, where a bf16 product runs several times faster than fp32. An Intel CPU
+    with AVX512-BF16 but no AMX multiplies bf16 slower than fp32, and a CPU without AVX512-BF16 emulates it: there the
+    kit stays fp32 (docs/cpu_choices.md has the measurements). Read at run time, so the same code picks fp32 on an
+    AVX2-only laptop. GRPO_KIT_CPU_BF16=0 turns it off everywhere (fp32)."""
     if os.environ.get("GRPO_KIT_CPU_BF16", "1") == "0" or not torch.backends.mkldnn.is_available():
         return False
     if torch.cpu._is_amx_tile_supported():
@@ -283,27 +278,24 @@ def cpu_bf16_products() -> bool:
 
 PREPACK_MAX_ROWS = 64
 """Rows up to which a decode step's products run through prepacked weights (`prepacked_linear`): a GRPO step's rows
-and an evaluation batch's (64). Larger batches (the study's evaluations of 200) run through the plain weights, as
-oneDNN's kernel for a prepacked bf16 weight measured slower there (the 270M head's 16,384-row block at 132 rows:
-1.31×, at 64 rows 0.93×); a prefill's products always do (`decoder.Constants.prepack`)."""
+and an evaluation batch's (64). Larger batches run through the plain weights, where oneDNN's kernel for a prepacked
+bf16 weight is the slower (docs/cpu_choices.md); a prefill's products always do (`decoder.Constants.prepack`)."""
 
 
 def cpu_prepacked_products() -> bool:
     """Do the eager CPU sampler's products with frozen weights run through oneDNN with each weight reordered once
-    (`prepack_weight`, `prepacked_linear`) instead of `F.linear` / `torch.mm`, which repack the weight on every
-    call? On a 2-core AMD EPYC VM (Zen 4), for 16–32 rows: under the AVX2 stand-in (fp32, oneDNN's AVX2 kernels)
-    the 270M's 16,384-row head block took 4.5 ms against 7.4 (`torch.mm`, the head's form until then) and its
-    layers' projections 0.47–0.76× of `F.linear`; natively in bf16 the head block 0.59–0.82× and the layers
-    0.60–0.84×. Same products up to float summation order. Any x86-64 CPU with oneDNN (every PyPI x86 wheel);
-    GRPO_KIT_CPU_PREPACK=0 turns it off (the products then run as before)."""
+    (`prepack_weight`, `prepacked_linear`) instead of `F.linear` / `torch.mm`, which repack the weight on every call?
+    For a decode step's few rows the repacking costs about as much as the product (docs/cpu_choices.md). Same products
+    up to float summation order. Any x86-64 CPU with oneDNN (every PyPI x86 wheel); GRPO_KIT_CPU_PREPACK=0 turns it off
+    (the products then run plainly)."""
     if os.environ.get("GRPO_KIT_CPU_PREPACK", "1") == "0" or not torch.backends.mkldnn.is_available():
         return False
     return platform.machine().lower() in ("x86_64", "amd64") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def onednn_has_bf16() -> bool:
-    """Does oneDNN have bf16 kernels on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT)? Not on an AVX2-only one (an AMD
-    EPYC Zen 3, most laptops), where a bf16 weight cannot be prepacked and its products stay plain."""
+    """Does oneDNN have bf16 kernels on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT)? Not on an AVX2-only one (most
+    laptops), where a bf16 weight cannot be prepacked and its products stay plain."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -630,8 +622,7 @@ def guarded_optimizer_step(
 def describe_machine() -> dict[str, Any]:
     """What a published number depends on: the CPU (model, cores, torch's kernel level, AMX tiles, whether the kit's
     weight products run in bf16), threads, and the Python, torch and transformers versions. `cpu_family_model`
-    ("25/17": /proc/cpuinfo's cpu family and model) tells apart CPUs that share a model name (a VM's "AMD EPYC" is
-    Zen 3 or Zen 4)."""
+    ("25/17": /proc/cpuinfo's cpu family and model) tells apart CPUs that share a model name (docs/cpu_choices.md)."""
     import transformers
 
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),

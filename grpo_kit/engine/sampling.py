@@ -355,16 +355,14 @@ MOMENT_FLOOR = 2.0**-25
 """A SAMPLE_BLOCK-entry tile of the vocabulary whose share of every row's probability mass is below this (≈ 3e-8)
 is left out of the moments' product π W: at most V / SAMPLE_BLOCK such tiles (512 for Gemma's 262,144 entries), so
 at most 512 · 2⁻²⁵ = 2⁻¹⁶ ≈ 1.5e-5 of a row's mass is missing from its E = π W (bf16 rounding alone is 2⁻⁹).
-After SFT a decode step's rows hold more than that in a median of 16 of Gemma's 512 tiles (mean 64, over two of
-the capstone's GRPO steps after its SFT), which lie in 4 of its 16 DRAW_BLOCK blocks (mean 6.3): each tile left
-out is 512 rows of the head not read."""
+After SFT a decode step's rows hold more than that in a few dozen of Gemma's 512 tiles, in a few of its 16
+DRAW_BLOCK blocks (docs/architecture.md): each tile left out is 512 rows of the head not read."""
 
 EXP_FLOOR = -87.0
 """`draw_from_head` takes e^{z − m_b} of z − m_b ≥ −87 (e^−87 ≈ 1.6e-38, the smallest normal fp32 is 1.2e-38): the
 logits far below a block's maximum would otherwise give subnormal floats, which x86 multiplies and adds through
-microcode assists, making the moments' product over such a block several times slower (24 against 3.5 ms for a
-16,384-entry block at 32 rows on a 2-core Xeon). Each such entry then adds ≤ 1.6e-38 to masses of at least 1, which
-fp32 cannot represent: the same masses, tokens and moments."""
+microcode assists, making the moments' product over such a block several times slower (docs/cpu_choices.md). Each such
+entry then adds ≤ 1.6e-38 to masses of at least 1, which fp32 cannot represent: the same masses, tokens and moments."""
 
 _HEAD_CASTS: dict[str, Any] = {}
 _HEAD_PACKS: dict[str, Any] = {}
@@ -764,7 +762,7 @@ def _completions(state: SamplerState, setup: RolloutSetup) -> dict[str, torch.Te
 def sample_eager(setup: RolloutSetup) -> dict[str, torch.Tensor]:
     """Gemma on cpu/cuda, eager: the left-padding columns every prompt has are dropped, attention reads the cache
     slots written so far only — on the CPU each group's prompt slots once for the whole group (a decode step there
-    is bound by reading memory, and the capstone's prompts are most of each row's keys and values) —, finished rows
+    is bound by reading memory, and a long prompt is most of each row's keys and values) —, finished rows
     leave the batch, and the loop ends when every row has finished."""
     first = int(setup.mask.any(0).int().argmax())
     setup = replace(setup, ids=setup.ids[:, first:], mask=setup.mask[:, first:])

@@ -12,10 +12,9 @@ import numpy as np
 import torch
 
 from ..data.answer_format import ANSWER_CLOSE, ANSWER_OPEN, extract_answer
-from ..data.chat import stop_token_ids
 from ..data.rewards import correctness_reward, strict_format_reward
 from ..data.tasks import completion_text
-from ..engine.sampling import encode_prompts, sample
+from ..engine.sampler import Sampler, SamplerSettings
 
 
 def generate_completions(
@@ -25,17 +24,16 @@ def generate_completions(
 ) -> list[str]:
     """Completions for `prompts` with the kit's sampler, in equal batches of at most `batch_size` (200 prompts at 64:
     four of 50), the last one padded with repeats where they cannot be equal, so every batch has the same shape."""
-    stops, pad = stop_token_ids(tokenizer), tokenizer.pad_token_id
+    sampler = Sampler(model, tokenizer, SamplerSettings(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+        prompt_bucket=bucket), generator=generator)
     batch_size = math.ceil(len(prompts) / math.ceil(len(prompts) / batch_size)) if prompts else batch_size
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         real = len(chunk)
         chunk = chunk + [chunk[-1]] * (batch_size - real) if len(prompts) > batch_size else chunk
-        ids, mask = encode_prompts(tokenizer, chunk, bucket)
-        roll = sample(model, ids, mask, max_new_tokens=max_new_tokens, stop_ids=stops, pad_id=pad,
-                      temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
-        comp = roll.completion_ids.cpu()
+        comp = sampler.generate(chunk).completion_ids.cpu()
         texts += tokenizer.batch_decode(comp[:real], skip_special_tokens=True)
     return texts
 

@@ -147,16 +147,13 @@ class SFTConfig:
     """Optional wall-clock budget; stops early when exceeded (None = run all steps)."""
     padding_free: bool | None = None
     """None or True: for Gemma on cpu/cuda each step's forward runs on the real tokens only (GRPO's packed forward,
-    `sft.sft_loss`) instead of the padded batch through HF's forward; the same loss up to float order, and on the
-    270M's SFT batches 6.3 s a step instead of 8.0 on a 2-core AMD EPYC. False, or on XLA (fixed shapes), or under
-    gradient checkpointing: the padded forward. (None rather than True so that a run saved before this setting
-    existed resumes.)"""
+    `sft.sft_loss`) instead of the padded batch through HF's forward; the same loss up to float order, in less time
+    (docs/cpu_choices.md). False, or on XLA (fixed shapes), or under gradient checkpointing: the padded forward."""
     cpu_bf16: bool | None = None
     """None or True: with `padding_free`, on a CPU with native bf16 products (`device.cpu_bf16_products`) and an
-    fp32 LoRA model, the frozen base weights are multiplied in bf16, as in `GRPOConfig.cpu_bf16`'s update, so that
-    SFT, its continuation (the arc's control) and RFT get the speed GRPO's update gets (5.3 s a step instead of
-    6.3 there); LoRA, the head, the loss and all gradients stay fp32. False, other CPUs, or GRPO_KIT_CPU_BF16=0:
-    the model's own dtype."""
+    fp32 LoRA model, the frozen base weights are multiplied in bf16, as in `GRPOConfig.cpu_bf16`'s update, so that SFT,
+    its continuation (the arc's control) and RFT get the speed GRPO's update gets (docs/cpu_choices.md); LoRA, the head,
+    the loss and all gradients stay fp32. False, other CPUs, or GRPO_KIT_CPU_BF16=0: the model's own dtype."""
 
     def __post_init__(self) -> None:
         _one_tracker_as_a_list(self)
@@ -310,17 +307,14 @@ class GRPOConfig:
     # ---- speed: the same result in less time (each documents how far "the same" goes) ----
     compile_sampler: bool | None = None
     """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
-    (compute capability ≥ 7.0 with triton installed), off elsewhere.
-    On an H100 (`python -m tools.gpu_check`) it made rollouts 2.0–2.6× faster than the eager kit (4.7–5.0×
-    HF
-    generate) after a first rollout that compiled for 15–24 s; on 2 CPU cores 1.4× after ≈ 26 s, which the
-    CPU demo would not earn back (and inductor needs a C++ compiler there). XLA compiles its graphs anyway.
+    (compute capability ≥ 7.0 with triton installed), off elsewhere: a GPU earns the first rollout's compile time back,
+    2 CPU cores do not (docs/cpu_choices.md; and inductor needs a C++ compiler there). XLA compiles its graphs anyway.
     Each new batch or prompt-bucket shape compiles again, and finished rows stay in the batch."""
     share_prompt_forward: bool = True
     """Run each prompt through the model once for its whole group in the log-prob and training forwards, and
     repeat its keys/values for the G completions, instead of running it G times. Same log-probs and gradients
-    (up to float order); the update does (B/G)·P + B·N positions instead of B·(P + N) — 2.2× faster in the
-    benchmark. Used when micro_batch_size is a multiple of group_size (micro-batches then hold whole groups)."""
+    (up to float order); the update does (B/G)·P + B·N positions instead of B·(P + N). Used when micro_batch_size is a
+    multiple of group_size (micro-batches then hold whole groups)."""
     padding_free: bool = True
     """Gemma on cpu/cuda: the log-prob and training forwards compute real tokens only — no prompt left
     padding, nothing after a completion's stop token, the LM head on completion tokens only — packed into one
@@ -340,8 +334,7 @@ class GRPOConfig:
     an fp32 model: the rollout multiplies the layers' projections and the LM head in bf16 (`device.product_dtype`),
     and the update's
     padding-free Gemma forward multiplies the frozen base weights in bf16 (LoRA; `decoder.frozen_linears`), their
-    backward following — together a third less time per capstone step than fp32
-    (`python -m tools bench`'s capstone rows).
+    backward following (docs/cpu_choices.md).
     LoRA, norms, residual sums, attention, softmax, log-probs, the loss, the trained weights, their gradients and the
     optimizer stay fp32. Not applied where the
     update compares the sampler's log-probs with its own (a reference pass, or μ > 1 with `reuse_sampler_head`):
@@ -473,10 +466,8 @@ class RunConfig:
     rft_learning_rate: float | None = ruled(None, above(0))
     """The RFT control's learning rate; None = GRPO's (`grpo.learning_rate`). RFT learns from the model's own samples
     as GRPO does, and RAFT++ (arXiv 2504.11343) trains it in the RL trainer, with its settings. SFT's rate, ten times
-    GRPO's in the presets, throws the model off its SFT start: in the tiny Gemma's arc (`grpo-kit demo` with
-    `rft_control`, 2-core Intel Xeon) RFT went from SFT's 36.5 % to 65.5 % at GRPO's 1e-4 (GRPO itself: 57.5 %) and
-    to 0.5 % at SFT's 1e-3. The study's cells train RFT at SFT's rate, as its recorded cells did
-    (`study.cell_config`)."""
+    GRPO's in the presets, throws the model off its SFT start (docs/cpu_choices.md). The study's cells train RFT at
+    SFT's rate, as its recorded cells did."""
     eval_batch_size: int = ruled(64, at_least(1))
     """Held-out problems decoded together in an evaluation (their k samples with eval_pass_k). A CPU decodes a larger
     batch faster per problem (the weights are read once per token for every row); an accelerator's memory bounds it."""

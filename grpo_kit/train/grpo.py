@@ -27,12 +27,10 @@ import torch
 from ..algo.advantages import compute_advantages, outcome_gated_rewards, zero_std_fraction, zero_std_mask
 from ..algo.difficulty import DifficultyTargeting
 from ..algo.losses import LossSpec, StepTotals, adaptive_beta, policy_loss
-from ..data.chat import stop_token_ids
 from ..data.rewards import RewardFunc, RewardResult, RewardState, compute_rewards, reward_name
 from ..data.tasks import check_no_overlap
 from ..engine.device import (
     compile_monitor,
-    compile_supported,
     data_parallel_size,
     host_syncs_are_cheap,
     is_xla,
@@ -41,15 +39,13 @@ from ..engine.device import (
     memory_stats,
     shard_batch,
 )
-from ..engine.logprobs import completion_logprobs, plan_products
+from ..engine.logprobs import plan_products
 from ..engine.models import ReferencePolicy, is_lora
+from ..engine.sampler import Sampler, SamplerSettings
 from ..engine.sampling import (
-    GroupPrompts,
     Rollout,
-    SampledHead,
     concat_rollouts,
     prompt_tokens,
-    sample,
 )
 from ..validation import ConfigError, check_prompt_dataset
 from .config import GRPOConfig
@@ -145,11 +141,14 @@ class GRPOTrainer(TrainingLoop):
                                       compares_logprobs=self.reference is not None or cfg.num_iterations > 1)
         """Whether the update reuses the sampler's LM-head moments, and the products' dtype
         (`logprobs.plan_products`)."""
-        self.stop_ids = stop_token_ids(tokenizer)
-        self.group_prompts = GroupPrompts(tokenizer, bucket=cfg.prompt_bucket, group_size=cfg.group_size,
-                                          device=self.device, max_length=cfg.max_prompt_tokens)
-        self.compile_sampler = (
-            cfg.compile_sampler if cfg.compile_sampler is not None else compile_supported(self.device))
+        self.sampler = Sampler(model, tokenizer, SamplerSettings(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+            prompt_bucket=cfg.prompt_bucket, max_prompt_tokens=cfg.max_prompt_tokens, compiled=cfg.compile_sampler,
+            head_moments=self.products.reuse_sampler_head, product_dtype=self.products.rollout_product_dtype,
+            padding_free=cfg.padding_free,
+            share_prompt_forward=cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0,
+        ), group_size=cfg.group_size, generator=self.generator)
+        """Rollouts and their log-probs (`engine.sampler`): each prompt is prefilled once for its group."""
         manual_seed(cfg.seed, self.device)
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
@@ -159,26 +158,9 @@ class GRPOTrainer(TrainingLoop):
 
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
-        cfg = self.config
-        ids, mask = self.group_prompts([r["prompt"] for r in rows])
-        roll = sample(
-            self.model,
-            ids,
-            mask,
-            max_new_tokens=cfg.max_new_tokens,
-            stop_ids=self.stop_ids,
-            pad_id=self.tokenizer.pad_token_id,
-            temperature=controls["temperature"],
-            top_k=cfg.top_k,
-            top_p=controls["top_p"],
-            generator=self.generator,
-            group_size=cfg.group_size,
-            compiled=self.compile_sampler,  # each prompt is prefilled once for its group
-            head_moments=self.products.reuse_sampler_head,
-            product_dtype=self.products.rollout_product_dtype,
-        )
-        # cpu/cuda: no need to train on columns that are padding in every row (XLA keeps one fixed shape)
-        return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
+        """G completions for each row's prompt, at the temperature and top-p the controls set now."""
+        return self.sampler.generate([r["prompt"] for r in rows], temperature=controls["temperature"],
+                                     top_p=controls["top_p"])
 
     # ---- 2. reward ----------------------------------------------------------------------------------
     def score(self, rows: list[dict[str, Any]], roll: Rollout, controls: dict[str, Any]) -> Scored:
@@ -222,12 +204,10 @@ class GRPOTrainer(TrainingLoop):
         self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor
     ) -> dict[str, torch.Tensor]:
         cfg = self.config
-        ids, attn = roll.input_ids, roll.attention_mask
-        plen = roll.prompt_ids.shape[1]
         loss_mask = roll.completion_mask.float()
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
-        n = ids.shape[0]
+        n = roll.completion_ids.shape[0]
         totals = StepTotals(n, loss_mask.sum())  # the whole batch's normalisers, also when groups are left out below
         spec = cfg.loss_spec(epsilon=controls["epsilon"], beta=beta)
         trained = self._groups_to_train(adv, spec)
@@ -235,24 +215,19 @@ class GRPOTrainer(TrainingLoop):
             roll, adv = roll.rows(trained).trimmed(), adv[trained.to(adv.device)]
             loss_mask = loss_mask[trained.to(loss_mask.device)]
             loss_mask = loss_mask[:, : roll.completion_ids.shape[1]]
-            ids, attn = roll.input_ids, roll.attention_mask
         adv = shard_batch(adv.to(self.device))
-        n_trained = ids.shape[0]
+        n_trained = roll.completion_ids.shape[0]
         # the last micro-batch is short when groups were left out of the update (its statistics weigh its rows)
         micro = [slice(s, min(s + cfg.micro_batch_size, n_trained)) for s in range(0, n_trained, cfg.micro_batch_size)]
-        temperature = controls["temperature"]
-        group = cfg.group_size if cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0 else 1
-
         products = self.products.update_product_dtype(self.model)  # bf16 on a CPU with native bf16 (`cpu_bf16`)
 
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-            head = SampledHead(roll.sampling_logprobs[m], roll.head_mean[m], roll.entropy[m]) if sampled else None
-            return completion_logprobs(model, ids[m], attn[m], plen, temperature, group_size=group,
-                                       padding_free=cfg.padding_free, entropy_grad=spec.entropy_in_gradient,
-                                       sampled=head, product_dtype=products)
+            return self.sampler.logprobs(roll, m, model=model, temperature=controls["temperature"], sampled=sampled,
+                                         entropy_grad=spec.entropy_in_gradient, product_dtype=products)
 
         monitor = compile_monitor()
-        shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": ids.shape[1]}
+        seq_len = roll.prompt_ids.shape[1] + roll.completion_ids.shape[1]
+        shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": seq_len}
         clock = _PhaseClock()
         with torch.no_grad(), monitor.phase("logprob", **shapes):
             old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=spec.kl_in_loss)

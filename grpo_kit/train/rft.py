@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from ..data.chat import stop_token_ids
 from ..data.rewards import correctness_reward
 from ..engine.device import host_syncs_are_cheap, padded_rows, shard_batch
-from ..engine.sampling import GroupPrompts, sample
+from ..engine.sampler import Sampler, SamplerSettings
 from .config import RFTConfig, RunConfig
 from .sft import SFTTrainer, collate, encode_demonstrations
 
@@ -81,20 +80,18 @@ class RFTTrainer(SFTTrainer):
         self.prompts = iter(prompts)
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
-        self.stop_ids = stop_token_ids(tokenizer)
-        self.group_prompts = GroupPrompts(
-            tokenizer, bucket=self.config.prompt_bucket, group_size=self.config.group_size, device=self.device
-        )
+        cfg = self.config
+        self.sampler = Sampler(model, tokenizer, SamplerSettings(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, prompt_bucket=cfg.prompt_bucket,
+        ), group_size=cfg.group_size, generator=self.generator)
+        """Samples as GRPO's sampler does on this device (compiled where GRPO's is: `engine.sampler`)."""
         self._last = {"sampled_accuracy": 0.0, "accepted": 0}
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
         cfg = self.config
         rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
         self.prompts_drawn += len(rows)
-        ids, mask = self.group_prompts([r["prompt"] for r in rows])
-        roll = sample(self.model, ids, mask, max_new_tokens=cfg.max_new_tokens, stop_ids=self.stop_ids,
-                      pad_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, generator=self.generator,
-                      group_size=cfg.group_size)
+        roll = self.sampler.generate([r["prompt"] for r in rows])
         texts, _, _ = roll.decoded(self.tokenizer)
         answers = [row["answer"] for row in rows for _ in range(cfg.group_size)]
         right = correctness_reward([None] * len(texts), texts, answer=answers)

@@ -1,0 +1,110 @@
+"""The sampler seam: prompts in, a `Rollout` out, and the log-probs of a rollout's completions under a model.
+
+GRPO, RFT and evaluation each hold one `Sampler` and nothing else of the engine's sampling: it encodes the prompts
+(the chat template, left-padding to a bucket, each prompt repeated for its group; on XLA widths only grow), knows
+the stop and pad tokens, picks the execution mode (`sampling.sample`: the lean Gemma forward, eager or fixed-shape,
+compiled where `torch.compile` runs, or HF's forward for any other model) and the log-prob forward
+(`logprobs.completion_logprobs`). So every caller samples the same way on the same device: RFT compiles where GRPO
+does. The fast paths (the streamed LM head, bf16 products, prepacked weights, the sampler's head moments) sit
+behind these two methods; `SamplerSettings(lean=False)` runs the plain HF forward, the reference they are tested
+against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..data.chat import stop_token_ids
+from .device import compile_supported, host_syncs_are_cheap
+from .logprobs import completion_logprobs
+from .sampling import GroupPrompts, Rollout, SampledHead, sample
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How a `Sampler` encodes prompts and draws completions. The temperature and top-p given here are the
+    defaults; `Sampler.generate` takes the values a live control sets for one call."""
+
+    max_new_tokens: int = 40
+    """N, the completion tokens drawn per row (a row stops early at a stop token)."""
+    temperature: float = 1.0
+    """Softmax temperature T of the sampled tokens (ignored when `greedy`)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 = all."""
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens holding this much probability; 1 = all."""
+    greedy: bool = False
+    """The most likely token at every step (evaluation), no noise drawn."""
+    prompt_bucket: int = 32
+    """Prompts are left-padded to a multiple of this many tokens (fewer shapes to compile)."""
+    max_prompt_tokens: int | None = None
+    """A prompt longer than this is refused with a message naming it; None = no limit."""
+    compiled: bool | None = None
+    """`torch.compile` the decode step; None = where it runs (CUDA with Triton: `device.compile_supported`)."""
+    lean: bool | None = None
+    """The kit's lean Gemma forward (`decoder.py`); None = where `decoder.supports` the model, False = HF's forward."""
+    head_moments: bool = False
+    """Keep, per sampled token, the LM head's expected row and the entropy (`Rollout.head_mean`, `.entropy`), which
+    the update can use in place of its own pass over the head."""
+    product_dtype: torch.dtype | None = None
+    """The eager sampler's weight products; None = `device.product_dtype` (bf16 where a CPU multiplies it natively)."""
+    padding_free: bool = False
+    """Log-probs through the packed padding-free forward (Gemma on cpu/cuda: real tokens only)."""
+    share_prompt_forward: bool = True
+    """Log-probs run each group's prompt once (rows come in groups of `group_size`)."""
+
+
+class Sampler:
+    """One model's sampler: `generate(prompts)` → `Rollout` with `group_size` completions per prompt (each prompt's
+    rows together), and `logprobs(rollout)` → the completions' per-token log-probs and entropies."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: SamplerSettings | None = None, *,
+                 group_size: int = 1, generator: torch.Generator | None = None) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.settings = settings or SamplerSettings()
+        self.group_size, self.generator = group_size, generator
+        self.device = next(model.parameters()).device
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.pad_id: int = tokenizer.pad_token_id
+        self.prompts = GroupPrompts(tokenizer, bucket=self.settings.prompt_bucket, group_size=group_size,
+                                    device=self.device, max_length=self.settings.max_prompt_tokens)
+        self.compiled = (self.settings.compiled if self.settings.compiled is not None
+                         else compile_supported(self.device))
+
+    def generate(self, prompts: list, *, temperature: float | None = None, top_p: float | None = None) -> Rollout:
+        """`group_size` completions for each of `prompts` (chat messages or strings), rows (len(prompts) × G, …).
+        On cpu/cuda the completion columns that are padding in every row are dropped (`Rollout.trimmed`); XLA
+        keeps its one fixed shape."""
+        s = self.settings
+        ids, mask = self.prompts(prompts)
+        roll = sample(
+            self.model, ids, mask, max_new_tokens=s.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.pad_id,
+            temperature=s.temperature if temperature is None else temperature, top_k=s.top_k,
+            top_p=s.top_p if top_p is None else top_p, greedy=s.greedy, generator=self.generator,
+            group_size=self.group_size, lean=s.lean, compiled=self.compiled, head_moments=s.head_moments,
+            product_dtype=s.product_dtype,
+        )
+        return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
+
+    def logprobs(self, rollout: Rollout, rows: slice = slice(None), *, model: torch.nn.Module | None = None,
+                 temperature: float | None = None, entropy_grad: bool = True, sampled: bool = False,
+                 product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log π, entropy), each (rows, N), of `rollout`'s completion tokens at `rows` under `model` (default this
+        sampler's; a reference policy's too), at `temperature` (default the settings'). `sampled`: use what the
+        sampler kept of the LM head (the rollout must carry head moments, and `model` must hold the weights that
+        sampled it). `entropy_grad=False`: no gradient flows through the entropy. `product_dtype`: the padding-free
+        forward's frozen-weight products."""
+        s = self.settings
+        head = (SampledHead(rollout.sampling_logprobs[rows], rollout.head_mean[rows], rollout.entropy[rows])
+                if sampled else None)
+        ids = torch.cat([rollout.prompt_ids[rows], rollout.completion_ids[rows]], dim=1)
+        attention = torch.cat([rollout.prompt_mask[rows], rollout.completion_mask[rows]], dim=1)
+        return completion_logprobs(
+            model or self.model, ids, attention, rollout.prompt_ids.shape[1],
+            s.temperature if temperature is None else temperature,
+            group_size=self.group_size if s.share_prompt_forward else 1, padding_free=s.padding_free,
+            entropy_grad=entropy_grad, sampled=head, product_dtype=product_dtype,
+        )
