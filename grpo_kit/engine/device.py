@@ -432,6 +432,14 @@ def memory_stats(device: torch.device) -> dict[str, Any]:
     return out
 
 
+def graph_input(value: float, device: torch.device) -> float | torch.Tensor:
+    """A number a step feeds to its compiled programs: on XLA a one-element device tensor, elsewhere the number.
+    XLA bakes the Python numbers 0 and 1 into a graph as constants (others become inputs), so as a device value a
+    β moved from 0 to 0.5 or a temperature moved off 1.0 reuses the compiled programs; the tensor is copied from
+    the CPU with one element because torch_xla turns a 0-dim one into a constant as well."""
+    return value if host_syncs_are_cheap(device) else torch.tensor([float(value)]).to(device)
+
+
 def host_syncs_are_cheap(device: torch.device) -> bool:
     """True on cpu/cuda, where reading a device value (`.item()`, `bool(t)`) costs microseconds. False on
     XLA, where it cuts the lazy graph and waits for the device: code must then decide on the device."""

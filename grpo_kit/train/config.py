@@ -385,6 +385,25 @@ class GRPOConfig:
             raise ConfigError(f"GRPOConfig.micro_batch_size={self.micro_batch_size}: must divide prompts_per_step × "
                               f"group_size = {n}")
 
+    def check_run(self, reward_names: list[str], *, lora: bool, fixed_shapes: bool) -> None:
+        """The checks these settings need the run for: the rewards' names (`reward_weights`, `accuracy_reward`),
+        whether the model trains a LoRA adapter, whether the device runs fixed shapes (XLA). Raises a one-line
+        ConfigError naming the setting."""
+        unknown = set(self.reward_weights or {}) - set(reward_names)
+        if unknown:
+            raise ConfigError(
+                f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {reward_names}")
+        if self.ema_reference > 0 and lora:
+            raise ConfigError(
+                "GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
+        if self.dynamic_sampling_rollouts > 1 and fixed_shapes:
+            raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={self.dynamic_sampling_rollouts}: must be 1 on "
+                              "XLA (one batch shape per step)")
+        for setting in ("gate_shaped_rewards", "difficulty_targeting"):
+            if getattr(self, setting) and self.accuracy_reward not in reward_names:
+                raise ConfigError(f"GRPOConfig.{setting} needs accuracy_reward ({self.accuracy_reward!r}) among the "
+                                  f"rewards, which are {reward_names}")
+
     def loss_spec(self, *, epsilon: float, beta: float | Any) -> LossSpec:
         """The policy loss's settings for a step: these settings, with ε and β as the step applies them (live
         controls, or the adaptive β)."""

@@ -32,6 +32,7 @@ from ..data.tasks import check_no_overlap
 from ..engine.device import (
     compile_monitor,
     data_parallel_size,
+    graph_input,
     host_syncs_are_cheap,
     is_xla,
     manual_seed,
@@ -47,7 +48,7 @@ from ..engine.sampling import (
     concat_rollouts,
     prompt_tokens,
 )
-from ..validation import ConfigError, check_prompt_dataset
+from ..validation import check_prompt_dataset
 from .config import GRPOConfig
 from .controls import LIVE_SETTINGS, Controls
 from .loop import TrainingLoop
@@ -108,21 +109,8 @@ class GRPOTrainer(TrainingLoop):
         if not self.reward_funcs:
             raise ValueError("GRPOTrainer needs at least one reward function")
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
-        unknown = set(cfg.reward_weights or {}) - set(self.reward_names)
-        if unknown:
-            raise ValueError(
-                f"GRPOConfig.reward_weights names unknown rewards {sorted(unknown)}; rewards are {self.reward_names}")
-        if cfg.ema_reference > 0 and is_lora(model):
-            raise ValueError(
-                "GRPOConfig.ema_reference needs full fine-tuning; under LoRA the reference is the base model")
-        device = next(model.parameters()).device
-        if cfg.dynamic_sampling_rollouts > 1 and not host_syncs_are_cheap(device):
-            raise ConfigError(f"GRPOConfig.dynamic_sampling_rollouts={cfg.dynamic_sampling_rollouts}: must be 1 on XLA "
-                              "(one batch shape per step)")
-        for setting in ("gate_shaped_rewards", "difficulty_targeting"):
-            if getattr(cfg, setting) and cfg.accuracy_reward not in self.reward_names:
-                raise ConfigError(f"GRPOConfig.{setting} needs accuracy_reward ({cfg.accuracy_reward!r}) among the "
-                                  f"rewards, which are {self.reward_names}")
+        cfg.check_run(self.reward_names, lora=is_lora(model),
+                      fixed_shapes=not host_syncs_are_cheap(next(model.parameters()).device))
         sized = hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")
         if sized:  # a stream (an iterator) is checked batch by batch instead
             check_prompt_dataset(prompts, dict(zip(self.reward_names, self.reward_funcs, strict=True)),
@@ -200,34 +188,26 @@ class GRPOTrainer(TrainingLoop):
                                      result.names.index(cfg.accuracy_reward), cfg.group_size)
 
     # ---- 4. update ----------------------------------------------------------------------------------
-    def update(
-        self, roll: Rollout, adv: torch.Tensor, controls: dict[str, Any], beta: float | torch.Tensor
-    ) -> dict[str, torch.Tensor]:
+    def update(self, batch: GroupBatch, settings: StepSettings) -> dict[str, Any]:
+        """μ passes of micro-batches over the rows the loss counts (`batch.counted`), normalised by them: log-probs,
+        `policy_loss` under the step's `LossSpec`, backward, the clipped optimizer step. Rows whose terms are exactly
+        0 (`_rows_with_signal`) skip the forward and backward; the normalisers keep them."""
         cfg = self.config
-        loss_mask = roll.completion_mask.float()
-        if cfg.mask_truncated_completions:
-            loss_mask = loss_mask * (~roll.truncated).float().unsqueeze(1)
-        n = roll.completion_ids.shape[0]
-        totals = StepTotals(n, loss_mask.sum())  # the whole batch's normalisers, also when groups are left out below
-        spec = cfg.loss_spec(epsilon=controls["epsilon"], beta=beta)
-        trained = self._groups_to_train(adv, spec)
-        if trained is not None:
-            roll, adv = roll.rows(trained).trimmed(), adv[trained.to(adv.device)]
-            loss_mask = loss_mask[trained.to(loss_mask.device)]
-            loss_mask = loss_mask[:, : roll.completion_ids.shape[1]]
+        spec = cfg.loss_spec(epsilon=settings.controls["epsilon"], beta=settings.beta_on_device)
+        roll, adv, loss_mask, totals = self._rows_to_run(batch, spec)
         adv = shard_batch(adv.to(self.device))
-        n_trained = roll.completion_ids.shape[0]
+        n_run = roll.completion_ids.shape[0]
         # the last micro-batch is short when groups were left out of the update (its statistics weigh its rows)
-        micro = [slice(s, min(s + cfg.micro_batch_size, n_trained)) for s in range(0, n_trained, cfg.micro_batch_size)]
+        micro = [slice(s, min(s + cfg.micro_batch_size, n_run)) for s in range(0, n_run, cfg.micro_batch_size)]
         products = self.products.update_product_dtype(self.model)  # bf16 on a CPU with native bf16 (`cpu_bf16`)
 
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.sampler.logprobs(roll, m, model=model, temperature=controls["temperature"], sampled=sampled,
-                                         entropy_grad=spec.entropy_in_gradient, product_dtype=products)
+            return self.sampler.logprobs(roll, m, model=model, temperature=settings.on_device["temperature"],
+                                         sampled=sampled, entropy_grad=spec.entropy_in_gradient, product_dtype=products)
 
         monitor = compile_monitor()
-        seq_len = roll.prompt_ids.shape[1] + roll.completion_ids.shape[1]
-        shapes = {"batch": n, "micro_batch": cfg.micro_batch_size, "seq_len": seq_len}
+        shapes = {"batch": totals.sequences, "micro_batch": cfg.micro_batch_size,
+                  "seq_len": roll.prompt_ids.shape[1] + roll.completion_ids.shape[1]}
         clock = _PhaseClock()
         with torch.no_grad(), monitor.phase("logprob", **shapes):
             old_logp, ref_logp = self._fixed_logprobs(logprobs, micro, with_reference=spec.kl_in_loss)
@@ -242,7 +222,7 @@ class GRPOTrainer(TrainingLoop):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_total = torch.zeros((), device=self.device)
                 for m in micro:
-                    logp, entropy = logprobs(self.model, m, sampled=sampled)
+                    logp, entropy = logprobs(self.model, m, sampled=sampled)  # (b, N) each
                     old = old_logp[m] if old_logp is not None else logp.detach()
                     loss, stats = policy_loss(logp, old, adv[m], loss_mask[m], spec, entropy=entropy, totals=totals,
                                               ref_logp=ref_logp[m] if ref_logp is not None else None)
@@ -250,7 +230,7 @@ class GRPOTrainer(TrainingLoop):
                     loss.backward()
                     clock.lap("backward_seconds")
                     loss_total = loss_total + loss.detach()
-                    share = (m.stop - m.start) / n_trained / cfg.num_iterations
+                    share = (m.stop - m.start) / n_run / cfg.num_iterations
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
                 grad_norm, skipped_now = self._optimizer_step(loss_total)
@@ -261,23 +241,42 @@ class GRPOTrainer(TrainingLoop):
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
         sums["grad_norm"] = torch.stack(grad_norms).mean()
         sums["skipped_updates"] = skipped
-        return {**sums, **clock.seconds, "trained_fraction": n_trained / n}
+        return {**sums, **clock.seconds, "trained_fraction": n_run / totals.sequences,
+                "trained_groups": n_run // cfg.group_size}
 
-    def _groups_to_train(self, adv: torch.Tensor, spec: LossSpec) -> torch.Tensor | None:
-        """Row numbers of the groups the update needs when `skip_zero_advantage_groups` applies and some group has
-        A = 0 throughout (its loss terms and gradients are exactly 0); None = train on every row. At least one
-        group is kept, so every trainable weight gets its (zero) gradient and the optimizer steps as it would."""
-        cfg = self.config
+    def _rows_to_run(self, batch: GroupBatch, spec: LossSpec) -> tuple[Rollout, torch.Tensor, torch.Tensor, StepTotals]:
+        """The rows the update's forward and backward run (`_rows_with_signal`), as (rollout, (b,) advantages,
+        (b, N') loss mask), and the totals of the rows the loss counts, which normalise it."""
+        loss_mask = batch.roll.completion_mask.float()  # (B, N)
+        if self.config.mask_truncated_completions:
+            loss_mask = loss_mask * (~batch.roll.truncated).float().unsqueeze(1)
+        counted = batch.counted
+        kept = counted.nonzero().squeeze(1)
+        tokens = loss_mask.sum() if bool(counted.all()) else loss_mask[kept.to(loss_mask.device)].sum()
+        totals = StepTotals(int(counted.sum()), tokens)
+        runs = self._rows_with_signal(batch.advantages, counted, spec)  # (B,) bool, a subset of `counted`
+        if bool(runs.all()):
+            return batch.roll, batch.advantages, loss_mask, totals
+        rows = runs.nonzero().squeeze(1)
+        roll = batch.roll.rows(rows).trimmed()
+        loss_mask = loss_mask[rows.to(loss_mask.device)][:, : roll.completion_ids.shape[1]]
+        return roll, batch.advantages[rows.to(batch.advantages.device)], loss_mask, totals
+
+    def _rows_with_signal(self, adv: torch.Tensor, counted: torch.Tensor, spec: LossSpec) -> torch.Tensor:
+        """(B,) bool: the counted rows the update runs. Where `skip_zero_advantage_groups` applies (cpu/cuda, a loss
+        whose zero-advantage rows contribute exactly 0: `LossSpec.rows_with_zero_terms_can_be_left_out`, and no KL to
+        measure) a counted group whose A = 0 throughout is left out; at least one counted group is kept, so every
+        trainable weight gets its (zero) gradient and the optimizer steps as it would. Elsewhere `counted`."""
+        cfg, g = self.config, self.config.group_size
         needs_reference = self.reference is not None and cfg.log_kl
         if not (cfg.skip_zero_advantage_groups and host_syncs_are_cheap(self.device)
                 and spec.rows_with_zero_terms_can_be_left_out and not needs_reference):
-            return None
-        live = (adv.detach().view(-1, cfg.group_size) != 0).any(dim=1).cpu()
-        if bool(live.all()):
-            return None
+            return counted
+        counted_groups = counted.view(-1, g)[:, 0]  # (P',) groups count whole
+        live = (adv.detach().view(-1, g) != 0).any(dim=1).cpu() & counted_groups
         if not bool(live.any()):
-            live[0] = True
-        return live.repeat_interleave(cfg.group_size).nonzero().squeeze(1)
+            live[int(counted_groups.nonzero()[0])] = True
+        return live.repeat_interleave(g)
 
     def _fixed_logprobs(self, logprobs: Callable[[torch.nn.Module, slice], tuple[torch.Tensor, torch.Tensor]],
                         micro: list[slice], *, with_reference: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -296,90 +295,88 @@ class GRPOTrainer(TrainingLoop):
             mark_step(self.device)
         return old_logp, ref_logp
 
-    # ---- one step: the six stages ---------------------------------------------------------------------
+    # ---- one step: the stages ------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
-        """One GRPO step (the six stages); refused while another loop is training this trainer."""
+        """One GRPO step (its stages); refused while another loop is training this trainer."""
         with self.exclusive():
             return self._train_step()
 
     def _train_step(self) -> dict[str, Any]:
-        cfg = self.config
-        start = time.perf_counter()
-        compiles_before = compile_monitor().total()
-        controls = self.controls.snapshot()
-        warmup = min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
-        for group in self.optimizer.param_groups:
-            group["lr"] = controls["learning_rate"] * warmup
-        beta = (
-            self.adaptive_beta if (cfg.target_kl is not None and self.adaptive_beta is not None) else controls["beta"])
-
-        step_controls, step_beta = controls, beta
-        if not host_syncs_are_cheap(self.device):
-            # XLA bakes the Python numbers 0 and 1 into a graph as constants (others become inputs): as device
-            # values, β 0 → 0.5 or a temperature moved off 1.0 from the dashboard reuse the compiled programs
-            # (one-element tensors copied from the CPU: torch_xla turns a 0-dim one into a constant as well)
-            step_controls = {**controls, "temperature": torch.tensor([float(controls["temperature"])]).to(self.device)}
-            step_beta = torch.tensor([float(beta)]).to(self.device)
-        sampled = self._sample_groups(controls, step_controls)  # 1-3: rollout, reward, advantage
-        roll, result, texts, prompts, lengths, adv = (sampled.roll, sampled.result, sampled.texts, sampled.prompts,
-                                                      sampled.lengths, sampled.adv)
-        t_rollout, t_reward = start + sampled.rollout_seconds, start + sampled.rollout_seconds + sampled.reward_seconds
-        trained = sampled.trained
-        device_stats = self.update(roll if trained is None else roll.rows(trained).trimmed(),
-                                   adv if trained is None else adv[trained.to(adv.device)], step_controls,
-                                   step_beta)  # 4
+        start, compiles_before = time.perf_counter(), compile_monitor().total()
+        settings = self._step_settings()
+        batch = self.sample_groups(settings)  # 1–3: rollouts, rewards, advantages
+        stats = self.update(batch, settings)  # 4
         self.step += 1
-
-        # 5. log: one transfer for all device values, then host-side extras
-        row = to_host(device_stats)
-        row.update(self._reward_metrics(result, sampled.rewards, adv, lengths, roll))
-        row.update({f"logged/{name}": sum(values) / len(values)  # the rewards' log_metric, over the step's calls
-                    for name, values in result.logged.items()})
-        # the groups the update trained: dynamic sampling's choice, less those `skip_zero_advantage_groups` left out
-        update_rows = len(trained) if trained is not None else len(adv)
-        row.update(rollouts=sampled.rollouts,
-                   trained_groups=round(row["trained_fraction"] * update_rows) // cfg.group_size)
-        if self.difficulty is not None:
-            row["level_pass_rates"] = self.difficulty.pass_rates()
-        kl = row.get("kl")
-        if cfg.target_kl is not None and kl is not None:
-            self.adaptive_beta = adaptive_beta(beta, kl, cfg.target_kl)
-        if cfg.ema_reference > 0 and self.reference is not None:
-            self.reference.ema_update(cfg.ema_reference)
-        elapsed = time.perf_counter() - start
-        row.update({name: controls[name] for name in LIVE_SETTINGS})  # a column per live setting; then two as applied
-        row.update(
-            step=self.step,
-            learning_rate=controls["learning_rate"] * warmup,
-            beta=beta,
-            controls_version=controls["version"],
-            reward_weights=dict(zip(result.names, result.weights, strict=True)),
-            step_seconds=elapsed,
-            rollout_seconds=t_rollout - start,
-            reward_seconds=t_reward - t_rollout,
-            tokens_per_s=float(lengths.sum()) / max(t_rollout - start, 1e-9),
-            completions=self._logged_completions(result, adv, prompts, texts),
-        )
+        row = self.metrics_row(batch, stats, settings, start=start)  # 5
+        self._after_update(row, settings)
+        row["step_seconds"] = elapsed = time.perf_counter() - start
         row.update({f"memory_{k}": v for k, v in memory_stats(self.device).items()})
         if is_xla(self.device):
             row.update(self._compile_metrics(compile_monitor().total() - compiles_before))
         self.logger.log(row)
         self._count_step_seconds(elapsed)
         self._count_skipped(row)
+        self._save_if_due()  # 6
+        return row
 
-        # 6. save
+    def _step_settings(self) -> StepSettings:
+        """The live controls read once at the step's start, the warmed-up learning rate applied, β chosen."""
+        cfg = self.config
+        controls = self.controls.snapshot()
+        learning_rate = controls["learning_rate"] * (
+            min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        adaptive = cfg.target_kl is not None and self.adaptive_beta is not None
+        beta = self.adaptive_beta if adaptive else controls["beta"]
+        return StepSettings(
+            controls=controls, learning_rate=learning_rate, beta=beta,
+            on_device={**controls, "temperature": graph_input(controls["temperature"], self.device)},
+            beta_on_device=graph_input(beta, self.device))
+
+    def metrics_row(self, batch: GroupBatch, stats: dict[str, torch.Tensor], settings: StepSettings, *,
+                    start: float) -> dict[str, Any]:
+        """The step's metrics row: the update's device values moved to the host in one transfer, then the rewards,
+        advantages, lengths and the settings as applied."""
+        controls, result = settings.controls, batch.rewards
+        row = {**to_host({k: v for k, v in stats.items() if k != "trained_groups"}),
+               "trained_groups": stats["trained_groups"]}  # a count, kept an int
+        row.update(self._reward_metrics(result, batch.advantage_rewards, batch.advantages, batch.lengths, batch.roll))
+        row.update({f"logged/{name}": sum(values) / len(values)  # the rewards' log_metric, over the step's calls
+                    for name, values in result.logged.items()})
+        row["rollouts"] = batch.rollouts
+        if self.difficulty is not None:
+            row["level_pass_rates"] = self.difficulty.pass_rates()
+        row.update({name: controls[name] for name in LIVE_SETTINGS})  # a column per live setting; then two as applied
+        row.update(
+            step=self.step, learning_rate=settings.learning_rate, beta=settings.beta,
+            controls_version=controls["version"], reward_weights=dict(zip(result.names, result.weights, strict=True)),
+            rollout_seconds=batch.rollout_seconds, reward_seconds=batch.reward_seconds,
+            tokens_per_s=float(batch.lengths.sum()) / max(batch.rollout_seconds, 1e-9),
+            completions=self._logged_completions(result, batch.advantages, batch.prompts, batch.texts),
+        )
+        return row
+
+    def _after_update(self, row: dict[str, Any], settings: StepSettings) -> None:
+        """What the step's numbers move: the adaptive β (from the step's KL), the EMA reference policy."""
+        cfg = self.config
+        if cfg.target_kl is not None and row.get("kl") is not None:
+            self.adaptive_beta = adaptive_beta(settings.beta, row["kl"], cfg.target_kl)
+        if cfg.ema_reference > 0 and self.reference is not None:
+            self.reference.ema_update(cfg.ema_reference)
+
+    def _save_if_due(self) -> None:
         requested = self.controls.consume_save_request()
         if self.checkpoint_path is not None and (self._save_due() or requested):
             self.save(self.checkpoint_path)
         elif requested:
             warnings.warn("save requested, but GRPOConfig.output_dir is None: nothing was saved", stacklevel=2)
-        return row
 
-    def _sample_groups(self, controls: dict[str, Any], step_controls: dict[str, Any]) -> _SampledGroups:
+    def sample_groups(self, settings: StepSettings) -> GroupBatch:
         """Stages 1–3: `prompts_per_step` prompts sampled, scored and given advantages. With dynamic sampling
         (`dynamic_sampling_rollouts` > 1) more rollouts of `prompts_per_step` new prompts follow while fewer than
-        `prompts_per_step` groups have rewards that differ, up to that many rollouts; the update then trains on the
-        first `prompts_per_step` such groups (at least one group: the first, if none differs)."""
+        `prompts_per_step` groups have rewards that differ, up to that many rollouts; the loss then counts the first
+        `prompts_per_step` such groups (at least one group: the first, if none differs)."""
         cfg, g = self.config, self.config.group_size
         rolls, results, texts, prompts, lengths = [], [], [], [], []
         rollout_seconds = reward_seconds = 0.0
@@ -387,9 +384,9 @@ class GRPOTrainer(TrainingLoop):
             t0 = time.perf_counter()
             rows = [self._next_prompt() for _ in range(cfg.prompts_per_step)]
             self.prompts_drawn += len(rows)
-            rolls.append(self.rollout(rows, step_controls))  # 1
+            rolls.append(self.rollout(rows, settings.on_device))  # 1
             t1 = time.perf_counter()
-            scored = self.score(rows, rolls[-1], controls)  # 2
+            scored = self.score(rows, rolls[-1], settings.controls)  # 2
             results.append(scored.rewards)
             if self.difficulty is not None:
                 outcomes = scored.rewards.per_function[scored.rewards.names.index(cfg.accuracy_reward)].tolist()
@@ -403,18 +400,15 @@ class GRPOTrainer(TrainingLoop):
                 or int((~zero_std_mask(rewards, g)).sum()) // g >= cfg.prompts_per_step
             ):
                 break
-        roll = concat_rollouts(rolls, self.tokenizer.pad_token_id)
-        adv = self.advantages(rewards)  # 3
-        trained = None
+        counted = torch.ones(len(rewards), dtype=torch.bool)
         if cfg.dynamic_sampling_rollouts > 1:
             varied_groups = (~zero_std_mask(rewards, g)).view(-1, g)[:, 0].nonzero().squeeze(1)[: cfg.prompts_per_step]
             groups = varied_groups if varied_groups.numel() else torch.zeros(1, dtype=torch.long)
-            trained = (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
-            if trained.numel() == len(rewards):
-                trained = None
-        return _SampledGroups(roll=roll, result=result, texts=texts, prompts=prompts, lengths=torch.cat(lengths),
-                              rewards=rewards, adv=adv, trained=trained, rollouts=len(rolls),
-                              rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
+            counted = torch.zeros(len(rewards) // g, dtype=torch.bool).index_fill(0, groups, True).repeat_interleave(g)
+        return GroupBatch(roll=concat_rollouts(rolls, self.tokenizer.pad_token_id), rewards=result, texts=texts,
+                          prompts=prompts, lengths=torch.cat(lengths), advantage_rewards=rewards,
+                          advantages=self.advantages(rewards), counted=counted, rollouts=len(rolls),  # 3
+                          rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
 
     def _next_prompt(self) -> dict[str, Any]:
         """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""
@@ -520,20 +514,45 @@ class GRPOTrainer(TrainingLoop):
 
 
 @dataclasses.dataclass
-class _SampledGroups:
-    """What stages 1–3 of a step made (`GRPOTrainer._sample_groups`): every rollout's rows joined, their rewards and
-    advantages, and which rows the update trains on (None = all)."""
+class StepSettings:
+    """The settings one step runs under, read once at its start (`GRPOTrainer._step_settings`)."""
+
+    controls: dict[str, Any]
+    """The live controls' snapshot, host values: what the metrics row records."""
+    on_device: dict[str, Any]
+    """The same, the temperature as a graph input on XLA (`device.graph_input`): what rollouts and log-probs use."""
+    learning_rate: float
+    """The controls' learning rate times the warm-up factor, as the optimizer applies it."""
+    beta: float
+    """β as the row records it: the control's, or the adaptive β where `target_kl` is set."""
+    beta_on_device: float | torch.Tensor
+    """β as the loss takes it (a graph input on XLA)."""
+
+
+@dataclasses.dataclass
+class GroupBatch:
+    """What stages 1–3 of a step made (`GRPOTrainer.sample_groups`): every rollout's rows joined. B = P'·G rows,
+    P' the prompts sampled (more than `prompts_per_step` with dynamic sampling), G the group size; a group's rows
+    are together."""
 
     roll: Rollout
-    result: RewardResult
+    """(B, P) prompts, (B, N) completions."""
+    rewards: RewardResult
+    """(K, B) each reward function's scores, (B,) their weighted total."""
     texts: list[str]
+    """B decoded completions."""
     prompts: list
+    """B prompts, each repeated for its group."""
     lengths: torch.Tensor
-    rewards: torch.Tensor
-    """The rewards the advantages come from (`GRPOTrainer._advantage_rewards`)."""
-    adv: torch.Tensor
-    trained: torch.Tensor | None
+    """(B,) completion lengths in tokens."""
+    advantage_rewards: torch.Tensor
+    """(B,) the rewards the advantages come from (`GRPOTrainer._advantage_rewards`)."""
+    advantages: torch.Tensor
+    """(B,) A, one per completion."""
+    counted: torch.Tensor
+    """(B,) bool, on the host: the rows the loss counts (dynamic sampling's groups; every row otherwise)."""
     rollouts: int
+    """Rollouts the step sampled (1 without dynamic sampling)."""
     rollout_seconds: float
     reward_seconds: float
 
