@@ -18,7 +18,7 @@ from grpo_kit.engine import decoder
 from grpo_kit.engine.logprobs import completion_logprobs
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import TINY_CONFIG, add_lora
-from grpo_kit.engine.sampling import encode_prompts, sample
+from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 from grpo_kit.train.config import GRPOConfig
 from grpo_kit.train.grpo import GRPOTrainer
 
@@ -145,8 +145,8 @@ def test_lean_sampler_equals_hf_sampler(name, monkeypatch):
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     rolls = [
-        sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
-               lean=lean)
+        sample(model, prompt_ids, prompt_mask, SamplerSettings(max_new_tokens=16, temperature=1.0, lean=lean),
+               stop_ids=[1], pad_id=0, generator=torch.Generator().manual_seed(3))
         for lean in (True, False)
     ]
     assert_same_up_to_cdf_boundaries(rolls[0], rolls[1])
@@ -162,8 +162,8 @@ def test_finished_rows_leaving_the_batch_change_nothing(name):
     vocab = base_of(model).config.vocab_size
     stops += list(range(106, vocab, 4))  # a large vocabulary: every 4th token stops too, so rows still finish early
     rolls = [
-        sample(model, prompt_ids, prompt_mask, 24, stops, 0, temperature=1.0,
-               generator=torch.Generator().manual_seed(4), group_size=4, lean=lean)
+        sample(model, prompt_ids, prompt_mask, SamplerSettings(max_new_tokens=24, temperature=1.0, lean=lean),
+               stop_ids=stops, pad_id=0, generator=torch.Generator().manual_seed(4), group_size=4)
         for lean in (True, False)
     ]
     lengths = rolls[1].completion_mask.sum(1)
@@ -206,8 +206,8 @@ def test_rollout_lora_parts_follow_peft(variant):
             assert id(attn) in consts.fused_qkv and len(consts.linears) == 7 * len(hf.model.layers)
             assert (consts.fused_qkv[id(attn)][0][2] is not None) == (variant == "active")
         rolls = [
-            sample(model, prompt_ids, prompt_mask, 12, [1], 0, temperature=1.0,
-                   generator=torch.Generator().manual_seed(6), group_size=4, lean=lean)
+            sample(model, prompt_ids, prompt_mask, SamplerSettings(max_new_tokens=12, temperature=1.0, lean=lean),
+                   stop_ids=[1], pad_id=0, generator=torch.Generator().manual_seed(6), group_size=4)
             for lean in (True, False)
         ]
     assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
@@ -223,8 +223,8 @@ def test_common_left_padding_and_a_window_the_rollout_outgrows():
     padding = torch.zeros(prompt_ids.shape[0], 5, dtype=torch.long)
     prompt_ids, prompt_mask = torch.cat([padding, prompt_ids], 1), torch.cat([padding, prompt_mask], 1)
     rolls = [
-        sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(5),
-               group_size=4, lean=lean)
+        sample(model, prompt_ids, prompt_mask, SamplerSettings(max_new_tokens=16, temperature=1.0, lean=lean),
+               stop_ids=[1], pad_id=0, generator=torch.Generator().manual_seed(5), group_size=4)
         for lean in (True, False)
     ]
     assert torch.equal(rolls[0].prompt_ids, prompt_ids) and torch.equal(rolls[0].prompt_mask, prompt_mask)
@@ -239,8 +239,8 @@ def test_group_prefill_equals_per_row_prefill(name):
     model = MODELS[name]()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     a, b = (
-        sample(model, prompt_ids, prompt_mask, 16, [1], 0, temperature=1.0, generator=torch.Generator().manual_seed(3),
-               group_size=g)
+        sample(model, prompt_ids, prompt_mask, SamplerSettings(max_new_tokens=16, temperature=1.0), stop_ids=[1],
+               pad_id=0, generator=torch.Generator().manual_seed(3), group_size=g)
         for g in (1, 4)
     )
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
@@ -259,8 +259,10 @@ def test_prompt_cache_kept_once_per_group_equals_a_copy_per_row(monkeypatch, sto
     monkeypatch.setattr(decoder.KVCache, "share_prefix", lambda self, *a: shared.append(a) or share_prefix(self, *a))
 
     def roll() -> object:
-        return sample(model, prompt_ids, prompt_mask, 16, stops, 0, temperature=1.0, group_size=4, head_moments=True,
-                      generator=torch.Generator().manual_seed(6), product_dtype=torch.float32)
+        return sample(model, prompt_ids, prompt_mask,
+                      SamplerSettings(max_new_tokens=16, temperature=1.0,
+                                      head_moments=True, product_dtype=torch.float32),
+                      stop_ids=stops, pad_id=0, group_size=4, generator=torch.Generator().manual_seed(6))
 
     with_prefix = roll()
     assert shared == [(4, prompt_ids.shape[1] - int(prompt_mask.any(0).int().argmax()))]
@@ -285,9 +287,11 @@ def test_group_size_rejects_rows_that_are_not_grouped():
     model = gemma3_sliding()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     with pytest.raises(ValueError, match="runs of 4 identical rows"):
-        sample(model, prompt_ids.roll(1, 0), prompt_mask, 4, [1], 0, greedy=True, group_size=4)
+        sample(model, prompt_ids.roll(1, 0), prompt_mask, SamplerSettings(max_new_tokens=4, greedy=True), stop_ids=[1],
+               pad_id=0, group_size=4)
     with pytest.raises(ValueError, match="runs of 5"):
-        sample(model, prompt_ids, prompt_mask, 4, [1], 0, greedy=True, group_size=5)
+        sample(model, prompt_ids, prompt_mask, SamplerSettings(max_new_tokens=4, greedy=True), stop_ids=[1], pad_id=0,
+               group_size=5)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -360,8 +364,10 @@ def test_greedy_group_prefill_on_the_trained_tiny_gemma(sft_model, task):
     model, tok = sft_model
     ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:3]), bucket=16)
     ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
-    a = sample(model, ids, mask, 20, stop_token_ids(tok), tok.pad_token_id, greedy=True)
-    b = sample(model, ids, mask, 20, stop_token_ids(tok), tok.pad_token_id, greedy=True, group_size=4)
+    a = sample(model, ids, mask, SamplerSettings(max_new_tokens=20, greedy=True), stop_ids=stop_token_ids(tok),
+               pad_id=tok.pad_token_id)
+    b = sample(model, ids, mask, SamplerSettings(max_new_tokens=20, greedy=True), stop_ids=stop_token_ids(tok),
+               pad_id=tok.pad_token_id, group_size=4)
     assert torch.equal(a.completion_ids, b.completion_ids)
 
 
@@ -371,8 +377,9 @@ def test_compiled_sampler_equals_eager(sft_model, task):
     ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:2]), bucket=16)
     ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
     eager, compiled = (
-        sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=1.0,
-               generator=torch.Generator().manual_seed(0), group_size=4, compiled=c)
+        sample(model, ids, mask, SamplerSettings(max_new_tokens=12, temperature=1.0, compiled=c),
+               stop_ids=stop_token_ids(tok), pad_id=tok.pad_token_id,
+               generator=torch.Generator().manual_seed(0), group_size=4)
         for c in (False, True)
     )
     assert torch.equal(eager.completion_ids, compiled.completion_ids)
@@ -420,9 +427,10 @@ def rollout_with_early_stops(
     prompt_ids, prompt_mask, _, _ = grouped_batch()
 
     def draw(stops: list[int]) -> object:
-        return sample(model, prompt_ids, prompt_mask, 12, stops, 0, temperature=0.9, top_p=top_p,
-                      generator=torch.Generator().manual_seed(3), group_size=4, head_moments=True,
-                      product_dtype=product_dtype)
+        return sample(model, prompt_ids, prompt_mask,
+                      SamplerSettings(max_new_tokens=12, temperature=0.9,
+                                      top_p=top_p, head_moments=True, product_dtype=product_dtype),
+                      stop_ids=stops, pad_id=0, generator=torch.Generator().manual_seed(3), group_size=4)
 
     first = draw([])
     return draw([int(first.completion_ids[1, 4]), int(first.completion_ids[6, 8])])
@@ -438,9 +446,9 @@ def completion_logits(hf: torch.nn.Module, roll: object) -> torch.Tensor:
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])  # streamed through the draw, and from the full logits
 def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
-    """`sample(head_moments=True)`: at every sampled token, Σ_v π_v W_v and the entropy of the temperature-scaled
-    policy, as a plain forward over the finished sequences computes them (float64); 0 after each stop token,
-    rows that stopped early included."""
+    """`SamplerSettings(head_moments=True)`: at every sampled token, Σ_v π_v W_v and the entropy of the
+    temperature-scaled policy, as a plain forward over the finished sequences computes them (float64); 0 after each
+    stop token, rows that stopped early included."""
     from grpo_kit.engine.sampling import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
@@ -459,7 +467,7 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
 
 
 def test_bf16_products_in_the_rollout_stay_within_the_stated_bounds():
-    """`sample(product_dtype=torch.bfloat16)` (the CPU default where bf16 products are native: the layers'
+    """`SamplerSettings(product_dtype=torch.bfloat16)` (the CPU default where bf16 products are native: the layers'
     projections and the streamed 40,960-entry head in bf16): every kept log-prob within 0.1 nats of an fp32
     forward's at the same token, E = π W within 5 % and H within 0.1 nats (`sampling.draw_from_head` states the
     bounds); all 0 after each stop token. (It samples from that nearby policy, so not always the fp32 path's
@@ -717,8 +725,9 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
                         products(x, packed, bias))
 
     def roll() -> object:
-        return sample(model, prompt_ids, prompt_mask, 16, [1], 0, greedy=True, group_size=4,
-                      product_dtype=torch.float32)
+        return sample(model, prompt_ids, prompt_mask,
+                      SamplerSettings(max_new_tokens=16, greedy=True, product_dtype=torch.float32),
+                      stop_ids=[1], pad_id=0, group_size=4)
 
     packed = roll()
     assert len(shapes) >= 4 * 15 and all(len(s) == 3 and s[0] <= 12 and s[1] == 1 for s in shapes), shapes[:8]

@@ -19,6 +19,7 @@ from grpo_kit.engine.models import (
     merge_and_restart_lora,
 )
 from grpo_kit.engine.sampling import (
+    SamplerSettings,
     choose_tokens,
     draw_from_head,
     encode_prompts,
@@ -102,7 +103,8 @@ def test_greedy_sampler_equals_hf_generate(sft_model, task):
     model, tok = sft_model
     prompts = list(task.test_set()["prompt"][:6])
     ids, mask = encode_prompts(tok, prompts, bucket=16)
-    roll = sample(model, ids, mask, 24, stop_token_ids(tok), tok.pad_token_id, greedy=True)
+    roll = sample(model, ids, mask, SamplerSettings(max_new_tokens=24, greedy=True), stop_ids=stop_token_ids(tok),
+                  pad_id=tok.pad_token_id)
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
                          eos_token_id=stop_token_ids(tok), pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
     n = ref.shape[1]
@@ -117,9 +119,8 @@ def test_stop_tokens_mask_everything_after(tiny, task):
     # make <end_of_turn> likely so some rows stop early
     with torch.no_grad():
         model.lm_head.weight[stops[1]] += 0.3 * model.lm_head.weight.mean(0)
-    roll = sample(
-        model, ids, mask, 20, stops, tok.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0)
-    )
+    roll = sample(model, ids, mask, SamplerSettings(max_new_tokens=20, temperature=1.0), stop_ids=stops,
+                  pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
     for row in range(8):
         comp, m = roll.completion_ids[row], roll.completion_mask[row]
         hits = [i for i, t in enumerate(comp.tolist()) if t in stops]
@@ -135,8 +136,8 @@ def test_stop_tokens_mask_everything_after(tiny, task):
 def test_sampling_logprobs_match_the_training_forward(sft_model, task):
     model, tok = sft_model
     ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:4]), bucket=16)
-    roll = sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=0.8,
-                  generator=torch.Generator().manual_seed(0))
+    roll = sample(model, ids, mask, SamplerSettings(max_new_tokens=12, temperature=0.8), stop_ids=stop_token_ids(tok),
+                  pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logp, entropy = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1], temperature=0.8)
     m = roll.completion_mask.bool()
@@ -405,7 +406,7 @@ def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_mo
 def test_the_sampler_seam_gives_the_engines_tokens_and_log_probs(sft_model, task):
     """`Sampler.generate` is `sample` on the prompts it encodes (the same tokens from the same noise, the all-padding
     tail dropped on the CPU), and `Sampler.logprobs` is the training forward's log-probs of those tokens."""
-    from grpo_kit.engine.sampler import Sampler, SamplerSettings
+    from grpo_kit.engine.sampler import Sampler
 
     model, tok = sft_model
     prompts = list(task.test_set()["prompt"][:4])
@@ -413,8 +414,8 @@ def test_the_sampler_seam_gives_the_engines_tokens_and_log_probs(sft_model, task
     roll = Sampler(model, tok, settings, group_size=2, generator=torch.Generator().manual_seed(0)).generate(prompts)
     ids, mask = encode_prompts(tok, prompts, bucket=16)
     ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
-    direct = sample(model, ids, mask, 12, stop_token_ids(tok), tok.pad_token_id, temperature=0.8,
-                    generator=torch.Generator().manual_seed(0), group_size=2)
+    direct = sample(model, ids, mask, SamplerSettings(max_new_tokens=12, temperature=0.8), stop_ids=stop_token_ids(tok),
+                    pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0), group_size=2)
     width = roll.completion_ids.shape[1]
     assert width <= 12 and torch.equal(roll.completion_ids, direct.completion_ids[:, :width])
     assert not direct.completion_mask[:, width:].any()  # only padding was dropped
@@ -442,7 +443,7 @@ def test_grpo_rft_and_evaluation_sample_through_the_one_seam_and_rft_compiles_wh
     model, tok = tiny
     calls = []
     real_sample = seam.sample
-    monkeypatch.setattr(seam, "sample", lambda *a, **k: calls.append(k["compiled"]) or real_sample(*a, **k))
+    monkeypatch.setattr(seam, "sample", lambda *a, **k: calls.append(a[3].compiled) or real_sample(*a, **k))
     generate_completions(model, tok, list(task.test_set()["prompt"][:2]), max_new_tokens=4)
     rft = RFTTrainer(model, tok, task.prompt_stream(seed=0), RFTConfig(steps=1, prompts_per_step=2, group_size=2,
                                                                         max_new_tokens=4, output_dir=None))

@@ -126,7 +126,7 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     from grpo_kit.data.chat import stop_token_ids
     from grpo_kit.engine.model_config import ModelConfig
     from grpo_kit.engine.models import load_model
-    from grpo_kit.engine.sampling import encode_prompts, sample
+    from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 
     model, tok = load_model(ModelConfig(dtype="float32", lora=True), torch.device("cpu"))
     with torch.no_grad():  # a LoRA that does something (B starts at zero)
@@ -135,8 +135,9 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
                 p.normal_(0, 0.05)
     ids, mask = encode_prompts(tok, list(task.test_set()["prompt"][:4]), bucket=16)
     ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
-    args = (16, stop_token_ids(tok), tok.pad_token_id)
-    eager = sample(model, ids, mask, *args, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=4)
+    settings, tokens_at = SamplerSettings(max_new_tokens=16, temperature=1.0), {"stop_ids": stop_token_ids(tok),
+                                                                                   "pad_id": tok.pad_token_id}
+    eager = sample(model, ids, mask, settings, **tokens_at, generator=torch.Generator().manual_seed(0), group_size=4)
     model = move_model(model, get_device("xla"))
 
     def compiles() -> int:
@@ -149,9 +150,7 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     counts, fallbacks_before = [], fallbacks()
     for _ in range(2):
         before = compiles()
-        roll = sample(
-            model, ids, mask, *args, temperature=1.0, generator=torch.Generator().manual_seed(0), group_size=4
-        )
+        roll = sample(model, ids, mask, settings, **tokens_at, generator=torch.Generator().manual_seed(0), group_size=4)
         tokens, logprobs = roll.completion_ids.cpu(), roll.sampling_logprobs.cpu()
         counts.append(compiles() - before)
     assert counts[0] > 0 and counts[1] == 0, counts

@@ -42,7 +42,7 @@ from grpo_kit.data.tasks import ArithmeticTask
 from grpo_kit.engine.device import cpu_bf16_products, describe_machine, seeded_cpu_rng, use_cpu_threads
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import load_model
-from grpo_kit.engine.sampling import encode_prompts, sample
+from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 from grpo_kit.eval.evaluation import evaluate
 from grpo_kit.train.config import GRPOConfig, SFTConfig, load_run_config
 from grpo_kit.train.grpo import GRPOTrainer
@@ -194,9 +194,11 @@ class RolloutRounds:
         self.compile_s: float | None = None
 
     def _kit(self, r: int, options: dict[str, Any]) -> None:
-        roll = sample(self.model, self.ids, self.mask, max_new_tokens=self.sizes.new_tokens, stop_ids=[],
-                      pad_id=self.tokenizer.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(r),
-                      **options)
+        options = dict(options)
+        group = options.pop("group_size", 1)
+        settings = SamplerSettings(max_new_tokens=self.sizes.new_tokens, temperature=1.0, **options)
+        roll = sample(self.model, self.ids, self.mask, settings, stop_ids=[], pad_id=self.tokenizer.pad_token_id,
+                      generator=torch.Generator().manual_seed(r), group_size=group)
         assert int(roll.completion_mask.sum()) == self.tokens, "the kit's rollout stopped early"
 
     def _hf(self, r: int) -> None:
@@ -548,8 +550,8 @@ def _xla_child(token_counts: list[int], sizes: BenchSizes) -> dict[str, Any]:
     for n in token_counts:
         for key in ("kit", "kit_again"):
             before, t = compiles(), time.perf_counter()
-            roll = sample(model, ids, mask, max_new_tokens=n, stop_ids=stops, pad_id=tokenizer.pad_token_id,
-                          temperature=1.0, generator=torch.Generator().manual_seed(0))
+            roll = sample(model, ids, mask, SamplerSettings(max_new_tokens=n, temperature=1.0), stop_ids=stops,
+                          pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
             roll.completion_ids.cpu()
             result[key][n] = compiles() - before
             if key == "kit":

@@ -28,7 +28,7 @@ from grpo_kit.engine.hub import MODEL_SHAPES
 from grpo_kit.engine.logprobs import completion_logprobs
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import add_lora, load_model
-from grpo_kit.engine.sampling import sample
+from grpo_kit.engine.sampling import SamplerSettings, sample
 
 PROMPTS, GROUP, PROMPT_LEN, NEW = 16, 8, 48, 48
 
@@ -87,8 +87,9 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     ids, mask = grouped_prompts(model.config.vocab_size, device)
     ids, mask = ids[:32], mask[:32]
     rolls = [
-        sample(model, ids, mask, max_new_tokens=24, stop_ids=list(range(1, 20)), pad_id=0, temperature=1.0,
-               generator=torch.Generator().manual_seed(4), group_size=GROUP, lean=lean)
+        sample(model, ids, mask, SamplerSettings(max_new_tokens=24, temperature=1.0, lean=lean),
+               stop_ids=list(range(1, 20)), pad_id=0, generator=torch.Generator().manual_seed(4),
+               group_size=GROUP)
         for lean in (True, False)
     ]
     out = {"sampler_same_tokens": float(torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)),
@@ -135,12 +136,11 @@ def lora_checks(model: torch.nn.Module) -> dict[str, float]:
         device = next(model.parameters()).device
         ids, mask = grouped_prompts(model.config.vocab_size, device)
         greedy = [
-            sample(
-                model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, greedy=True, group_size=GROUP, lean=lean
-            )
+            sample(model, ids, mask, SamplerSettings(max_new_tokens=16, greedy=True, lean=lean), stop_ids=[1], pad_id=0,
+                   group_size=GROUP)
             for lean in (True, False)
         ]
-        roll = sample(model, ids, mask, max_new_tokens=16, stop_ids=[1], pad_id=0, temperature=1.0,
+        roll = sample(model, ids, mask, SamplerSettings(max_new_tokens=16, temperature=1.0), stop_ids=[1], pad_id=0,
                       generator=torch.Generator().manual_seed(0), group_size=GROUP)
         with torch.no_grad():
             scored, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, ids.shape[1])
@@ -159,8 +159,8 @@ def rollout_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     tokens = ids.shape[0] * NEW
 
     def kit(compiled: bool = False) -> None:
-        sample(model, ids, mask, max_new_tokens=NEW, stop_ids=[], pad_id=0, temperature=1.0,
-               generator=torch.Generator().manual_seed(0), group_size=GROUP, compiled=compiled)
+        sample(model, ids, mask, SamplerSettings(max_new_tokens=NEW, temperature=1.0, compiled=compiled), stop_ids=[],
+               pad_id=0, generator=torch.Generator().manual_seed(0), group_size=GROUP)
 
     def hf() -> None:
         model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
@@ -182,8 +182,8 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     """Forward + backward of the log-prob forward on sampled completions (mean length as sampled), per mode."""
     device = next(model.parameters()).device
     ids, mask = grouped_prompts(model.config.vocab_size, device)
-    roll = sample(model, ids, mask, max_new_tokens=NEW, stop_ids=list(range(1, 40)), pad_id=0, temperature=1.0,
-                  generator=torch.Generator().manual_seed(1), group_size=GROUP).trimmed()
+    roll = sample(model, ids, mask, SamplerSettings(max_new_tokens=NEW, temperature=1.0), stop_ids=list(range(1, 40)),
+                  pad_id=0, generator=torch.Generator().manual_seed(1), group_size=GROUP).trimmed()
     full_ids, full_mask = roll.input_ids, roll.attention_mask
     model.train()
     out = {"completion_length_mean": float(roll.completion_mask.sum(1).float().mean()),

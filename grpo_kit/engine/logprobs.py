@@ -366,7 +366,7 @@ class ProductPlan:
 
     @property
     def rollout_product_dtype(self) -> torch.dtype | None:
-        """`sample(product_dtype=…)`: None = the device's choice (bf16 on a CPU with native bf16 products), else
+        """`SamplerSettings.product_dtype`: None = the device's choice (bf16 on a CPU with native bf16 products), else
         fp32."""
         return None if self.bf16_products else torch.float32
 

@@ -12,7 +12,7 @@ against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,41 +20,7 @@ import torch
 from ..data.chat import stop_token_ids
 from .device import compile_supported, host_syncs_are_cheap
 from .logprobs import completion_logprobs
-from .sampling import GroupPrompts, Rollout, SampledHead, sample
-
-
-@dataclass(frozen=True)
-class SamplerSettings:
-    """How a `Sampler` encodes prompts and draws completions. The temperature and top-p given here are the
-    defaults; `Sampler.generate` takes the values a live control sets for one call."""
-
-    max_new_tokens: int = 40
-    """N, the completion tokens drawn per row (a row stops early at a stop token)."""
-    temperature: float = 1.0
-    """Softmax temperature T of the sampled tokens (ignored when `greedy`)."""
-    top_k: int = 0
-    """Sample among the k most likely tokens; 0 = all."""
-    top_p: float = 1.0
-    """Nucleus sampling: the smallest set of tokens holding this much probability; 1 = all."""
-    greedy: bool = False
-    """The most likely token at every step (evaluation), no noise drawn."""
-    prompt_bucket: int = 32
-    """Prompts are left-padded to a multiple of this many tokens (fewer shapes to compile)."""
-    max_prompt_tokens: int | None = None
-    """A prompt longer than this is refused with a message naming it; None = no limit."""
-    compiled: bool | None = None
-    """`torch.compile` the decode step; None = where it runs (CUDA with Triton: `device.compile_supported`)."""
-    lean: bool | None = None
-    """The kit's lean Gemma forward (`decoder.py`); None = where `decoder.supports` the model, False = HF's forward."""
-    head_moments: bool = False
-    """Keep, per sampled token, the LM head's expected row and the entropy (`Rollout.head_mean`, `.entropy`), which
-    the update can use in place of its own pass over the head."""
-    product_dtype: torch.dtype | None = None
-    """The eager sampler's weight products; None = `device.product_dtype` (bf16 where a CPU multiplies it natively)."""
-    padding_free: bool = False
-    """Log-probs through the packed padding-free forward (Gemma on cpu/cuda: real tokens only)."""
-    share_prompt_forward: bool = True
-    """Log-probs run each group's prompt once (rows come in groups of `group_size`)."""
+from .sampling import GroupPrompts, Rollout, SampledHead, SamplerSettings, sample
 
 
 class Sampler:
@@ -80,13 +46,10 @@ class Sampler:
         keeps its one fixed shape."""
         s = self.settings
         ids, mask = self.prompts(prompts)
-        roll = sample(
-            self.model, ids, mask, max_new_tokens=s.max_new_tokens, stop_ids=self.stop_ids, pad_id=self.pad_id,
-            temperature=s.temperature if temperature is None else temperature, top_k=s.top_k,
-            top_p=s.top_p if top_p is None else top_p, greedy=s.greedy, generator=self.generator,
-            group_size=self.group_size, lean=s.lean, compiled=self.compiled, head_moments=s.head_moments,
-            product_dtype=s.product_dtype,
-        )
+        now = replace(s, temperature=s.temperature if temperature is None else temperature,
+                      top_p=s.top_p if top_p is None else top_p, compiled=self.compiled)
+        roll = sample(self.model, ids, mask, now, stop_ids=self.stop_ids, pad_id=self.pad_id, generator=self.generator,
+                      group_size=self.group_size)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
 
     def logprobs(self, rollout: Rollout, rows: slice = slice(None), *, model: torch.nn.Module | None = None,

@@ -58,7 +58,7 @@ class Rollout:
     """(B,) True where no stop token appeared within N tokens."""
     head_mean: torch.Tensor | None = None
     """(B, N, d) at each sampled position, the policy's expected LM-head row Σ_v π_v W_v under the temperature-scaled
-    distribution over the whole vocabulary (0 after the stop token); only from `sample(..., head_moments=True)`.
+    distribution over the whole vocabulary (0 after the stop token); only with `SamplerSettings(head_moments=True)`.
     With the sampled token's row W_y, (W_y − head_mean)/T is the gradient of log π(y) with respect to the final
     hidden state — what the update needs from the LM head (`logprobs.logprobs_from_head_mean`)."""
     entropy: torch.Tensor | None = None
@@ -339,7 +339,7 @@ class HeadInput:
         logits = decoder.lm_head_logits(self.head, self.hidden)
         return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
 
-    def streams(self, settings: SamplingSettings) -> bool:
+    def streams(self, settings: SamplerSettings) -> bool:
         """Plain sampling or greedy, with a plain large head on the CPU: what `draw_from_head` covers."""
         weight = getattr(self.head, "weight", None)
         return (type(self.head) is torch.nn.Linear and self.head.bias is None and self.hidden.device.type == "cpu"
@@ -543,13 +543,39 @@ def _draw_in_tile(weight: torch.Tensor, xp: torch.Tensor, *, tiles: torch.Tensor
 
 
 @dataclass(frozen=True)
-class SamplingSettings:
-    """How each token is picked (`choose_tokens`)."""
+class SamplerSettings:
+    """How prompts are encoded and completions drawn (`sample`, `choose_tokens`; `sampler.Sampler` holds one). The
+    temperature may be a one-element device tensor on XLA (a live control as a graph input); `Sampler.generate`
+    takes the values a live control sets for one call."""
 
+    max_new_tokens: int = 40
+    """N, the completion tokens drawn per row (a row stops early at a stop token)."""
     temperature: float = 1.0
+    """Softmax temperature T of the sampled tokens (ignored when `greedy`)."""
     top_k: int = 0
+    """Sample among the k most likely tokens; 0 = all."""
     top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens holding this much probability; 1 = all."""
     greedy: bool = False
+    """The most likely token at every step (evaluation), no noise drawn."""
+    prompt_bucket: int = 32
+    """Prompts are left-padded to a multiple of this many tokens (fewer shapes to compile)."""
+    max_prompt_tokens: int | None = None
+    """A prompt longer than this is refused with a message naming it; None = no limit."""
+    compiled: bool | None = None
+    """`torch.compile` the decode step (cpu/cuda). `Sampler` reads None as where it runs (CUDA with Triton:
+    `device.compile_supported`); `sample` as off."""
+    lean: bool | None = None
+    """The kit's lean Gemma forward (`decoder.py`); None = where `decoder.supports` the model, False = HF's forward."""
+    head_moments: bool = False
+    """Keep, per sampled token, the LM head's expected row and the entropy (`Rollout.head_mean`, `.entropy`), which
+    the update can use in place of its own pass over the head."""
+    product_dtype: torch.dtype | None = None
+    """The eager sampler's weight products; None = `device.product_dtype` (bf16 where a CPU multiplies it natively)."""
+    padding_free: bool = False
+    """Log-probs through the packed padding-free forward (Gemma on cpu/cuda: real tokens only)."""
+    share_prompt_forward: bool = True
+    """Log-probs run each group's prompt once (rows come in groups of `group_size`)."""
 
 
 @dataclass
@@ -569,7 +595,7 @@ class RolloutSetup:
     """The stop token ids."""
     pad: torch.Tensor
     """(B,) `<pad>`, written after a row's stop token."""
-    settings: SamplingSettings
+    settings: SamplerSettings
     group_size: int
     uniforms: torch.Tensor | None
     """(B, N) one U(0, 1) per row and step (None when greedy)."""
@@ -641,7 +667,7 @@ class SamplerState:
 
 
 def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, step_index: torch.Tensor,
-          settings: SamplingSettings,
+          settings: SamplerSettings,
           moments_of: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """One token per row from `logits`, with the uniforms' column `step_index` (picked on the device); with
     `moments_of` (the head's weight) also the `HeadMoments` of the full temperature-scaled distribution."""
@@ -829,29 +855,29 @@ def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, devic
 def _moments_weight(hf: torch.nn.Module) -> torch.Tensor:
     """The LM head's weight, for `HeadMoments`: refused for a head with a final softcap (∂z/∂h is then not W)."""
     if decoder.final_softcap(hf):
-        raise ValueError("sample(head_moments=True) needs an LM head without a final softcap "
+        raise ValueError("SamplerSettings(head_moments=True) needs an LM head without a final softcap "
                          f"({type(hf).__name__} has final_logit_softcapping={hf.config.final_logit_softcapping})")
     return hf.get_output_embeddings().weight
 
 
 @torch.no_grad()
-def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-           stop_ids: list[int], pad_id: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           greedy: bool = False, generator: torch.Generator | None = None, group_size: int = 1,
-           lean: bool | None = None, compiled: bool = False, head_moments: bool = False,
-           product_dtype: torch.dtype | None = None) -> Rollout:
-    """Generate `max_new_tokens` for every row with a static KV cache; everything after a stop token is
-    masked and set to `pad_id`. RolloutSetup are (B, P) left-padded; the model's device is used throughout.
+def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, settings: SamplerSettings, *,
+           stop_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
+           group_size: int = 1) -> Rollout:
+    """Generate `settings.max_new_tokens` for every row with a static KV cache; everything after a stop token is
+    masked and set to `pad_id`. The prompts are (B, P) left-padded; the model's device is used throughout.
 
     Picks the execution mode: Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own
-    modules) — `sample_eager` on cpu/cuda, `sample_fixed` on XLA or with `compiled` (`torch.compile` on
-    cpu/cuda) — others through HF's forward (`sample_hf`). `lean` None = the lean forward when
+    modules) — `sample_eager` on cpu/cuda, `sample_fixed` on XLA or with `settings.compiled` (`torch.compile` on
+    cpu/cuda) — others through HF's forward (`sample_hf`). `settings.lean` None = the lean forward when
     `decoder.supports` the model; False forces HF's. `group_size` G > 1 says rows come in groups of G copies of
-    one prompt (as the trainer lays them out): the lean prefill then runs each prompt once. `head_moments` keeps,
-    for every sampled token, the policy's expected LM-head row and entropy (`Rollout.head_mean`, `.entropy`):
-    one more product with the head per token (streamed with the draw on the CPU), which the update can use in place
-    of its own pass over the head. The model's LM head must have no final softcap. `product_dtype`: the eager
-    sampler's weight products (projections, LM head); None = `device.product_dtype`, the model's dtype = exact.
+    one prompt (as the trainer lays them out): the lean prefill then runs each prompt once. `settings.head_moments`
+    keeps, for every sampled token, the policy's expected LM-head row and entropy (`Rollout.head_mean`,
+    `.entropy`): one more product with the head per token (streamed with the draw on the CPU), which the update can
+    use in place of its own pass over the head. The model's LM head must have no final softcap.
+    `settings.product_dtype`: the eager sampler's weight products (projections, LM head); None =
+    `device.product_dtype`, the model's dtype = exact. The prompt settings (bucket, length limit, the log-prob
+    forward's) are `sampler.Sampler`'s and unused here.
     """
     device = next(model.parameters()).device
     rows_given, rows_split = prompt_ids.shape[0], padded_rows(prompt_ids.shape[0], device)
@@ -862,27 +888,24 @@ def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
             raise ValueError(f"{rows_given} rows in groups of {group_size} cannot be split over the SPMD mesh: "
                              f"make prompts × group_size a multiple of {padded_rows(1, device)}")
         repeat = torch.cat([torch.arange(rows_given), torch.full((rows_split - rows_given,), rows_given - 1)])
-        return sample(
-            model, prompt_ids[repeat], prompt_mask[repeat], max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-            lean=lean, compiled=compiled, head_moments=head_moments, product_dtype=product_dtype,
-        ).first_rows(rows_given)
+        return sample(model, prompt_ids[repeat], prompt_mask[repeat], settings, stop_ids=stop_ids, pad_id=pad_id,
+                      generator=generator).first_rows(rows_given)
     check_grouped(prompt_ids, group_size)
     hf = base_model(model)
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
-    uniforms = None if greedy else _uniforms(ids.shape[0], max_new_tokens, generator=generator, device=device)
+    n = settings.max_new_tokens
+    uniforms = None if settings.greedy else _uniforms(ids.shape[0], n, generator=generator, device=device)
     setup = RolloutSetup(
-        model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=max_new_tokens,
-        stop=torch.tensor(stop_ids, device=device),
+        model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=n, stop=torch.tensor(stop_ids, device=device),
         pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile
-        settings=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy),
-        group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
-        moments_of=_moments_weight(hf) if head_moments else None, product_dtype=product_dtype,
+        settings=settings, group_size=group_size, uniforms=uniforms, can_peek=host_syncs_are_cheap(device),
+        moments_of=_moments_weight(hf) if settings.head_moments else None, product_dtype=settings.product_dtype,
     )
+    compiled = bool(settings.compiled)
     was_training = model.training
     model.eval()
     try:
-        if not (decoder.supports(hf) if lean is None else lean):
+        if not (decoder.supports(hf) if settings.lean is None else settings.lean):
             completions = sample_hf(setup)
         elif setup.can_peek and not compiled:
             completions = sample_eager(setup)
