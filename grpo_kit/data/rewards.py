@@ -468,21 +468,9 @@ def compute_rewards(
     the completion (on_error='raise'), or scores those completions 0 and counts them (on_error='zero'). A
     function still running after `timeout` seconds raises `RewardError` naming it, whatever on_error says.
     """
-    if not reward_funcs:
-        raise ValueError("compute_rewards: no reward functions given")
-    columns = columns or {}
+    names = _checked_inputs(reward_funcs, completions, columns or {}, weights or {})
     n = len(completions)
-    for key, values in columns.items():
-        if len(values) != n:
-            raise ValueError(f"compute_rewards: column {key!r} has {len(values)} values for {n} completions")
-    names = [reward_name(f) for f in reward_funcs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"compute_rewards: reward names must be unique, got {names}")
-    weights = weights or {}
-    unknown = set(weights) - set(names)
-    if unknown:
-        raise ValueError(f"compute_rewards: weights for unknown rewards {sorted(unknown)}; rewards are {names}")
-    w = [float(weights.get(nm, 1.0)) for nm in names]
+    w = [float((weights or {}).get(nm, 1.0)) for nm in names]
     table = torch.full((len(reward_funcs), n), float("nan"))
     failures: dict[str, int] = {}
     given = as_conversation(completions) if prompts and isinstance(prompts[0], list) else completions
@@ -498,7 +486,8 @@ def compute_rewards(
     def log_extra(column: str, values: list) -> None:
         extra.setdefault(str(column), []).extend(values)
 
-    kwargs = {**columns, "trainer_state": state or RewardState(), "log_metric": log_metric, "log_extra": log_extra}
+    kwargs = {**(columns or {}), "trainer_state": state or RewardState(), "log_metric": log_metric,
+              "log_extra": log_extra}
     for fi, (func, name) in enumerate(zip(reward_funcs, names, strict=True)):
         try:
             scores = _call_with_timeout(func, prompts, given, name=name, timeout=timeout, columns=kwargs)
@@ -508,23 +497,50 @@ def compute_rewards(
         except Exception as e:  # noqa: BLE001
             scores, failed = _score_one_by_one(func, name, prompts, given, columns=kwargs, on_error=on_error,
                                                first_error=e, timeout=timeout)
-        if len(scores) != n:
-            raise RewardError(f"reward {name!r} returned {len(scores)} scores for {n} completions")
-        for i, s in enumerate(scores):
-            if s is None:
-                continue
-            score = _finite_score(s)
-            if score is None:
-                if on_error == "raise":
-                    raise RewardError(f"reward {name!r} returned {_as_score(s)!r} for completion {i}: "
-                                      f"{completion_text(completions[i])[:200]!r}")
-                score, failed = 0.0, failed + 1
-            table[fi, i] = score
-        failures[name] = failed
+        failures[name] = _fill_row(table[fi], scores, name=name, completions=completions, on_error=on_error,
+                                   failed=failed)
     weighted = table * torch.tensor(w).unsqueeze(1)
     total = torch.nansum(weighted, dim=0)
     return RewardResult(per_function=table, total=total, names=names, weights=w, failures=failures,
                         logged=dict(logged), extra=extra)
+
+
+def _checked_inputs(reward_funcs: Sequence[RewardFunc], completions: list, columns: dict[str, list],
+                    weights: dict[str, float]) -> list[str]:
+    """The reward functions' names, after checking what `compute_rewards` was given: a one-line ValueError names
+    a missing function list, a column of the wrong length, a repeated name or a weight for an unknown reward."""
+    if not reward_funcs:
+        raise ValueError("compute_rewards: no reward functions given")
+    n = len(completions)
+    for key, values in columns.items():
+        if len(values) != n:
+            raise ValueError(f"compute_rewards: column {key!r} has {len(values)} values for {n} completions")
+    names = [reward_name(f) for f in reward_funcs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"compute_rewards: reward names must be unique, got {names}")
+    unknown = set(weights) - set(names)
+    if unknown:
+        raise ValueError(f"compute_rewards: weights for unknown rewards {sorted(unknown)}; rewards are {names}")
+    return names
+
+
+def _fill_row(row: torch.Tensor, scores: list, *, name: str, completions: list, on_error: str, failed: int) -> int:
+    """Write one reward function's `scores` into its `row` of the table (None stays NaN: the function does not
+    apply); a non-finite score raises `RewardError` naming the completion (on_error='raise') or scores 0 and is
+    counted. Returns the function's failures."""
+    if len(scores) != len(completions):
+        raise RewardError(f"reward {name!r} returned {len(scores)} scores for {len(completions)} completions")
+    for i, s in enumerate(scores):
+        if s is None:
+            continue
+        score = _finite_score(s)
+        if score is None:
+            if on_error == "raise":
+                raise RewardError(f"reward {name!r} returned {_as_score(s)!r} for completion {i}: "
+                                  f"{completion_text(completions[i])[:200]!r}")
+            score, failed = 0.0, failed + 1
+        row[i] = score
+    return failed
 
 
 DEFAULT_REWARDS: tuple[RewardFunc, ...] = (correctness_reward, answer_digits_reward, strict_format_reward)

@@ -119,13 +119,27 @@ def _lockstep(eager: Any, xla: Any, steps: int) -> tuple[list[dict], list[dict],
     return eager_rows, xla_rows, agreement
 
 
-def run_xla_check(
-    devices: int = 1, steps: int = 20, max_new_tokens: int = 16, tolerance: float = 1e-4
-) -> dict[str, Any]:
-    """Run the check and return its report (see the module docstring). `prepare_environment` first."""
+def _differences(eager_rows: list[dict[str, Any]], xla_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per compared metric (`COMPARED_KEYS`), the largest |eager − XLA| over the steps both logged it."""
+    diffs: dict[str, float] = {}
+    for key in COMPARED_KEYS:
+        pairs = [(a.get(key), b.get(key)) for a, b in zip(eager_rows, xla_rows, strict=True)]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if pairs:
+            diffs[key] = max(abs(float(a) - float(b)) for a, b in pairs)
+    return diffs
+
+
+def _backend() -> str:
+    """The PJRT backend the check ran on: tpu, or the CPU client (cpu)."""
+    return "tpu" if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" else os.environ.get("PJRT_DEVICE", "CPU").lower()
+
+
+def _start(devices: int) -> tuple[Any, dict[str, Any]]:
+    """The XLA device (SPMD over `devices` when > 1) and the tiny Gemma's starting weights, made on the CPU."""
     import torch
 
-    from ..engine.device import compile_monitor, enable_spmd, get_device, use_cpu_threads
+    from ..engine.device import enable_spmd, get_device, use_cpu_threads
     from ..engine.model_config import ModelConfig
     from ..engine.models import load_model
 
@@ -136,36 +150,38 @@ def run_xla_check(
     xla = get_device("xla")
     use_cpu_threads()
     start_model, _ = load_model(ModelConfig(dtype="float32", seed=0), torch.device("cpu"))
-    state = {k: v.clone() for k, v in start_model.state_dict().items()}
-    del start_model
+    return xla, {k: v.clone() for k, v in start_model.state_dict().items()}
 
+
+def run_xla_check(
+    devices: int = 1, steps: int = 20, max_new_tokens: int = 16, tolerance: float = 1e-4
+) -> dict[str, Any]:
+    """Run the check and return its report (see the module docstring). `prepare_environment` first."""
+    import torch
+
+    from ..engine.device import compile_monitor
+
+    xla, state = _start(devices)
     eager = _trainer(torch.device("cpu"), state, steps, max_new_tokens, devices)
     on_xla = _trainer(xla, state, steps, max_new_tokens, devices)
     t0 = time.perf_counter()
     eager_rows, xla_rows, agreement = _lockstep(eager, on_xla, steps)
     seconds = time.perf_counter() - t0
-    eager_final = {k: v.detach().cpu() for k, v in eager.model.state_dict().items()}
-    xla_final = {k: v.detach().cpu() for k, v in on_xla.model.state_dict().items()}
 
-    diffs: dict[str, float] = {}
-    for key in COMPARED_KEYS:
-        pairs = [(a.get(key), b.get(key)) for a, b in zip(eager_rows, xla_rows, strict=True)]
-        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-        if pairs:
-            diffs[key] = max(abs(float(a) - float(b)) for a, b in pairs)
+    diffs = _differences(eager_rows, xla_rows)
     max_diff = max(diffs.values())
     # Reported, not judged: Adam divides by √v, so where a gradient is ~0 a 1e-7 difference can flip the
     # update's sign and the weights drift apart by ~lr per step while every loss still agrees.
-    weight_diff = max(float((eager_final[k] - xla_final[k]).abs().max()) for k in eager_final)
+    xla_final = on_xla.model.state_dict()
+    weight_diff = max(float((v.detach().cpu() - xla_final[k].detach().cpu()).abs().max())
+                      for k, v in eager.model.state_dict().items())
 
     monitor = compile_monitor()
     warm = _job_config(steps, max_new_tokens, devices).compile_warmup_steps
     after = [r["step_seconds"] for r in xla_rows[warm:]]
     report = {
         "devices": devices,
-        "backend": "tpu"
-        if os.environ.get("PJRT_DEVICE", "").upper() == "TPU"
-        else os.environ.get("PJRT_DEVICE", "CPU").lower(),
+        "backend": _backend(),
         "spmd": devices > 1,
         "steps": len(xla_rows),
         "max_new_tokens": max_new_tokens,

@@ -137,15 +137,7 @@ def save_checkpoint(
     tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        save_file(_weights(model), str(tmp / "weights.safetensors"))
-        for name, module in (modules or {}).items():
-            save_file(_weights(module), str(tmp / f"{name}.safetensors"))
-        if optimizer is not None:
-            torch.save(_to_cpu(optimizer.state_dict()), tmp / "optimizer.pt")
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if generator is not None:
-            rng["generator"] = generator.get_state()
-        torch.save(rng, tmp / "rng.pt")
+        _write_files(tmp, model, optimizer, generator=generator, modules=modules or {})
         files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(
             json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
@@ -154,14 +146,7 @@ def save_checkpoint(
         _fsync(tmp)
     except Exception as e:  # noqa: BLE001 - safetensors, torch.save and the OS each raise their own type on a full disk
         shutil.rmtree(tmp, ignore_errors=True)
-        free = _human(shutil.disk_usage(path.parent).free)
-        kept = ("the previous checkpoint is kept" if _is_checkpoint(path) or _is_checkpoint(previous_path(path))
-                else "there is no earlier checkpoint")
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointSaveError(getattr(e, "errno", None) or errno.EIO,
-                                  f"could not save the checkpoint {path} ({type(e).__name__}: {why}); {free} free "
-                                  f"on that disk; {kept}. Free space there, or choose another output directory, "
-                                  "then run the same command again to continue") from e
+        raise _save_error(path, e) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -173,6 +158,33 @@ def save_checkpoint(
     _fsync(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
     return path
+
+
+def _write_files(tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
+                 generator: torch.Generator | None, modules: dict[str, torch.nn.Module]) -> None:
+    """A checkpoint's files but state.json, into the temporary directory `tmp`."""
+    save_file(_weights(model), str(tmp / "weights.safetensors"))
+    for name, module in modules.items():
+        save_file(_weights(module), str(tmp / f"{name}.safetensors"))
+    if optimizer is not None:
+        torch.save(_to_cpu(optimizer.state_dict()), tmp / "optimizer.pt")
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if generator is not None:
+        rng["generator"] = generator.get_state()
+    torch.save(rng, tmp / "rng.pt")
+
+
+def _save_error(path: Path, e: Exception) -> CheckpointSaveError:
+    """The one-line error of a failed save: the checkpoint, the cause, the free space, whether an earlier one is
+    kept, and what to do."""
+    free = _human(shutil.disk_usage(path.parent).free)
+    kept = ("the previous checkpoint is kept" if _is_checkpoint(path) or _is_checkpoint(previous_path(path))
+            else "there is no earlier checkpoint")
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointSaveError(getattr(e, "errno", None) or errno.EIO,
+                               f"could not save the checkpoint {path} ({type(e).__name__}: {why}); {free} free "
+                               f"on that disk; {kept}. Free space there, or choose another output directory, "
+                               "then run the same command again to continue")
 
 
 def checkpoint_state(path: str | Path, *, verify: bool = True) -> tuple[Path, dict[str, Any]]:
