@@ -87,9 +87,11 @@ def test_make_release_cuts_a_release_whose_badges_open_notebooks_that_install_a_
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.com"}
     init = clone / "grpo_kit" / "__init__.py"
-    public = '    "notebook": None,\n'
-    init.write_text(init.read_text().replace(public, public + '    "a_new_name": "course",\n'))
-    (clone / "grpo_kit" / "course.py").write_text((clone / "grpo_kit" / "course.py").read_text() + "\na_new_name = 1\n")
+    public = '    "notebook": "course.notebook",\n'
+    assert public in init.read_text()
+    init.write_text(init.read_text().replace(public, public + '    "a_new_name": "course.modes",\n'))
+    modes = clone / "grpo_kit" / "course" / "modes.py"
+    modes.write_text(modes.read_text() + "\na_new_name = 1\n")
     nb_path = clone / "notebooks" / "03_reward_design.ipynb"
     nb = json.loads(nb_path.read_text())
     nb["cells"].append({"cell_type": "code", "execution_count": None, "id": "new-name", "metadata": {}, "outputs": [],
