@@ -396,9 +396,9 @@ def test_a_batch_the_mesh_cannot_split_is_padded_and_trimmed(monkeypatch, sft_mo
 
     monkeypatch.setattr(sampling, "padded_rows", lambda rows, device: -(-rows // 4) * 4)
     monkeypatch.setattr(sampling, "sample", spy)
-    import grpo_kit.eval.evaluation as evaluate_module
+    import grpo_kit.engine.sampler as seam
 
-    monkeypatch.setattr(evaluate_module, "sample", spy)
+    monkeypatch.setattr(seam, "sample", spy)
     assert generate_completions(model, tokenizer, prompts, max_new_tokens=12) == alone
     assert seen == [3, 4]  # asked with 3 rows, sampled with 4
 

@@ -385,7 +385,7 @@ def test_dynamic_sampling_refills_the_step_with_groups_whose_rewards_differ(sft_
     trainer = GRPOTrainer(model, tok, [half_constant_reward], task.prompt_stream(seed=3), cfg)
     trained_rows: list = []
     update = trainer.update
-    trainer.update = lambda roll, adv, *a: trained_rows.append(len(adv)) or update(roll, adv, *a)
+    trainer.update = lambda batch, settings: trained_rows.append(int(batch.counted.sum())) or update(batch, settings)
     row = trainer.train_step()
     assert row["rollouts"] == 2 and trainer.prompts_drawn == 8  # 2 of 4 groups differ per rollout
     assert row["trained_groups"] == 4 and trained_rows == [16]
