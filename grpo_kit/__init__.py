@@ -62,6 +62,7 @@ PUBLIC: dict[str, str] = {
     "parse_number": "data.answer_format",
     "load_task": "data.tasks",
     "DataTask": "data.tasks",
+    "Columns": "data.tasks",
     "answer_matches": "data.answer_format",
     "infer_answer_type": "data.answer_format",
     "DEFAULT_REWARDS": "data.rewards",
@@ -89,6 +90,7 @@ PUBLIC: dict[str, str] = {
     "kl_estimate": "algo.losses",
     # generation, evaluation, SFT batches
     "encode_prompts": "engine.sampling",
+    "Batching": "eval.evaluation",
     "generate_completions": "eval.evaluation",
     "evaluate": "eval.evaluation",
     "pass_at_k": "eval.evaluation",

@@ -76,12 +76,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     if checkpoint and not where:
         refuse_arc_adapter(checkpoint)
     cfg = _config(args, "runs/score", model_is_name=checkpoint is None)
-    task = load_task(args.task, prompt=args.prompt_column, answer=args.answer_column, answer_type=args.answer_type,
-                     num_test=args.num_test, seed=args.seed, system_prompt=args.system_prompt, split=args.split)
+    task = load_task(args.task, columns={"prompt": args.prompt_column, "answer": args.answer_column},
+                     answer_type=args.answer_type, num_test=args.num_test, seed=args.seed,
+                     system_prompt=args.system_prompt, split=args.split)
     if where:
         arc = _arc_model(where, args.device)
         steps = {f"{p} steps": r["steps"] for p in Stage.trained() if (r := arc.done(p))}
-        score = score_model(arc.model, arc.tokenizer, task, cfg.output_dir, task_name=str(args.task),
+        score = score_model(arc.model, arc.tokenizer, task, cfg.output_dir,
                             model_name=args.name or f"{arc.cfg.model.name} after {where[1]} ({where[0]})",
                             training={"arc": str(where[0]), "stage": where[1], **steps}, overwrite=args.overwrite)
         return _scored(score, cfg.output_dir)
@@ -96,7 +97,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                     "steps": state.get("step")}
         load_checkpoint(checkpoint, model)
     name = args.name or (f"{model_cfg.name} + {checkpoint}" if checkpoint else model_cfg.name)
-    score = score_model(model, tokenizer, task, cfg.output_dir, model_name=name, task_name=str(args.task),
+    score = score_model(model, tokenizer, task, cfg.output_dir, model_name=name,
                         training=training, overwrite=args.overwrite)
     return _scored(score, cfg.output_dir)
 
@@ -264,7 +265,7 @@ def _arc_model(where: tuple[Path, str], device: str | None) -> Any:
 def cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from .eval.export import export_model
+    from .eval.export import export_model, push
 
     if not args.init_from:
         raise SystemExit("grpo-kit export: --checkpoint DIR is required (the sft/train output_dir's checkpoint/, or an "
@@ -282,8 +283,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         cfg, _, model, tokenizer, _ = _setup(args, "runs/export")
         base = cfg.model.name
-    out = export_model(model, tokenizer, args.out, base_name=base, notes=notes, score=score, dtype=dtype,
-                       push_to=args.push_to, allow_public=args.public)
+    out = export_model(model, tokenizer, args.out, base_name=base, notes=notes, score=score, dtype=dtype)
+    if args.push_to:
+        push(out, args.push_to, allow_public=args.public)
     _print({"exported": str(out), "pushed_to": args.push_to})
     return 0
 

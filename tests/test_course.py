@@ -105,7 +105,8 @@ def test_notebook_09_names_the_users_task_once_not_the_presets(monkeypatch, tmp_
     monkeypatch.delenv("GRPO_KIT_QUICK", raising=False)
     monkeypatch.setattr(nbk, "model_access", lambda name, token=None: (True, ""))
     data = nbk.example_task_file()
-    cfg, preset = nbk.your_task_config(data, prompt="question", solution="solution", preset="cpu-gemma-270m")
+    columns = {"prompt": "question", "solution": "solution"}
+    cfg, preset = nbk.your_task_config(data, columns=columns, preset="cpu-gemma-270m")
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"preset cpu-gemma-270m · model {cfg.model.name} · your task "
                                                    f"{data} (file), 40 rows held out · control on (more SFT "

@@ -29,7 +29,7 @@ def _jsonl(path, rows):
 
 def test_a_jsonl_file_gives_a_frozen_split_typed_answers_and_sft_rows(tmp_path):
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
-    task = load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7)
+    task = load_task(path, columns={"prompt": "q", "answer": "a", "solution": "why"}, num_test=10, seed=7)
     test, demos = task.test_set(), task.demonstrations()
     assert len(test) == 10 and set(test.column_names) == {"prompt", "answer", "answer_type"}
     assert test[0]["prompt"][-1]["role"] == "user"
@@ -38,9 +38,9 @@ def test_a_jsonl_file_gives_a_frozen_split_typed_answers_and_sft_rows(tmp_path):
     assert all(r["completion"].startswith("<reasoning>") and r["completion"].endswith(f"<answer>{r['answer']}</answer>")
                for r in demos)
     assert len(demos) == sum(1 for r in _rows() if r["why"]) - sum(1 for r in test if r["answer_type"] == "number")
-    again = load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7)
+    again = load_task(path, columns={"prompt": "q", "answer": "a", "solution": "why"}, num_test=10, seed=7)
     assert again.split_hash == task.split_hash and list(again.test_set()) == list(test)
-    assert load_task(path, prompt="q", answer="a", num_test=10, seed=8).split_hash != task.split_hash
+    assert load_task(path, columns={"prompt": "q", "answer": "a"}, num_test=10, seed=8).split_hash != task.split_hash
     held = {r["prompt"][-1]["content"] for r in test}
     stream = task.prompt_stream()
     drawn = [next(stream) for _ in range(60)]
@@ -61,8 +61,8 @@ def test_csv_and_parquet_read_the_same_and_a_row_may_set_its_type(tmp_path):
     frame = pd.DataFrame(rows)
     frame.to_csv(tmp_path / "t.csv", index=False)
     frame.to_parquet(tmp_path / "t.parquet")
-    a = load_task(tmp_path / "t.csv", prompt="question", num_test=3, system_prompt="Answer briefly.")
-    b = load_task(tmp_path / "t.parquet", prompt="question", num_test=3)
+    a = load_task(tmp_path / "t.csv", columns={"prompt": "question"}, num_test=3, system_prompt="Answer briefly.")
+    b = load_task(tmp_path / "t.parquet", columns={"prompt": "question"}, num_test=3)
     assert a.split_hash == b.split_hash  # the same rows, whatever instruction they get
     rows_a = list(a.test_set()) + [next(a.prompt_stream()) for _ in range(7)]
     assert {r["answer_type"] for r in rows_a} == {"regex", "number"}
@@ -80,7 +80,7 @@ def test_the_correctness_reward_and_evaluation_use_each_rows_type(tmp_path):
         pass
 
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
-    task = load_task(path, prompt="q", answer="a", num_test=6)
+    task = load_task(path, columns={"prompt": "q", "answer": "a"}, num_test=6)
     import grpo_kit.eval.evaluation as evaluation
 
     truth = {r["prompt"][-1]["content"]: r["answer"] for r in task.test_set()}
@@ -94,17 +94,20 @@ def test_the_correctness_reward_and_evaluation_use_each_rows_type(tmp_path):
     assert result["accuracy"] == 1.0  # "B." for B, "12." for 12, upper-cased text for text: each under its type
 
 
-ONE_TEST_ROW = {"prompt": "q", "answer": "a", "num_test": 1}
+ONE_TEST_ROW = {"columns": {"prompt": "q", "answer": "a"}, "num_test": 1}
 
 
 @pytest.mark.parametrize(("rows", "kwargs", "message"), [
-    ([{"q": "x", "a": "1"}] * 5, {}, "no column 'prompt' for the prompt (columns: a, q); pass prompt="),
-    ([{"q": "x", "a": "1"}] * 5, {"prompt": "q", "answer": "a", "solution": "s"}, "no column 's' for the solution"),
+    ([{"q": "x", "a": "1"}] * 5, {}, "no column 'prompt' for the prompt (columns: a, q); pass columns={'prompt': "),
+    ([{"q": "x", "a": "1"}] * 5, {"columns": {"prompt": "q", "answer": "a", "solution": "s"}},
+     "no column 's' for the solution"),
+    ([{"q": "x", "a": "1"}] * 5, {"columns": {"question": "q"}}, "columns: 'question' is not a role; the roles are "
+     "prompt, answer, solution, system"),
     ([{"q": "x", "a": "1"}] * 4 + [{"q": "", "a": "1"}], ONE_TEST_ROW, "row 4, column 'q': is empty"),
     ([{"q": "x", "a": "1"}] * 3 + [{"q": "y", "a": " "}], ONE_TEST_ROW,
      "row 3, column 'a': needs the right final answer"),
     ([{"q": "x", "a": "1", "answer_type": "fuzzy"}] * 3, ONE_TEST_ROW, "row 0, column 'answer_type': 'fuzzy'"),
-    ([{"q": "x", "a": "1"}] * 3, {"prompt": "q", "answer": "a", "num_test": 3}, "3 rows, but num_test=3"),
+    ([{"q": "x", "a": "1"}] * 3, {"columns": {"prompt": "q", "answer": "a"}, "num_test": 3}, "3 rows, but num_test=3"),
     ([{"q": "x", "a": "1"}] * 3, {**ONE_TEST_ROW, "answer_type": "fuzzy"}, "answer_type='fuzzy'"),
 ])
 def test_bad_data_is_refused_in_one_line_naming_row_and_column(tmp_path, rows, kwargs, message):
@@ -137,7 +140,8 @@ def test_a_task_config_of_kind_file_reads_the_file_with_its_column_names(tmp_pat
         TaskConfig(kind="file", source=str(path), prompt_column="q", answer_column="a", solution_column="why",
                    num_test=10, seed=7)
     )
-    assert task.split_hash == load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7).split_hash
+    again = load_task(path, columns={"prompt": "q", "answer": "a", "solution": "why"}, num_test=10, seed=7)
+    assert task.split_hash == again.split_hash
     with pytest.raises(FileNotFoundError, match="TaskConfig.source='nowhere.jsonl': no such file"):
         make_task(TaskConfig(kind="file", source="nowhere.jsonl"))
     with pytest.raises(ConfigError, match="TaskConfig.answer_type='fuzzy': must be one of auto, number"):
@@ -160,8 +164,9 @@ def test_the_trainers_refuse_a_held_out_row_handed_to_them_directly(tmp_path, ti
 
     model, tokenizer = tiny
     path = _jsonl(tmp_path / "mine.jsonl", _rows())
-    other_split = [r["prompt"] for r in load_task(path, prompt="q", answer="a", num_test=10, seed=8).test_set()]
-    task = load_task(path, prompt="q", answer="a", solution="why", num_test=10, seed=7)
+    seed_8 = load_task(path, columns={"prompt": "q", "answer": "a"}, num_test=10, seed=8)
+    other_split = [r["prompt"] for r in seed_8.test_set()]
+    task = load_task(path, columns={"prompt": "q", "answer": "a", "solution": "why"}, num_test=10, seed=7)
     leaked = next(r for r in task.test_set() if r["prompt"] not in other_split)  # held out by seed 7, not by seed 8
     demos = list(task.demonstrations())
     sft = SFTConfig(steps=1, batch_size=2)
@@ -179,5 +184,5 @@ def test_the_trainers_refuse_a_held_out_row_handed_to_them_directly(tmp_path, ti
     next(stream)
     with pytest.raises(DataError, match="the GRPO prompt stream row 1 is a held-out question"):
         next(stream)
-    load_task(path, prompt="q", answer="a", num_test=10, seed=8)  # the file's split is seed 8's again
+    load_task(path, columns={"prompt": "q", "answer": "a"}, num_test=10, seed=8)  # the file's split is seed 8's again
     GRPOTrainer(model, tokenizer, [correctness_reward], [*train, leaked], grpo)

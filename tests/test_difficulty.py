@@ -87,7 +87,7 @@ def test_a_task_without_levels_is_refused_before_any_work_and_your_own_level_col
              "level": "easy" if i < 20 else "hard"} for i in range(40)]
     data = tmp_path / "task.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    levelled = load_task(data, prompt="question", num_test=8)
+    levelled = load_task(data, columns={"prompt": "question"}, num_test=8)
     assert {r["level"] for r in levelled.test_set()} | {next(levelled.prompt_stream())["level"]} <= {"easy", "hard"}
 
     data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "level"}) + "\n" for r in rows))

@@ -74,7 +74,7 @@ def _your_task_context(ns, tiny, *_):
 
     ns["gk"] = gk
     model, tokenizer = tiny
-    task = gk.load_task(nbk_example_task_file(), prompt="question", answer="answer", solution="solution", num_test=40)
+    task = gk.load_task(nbk_example_task_file(), columns={"prompt": "question", "solution": "solution"}, num_test=40)
     ns["arc"] = SimpleNamespace(model=model, tokenizer=tokenizer, test=task.test_set())
     cell = next(c.source for c in notebook_cells("09") if "def answer_kind_reward" in c.source)
     exec(cell.split("gk.test_reward(")[0], ns)  # the notebook's own reward, without its demo call

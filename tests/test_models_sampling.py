@@ -19,6 +19,7 @@ from grpo_kit.engine.models import (
     merge_and_restart_lora,
 )
 from grpo_kit.engine.sampling import (
+    HeadWeights,
     SamplerSettings,
     choose_tokens,
     draw_from_head,
@@ -194,7 +195,8 @@ def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(sof
         packs = head_packs(weight) if prepacked else None
         if prepacked and packs is None:
             pytest.skip("no oneDNN prepacking on this CPU")
-        got = draw_from_head(hidden, weight, temperature=0.8, softcap=softcap, greedy=greedy, uniforms=u, packs=packs)
+        got = draw_from_head(hidden, HeadWeights(weight, packs=packs), temperature=0.8, softcap=softcap, greedy=greedy,
+                             uniforms=u)
         want = choose_tokens(logits, 0.8, greedy=greedy, uniforms=u)
         tokens.append(got[0]), logprobs.append(got[1]), full_tokens.append(want[0]), full_logprobs.append(want[1])
     assert torch.equal(torch.cat(tokens), torch.cat(full_tokens))
@@ -224,11 +226,11 @@ def test_bf16_head_products_keep_the_draw_within_the_stated_bounds(softcap):
     assert (logp.exp() * (logp - logp_bf16)).sum(-1).max() < 2e-3
     for _ in range(5):
         u = torch.rand(64, generator=gen)
-        tokens, logprobs, found = draw_from_head(hidden, weight.bfloat16(), temperature=temperature, softcap=softcap,
-                                                 greedy=False, uniforms=u, moments=moments)
+        tokens, logprobs, found = draw_from_head(hidden, HeadWeights(weight.bfloat16()), temperature=temperature,
+                                                 softcap=softcap, greedy=False, uniforms=u, moments=moments)
         assert (logprobs - logp.gather(1, tokens.unsqueeze(1)).squeeze(1)).abs().max() < 0.1
-    tokens, _, found = draw_from_head(hidden, weight.bfloat16(), temperature=temperature, softcap=softcap, greedy=True,
-                                      uniforms=None, moments=moments)
+    tokens, _, found = draw_from_head(hidden, HeadWeights(weight.bfloat16()), temperature=temperature, softcap=softcap,
+                                      greedy=True, uniforms=None, moments=moments)
     best_two = logits.topk(2, dim=-1).values
     clear = best_two[:, 0] - best_two[:, 1] > 0.1
     assert clear.sum() > 30 and torch.equal(tokens[clear], logits.argmax(-1)[clear])
@@ -254,9 +256,11 @@ def test_the_exp_floor_keeps_subnormals_out_and_changes_no_draw(monkeypatch):
     exact = torch.exp((z - z.amax(1, keepdim=True)).double())
     assert ((exact > 0) & (exact < tiny)).any()
     u = torch.rand(16, generator=gen)
-    floored = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False, uniforms=u, moments=True)
+    floored = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None, greedy=False, uniforms=u,
+                             moments=True)
     monkeypatch.setattr(sampling, "EXP_FLOOR", float("-inf"))
-    unfloored = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False, uniforms=u, moments=True)
+    unfloored = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None, greedy=False, uniforms=u,
+                               moments=True)
     assert torch.equal(floored[0], unfloored[0]) and torch.equal(floored[1], unfloored[1])
     assert torch.allclose(floored[2].mean_row, unfloored[2].mean_row, rtol=1e-6, atol=1e-6)
     assert torch.allclose(floored[2].entropy, unfloored[2].entropy, rtol=1e-6, atol=1e-6)
@@ -288,12 +292,12 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
     peaked_tiles = sorted(set((targets // sampling.SAMPLE_BLOCK).tolist()))
     for hidden, want_tiles in ((peaked, peaked_tiles), (flat, list(range(tiles)))):
         u = torch.rand(hidden.shape[0], generator=gen)
-        tokens, logprobs, found = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False,
-                                                 uniforms=u, moments=True)
+        tokens, logprobs, found = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None,
+                                                 greedy=False, uniforms=u, moments=True)
         assert taken.pop() == want_tiles
         monkeypatch.setattr(sampling, "MOMENT_FLOOR", 0.0)
-        all_tokens, all_logprobs, every = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False,
-                                                         uniforms=u, moments=True)
+        all_tokens, all_logprobs, every = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None,
+                                                         greedy=False, uniforms=u, moments=True)
         monkeypatch.undo()
         monkeypatch.setattr(sampling, "_head_mean", counting)
         assert taken.pop() == list(range(tiles))
@@ -304,8 +308,8 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
         want = head_moments(hidden @ weight.T, weight, 0.8)
         assert torch.allclose(every.mean_row, want.mean_row, rtol=1e-4, atol=1e-4)
         # the same runs of tiles through Wᵀ (`head_casts(transposed=True)`, as a rollout passes it)
-        _, _, through_t = draw_from_head(hidden, weight, temperature=0.8, softcap=None, greedy=False, uniforms=u,
-                                         moments=True, weight_t=weight.T.contiguous())
+        _, _, through_t = draw_from_head(hidden, HeadWeights(weight, weight.T.contiguous()), temperature=0.8,
+                                         softcap=None, greedy=False, uniforms=u, moments=True)
         assert taken.pop() == want_tiles
         assert torch.allclose(through_t.mean_row, found.mean_row, rtol=1e-5, atol=1e-6)
 

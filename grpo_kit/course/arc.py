@@ -26,7 +26,7 @@ from ..data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
 from ..data.tasks import make_task
 from ..engine.device import get_device, use_cpu_threads
 from ..engine.models import is_lora, load_model, merge_and_restart_lora
-from ..eval.evaluation import evaluate, sampled_scores
+from ..eval.evaluation import Batching, evaluate, sampled_scores
 from ..train.checkpoint import load_checkpoint, save_checkpoint, write_whole
 from ..train.config import RunConfig
 from ..train.grpo import GRPOTrainer
@@ -211,15 +211,16 @@ class Arc:
         self.hold(stage)
         t0 = time.perf_counter()
         g = self.cfg.grpo
+        batching = Batching(size=self.cfg.eval_batch_size, prompt_bucket=g.prompt_bucket)
         result = evaluate(self.model, self.tokenizer, self.test, max_new_tokens=g.max_new_tokens,
-                          bucket=g.prompt_bucket, batch_size=self.cfg.eval_batch_size)
+                          batching=batching)
         record = {"accuracy": result["accuracy"], "format_rate": result["format_rate"], "n": result["n"],
                   "correct": result["correct"], "samples": result["samples"][:4],
                   "greedy_seconds": time.perf_counter() - t0}
         if self.cfg.eval_pass_k and stage != "base":
             record.update(sampled_scores(self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k,
                                          max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                                         bucket=g.prompt_bucket, seed=g.seed, batch_size=self.cfg.eval_batch_size))
+                                         batching=batching, seed=g.seed))
         record["seconds"] = time.perf_counter() - t0
         return self.finish(f"{stage}_eval", record)
 

@@ -27,10 +27,12 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..data.answer_format import YOUR_TASK_INSTRUCTION
+from ..data.tasks import Columns
 from ..train.config import PRESET_TIMES, RunConfig, auto_preset, load_run_config
 from .exercises import check_exercise, hint, reveal, use_solutions  # noqa: F401
 
@@ -186,12 +188,12 @@ def example_task_file() -> Path:
     return Path(__file__).resolve().parents[1] / "assets" / "data" / "example_task.jsonl"
 
 
-def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str = "answer", solution: str | None = None,
+def your_task_config(source: str | Path, *, columns: Columns | Mapping[str, str | None] | None = None,
                      num_test: int = 40, time_budget_minutes: float | None = None, preset: str = "auto",
                      control: bool = True) -> tuple[RunConfig, str]:
     """Notebook 09's settings: the runtime's model and training settings as notebook 08 picks them
     (`capstone_config`, with its fallbacks), on the task in `source` (a data file or a hub dataset id, its columns
-    named by `prompt`, `answer`, `solution`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
+    named by `columns` as in `load_task`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
     with an instruction that asks for the answer format; the rewards weighted 1 each and shaped ones gated by the
     outcome (`GRPOConfig.gate_shaped_rewards`); difficulty targeting off (it needs a `level` column in your rows);
     the SFT control on (`control`: SFT continued for GRPO's seconds, the entry GRPO has to beat) unless
@@ -207,8 +209,9 @@ def your_task_config(source: str | Path, *, prompt: str = "prompt", answer: str 
     else:
         cfg, name = capstone_config(time_budget_minutes, preset, announce=False)
     kind = "file" if Path(source).suffix in (".jsonl", ".json", ".csv", ".parquet") else "hub"
-    task = TaskConfig(kind=kind, source=str(source), prompt_column=prompt, answer_column=answer,
-                      solution_column=solution, num_test=8 if quick() else num_test,
+    named = Columns.of(columns)
+    task = TaskConfig(kind=kind, source=str(source), prompt_column=named.prompt, answer_column=named.answer,
+                      solution_column=named.solution, system_column=named.system, num_test=8 if quick() else num_test,
                       system_prompt=YOUR_TASK_INSTRUCTION)
     # your rewards, weighted 1 each unless you set weights; shaped ones count only where the outcome varies; prompts
     # in the stream's order (difficulty targeting needs a `level` column: turn it on if your rows have one)

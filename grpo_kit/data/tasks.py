@@ -18,8 +18,8 @@ import json
 import operator
 import random
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -437,12 +437,44 @@ class GSM8KTask:
 
 
 # ---- tasks from your own data ------------------------------------------------------------------------------------
-#     task = gk.load_task("data/example_task.jsonl", prompt="question", answer="answer", solution="solution")
-# Columns are mapped by name: the question (text or chat messages), the right final answer, optionally a worked solution
-# (for SFT) and a per-row instruction; a row's own `answer_type` and `level` columns (the latter for
+#     task = gk.load_task("data/example_task.jsonl", columns={"prompt": "question", "solution": "solution"})
+# Columns are mapped by name (`Columns`): the question (text or chat messages), the right final answer, optionally a
+# worked solution (for SFT) and a per-row instruction; a row's own `answer_type` and `level` columns (the latter for
 # `GRPOConfig.difficulty_targeting`) are kept. The same file, seed and num_test always give the same held-out rows,
 # whose hash (`DataTask.split_hash`) a score file carries; `check_no_overlap` refuses a training set holding one of
 # them.
+
+@dataclass(frozen=True)
+class Columns:
+    """Which column of a data file holds each part of a problem (`load_task(path, columns={"prompt": "question"})`)."""
+
+    prompt: str = "prompt"
+    """The question: text, or chat messages."""
+    answer: str = "answer"
+    """The right final answer, as text or a number."""
+    solution: str | None = None
+    """A worked solution, for SFT; None = the file has none."""
+    system: str | None = None
+    """A per-row instruction (it wins over `system_prompt`); None = every row gets `system_prompt`."""
+
+    @classmethod
+    def of(cls, columns: Columns | Mapping[str, str | None] | None, *, where: str = "columns") -> Columns:
+        """`columns` as a `Columns`: None gives the defaults; a mapping names some roles and keeps the rest. An
+        error starts with `where` (the data's name)."""
+        if columns is None or isinstance(columns, cls):
+            return columns or cls()
+        roles = [f.name for f in fields(cls)]
+        if not isinstance(columns, Mapping):
+            raise DataError(f"{where}: columns={columns!r}: a dict from role to column name; the roles are "
+                            f"{', '.join(roles)}")
+        if unknown := [k for k in columns if k not in roles]:
+            raise DataError(f"{where}: columns: {unknown[0]!r} is not a role; the roles are {', '.join(roles)}")
+        return cls(**columns)
+
+    def roles(self) -> tuple[tuple[str, str | None], ...]:
+        """(role, column) for each role, in order."""
+        return tuple((f.name, getattr(self, f.name)) for f in fields(self))
+
 
 def prompt_key(prompt: Any) -> str:
     """A prompt's identity for the overlap check: its last message's text (or the text), normalised (case, spaces)."""
@@ -476,10 +508,11 @@ def check_no_overlap(training_prompts: Iterable[Any], held_out: Dataset | list[d
 class DataTask:
     """The rows of a data file or hub dataset, split once by `seed` into `num_test` held-out rows and the rest."""
 
-    def __init__(self, rows: list[dict[str, Any]], *, name: str, prompt: str = "prompt", answer: str = "answer",
-                 solution: str | None = None, system: str | None = None, answer_type: str = "auto",
+    def __init__(self, rows: list[dict[str, Any]], *, name: str,
+                 columns: Columns | Mapping[str, str | None] | None = None, answer_type: str = "auto",
                  num_test: int = 200, seed: int = 1234, system_prompt: str | None = None) -> None:
         self.name, self.seed = name, seed
+        columns = Columns.of(columns, where=name)
         if isinstance(num_test, bool) or not isinstance(num_test, int) or num_test < 1:
             raise DataError(f"{name}: num_test={num_test!r}: the held-out rows, a whole number of at least 1 (and "
                             "fewer than the rows)")
@@ -487,16 +520,16 @@ class DataTask:
             raise DataError(f"{name}: seed={seed!r}: the split's seed, a whole number from 0 to 2**32 - 1")
         if answer_type not in ANSWER_TYPES:
             raise DataError(f"{name}: answer_type={answer_type!r}: one of {', '.join(ANSWER_TYPES)}")
-        columns = sorted(set().union(*(r.keys() for r in rows))) if rows else []
-        for role, column in (("prompt", prompt), ("answer", answer), ("solution", solution), ("system", system)):
-            if column is not None and column not in columns:
+        present = sorted(set().union(*(r.keys() for r in rows))) if rows else []
+        for role, column in columns.roles():
+            if column is not None and column not in present:
                 header = " read from the CSV's first row" if name.lower().endswith(".csv") else ""
                 raise DataError(
-                    f"{name}: no column {column!r} for the {role} (columns{header}: {', '.join(columns) or 'none'}); "
-                    f"pass {role}=<the column's name>"
+                    f"{name}: no column {column!r} for the {role} (columns{header}: {', '.join(present) or 'none'}); "
+                    f"pass columns={{{role!r}: <the column's name>}}"
                 )
-        examples = [self._example(i, r, prompt=prompt, answer=answer, solution=solution, system=system,
-                                  answer_type=answer_type, system_prompt=system_prompt) for i, r in enumerate(rows)]
+        examples = [self._example(i, r, columns, answer_type=answer_type, system_prompt=system_prompt)
+                    for i, r in enumerate(rows)]
         if len(examples) <= num_test:
             raise DataError(f"{name}: {len(examples)} rows, but num_test={num_test} are held out: nothing is left to "
                             "train on; lower num_test or add rows")
@@ -519,9 +552,10 @@ class DataTask:
         self.system_prompt = system_prompt
         """The instruction every question gets (recorded with each score: scores with other instructions differ)."""
 
-    def _example(self, i: int, row: dict[str, Any], *, prompt: str, answer: str, solution: str | None,
-                 system: str | None, answer_type: str, system_prompt: str | None) -> dict[str, Any]:
+    def _example(self, i: int, row: dict[str, Any], columns: Columns, *, answer_type: str,
+                 system_prompt: str | None) -> dict[str, Any]:
         where = f"{self.name} row {i}"
+        prompt, answer, solution, system = columns.prompt, columns.answer, columns.solution, columns.system
         question, truth = row.get(prompt), row.get(answer)
         if isinstance(question, str) and question.strip():
             instruction = (row.get(system) if system else None) or system_prompt
@@ -571,13 +605,14 @@ class DataTask:
                 yield rows[i]
 
 
-def load_task(source: str | Path, *, prompt: str = "prompt", answer: str = "answer", solution: str | None = None,
-              system: str | None = None, answer_type: str = "auto", num_test: int = 200, seed: int = 1234,
-              system_prompt: str | None = None, split: str = "train") -> DataTask:
+def load_task(source: str | Path, *, columns: Columns | Mapping[str, str | None] | None = None,
+              answer_type: str = "auto", num_test: int = 200, seed: int = 1234, system_prompt: str | None = None,
+              split: str = "train") -> DataTask:
     """A `DataTask` from a data file (.jsonl, .json, .csv, .parquet) or a Hugging Face dataset id (its `split`), with
-    the columns named by `prompt`, `answer`, `solution` and `system` (see the module docstring)."""
-    return DataTask(read_rows(source, split=split), name=str(source), prompt=prompt, answer=answer, solution=solution,
-                    system=system, answer_type=answer_type, num_test=num_test, seed=seed, system_prompt=system_prompt)
+    the prompt, answer, solution and instruction read from the columns `columns` names (`Columns`; a dict such as
+    {"prompt": "question", "solution": "worked"} names some, the rest keep their defaults)."""
+    return DataTask(read_rows(source, split=split), name=str(source), columns=columns, answer_type=answer_type,
+                    num_test=num_test, seed=seed, system_prompt=system_prompt)
 
 
 def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
@@ -595,9 +630,10 @@ def make_task(cfg: Any) -> ArithmeticTask | WordProblemTask | GSM8KTask:
         if cfg.kind == "file" and not Path(cfg.source).exists():
             raise FileNotFoundError(
                 f"TaskConfig.source={cfg.source!r}: no such file (kind 'file' reads a local data file)")
-        return load_task(cfg.source, prompt=cfg.prompt_column, answer=cfg.answer_column, solution=cfg.solution_column,
-                         system=cfg.system_column, answer_type=cfg.answer_type, num_test=cfg.num_test, seed=cfg.seed,
-                         system_prompt=cfg.system_prompt, split=cfg.split)
+        columns = Columns(prompt=cfg.prompt_column, answer=cfg.answer_column, solution=cfg.solution_column,
+                          system=cfg.system_column)
+        return load_task(cfg.source, columns=columns, answer_type=cfg.answer_type, num_test=cfg.num_test,
+                         seed=cfg.seed, system_prompt=cfg.system_prompt, split=cfg.split)
     raise ValueError(f"TaskConfig.kind={cfg.kind!r}: must be one of arithmetic, word_problems, gsm8k, file, hub")
 
 

@@ -333,7 +333,7 @@ class HeadInput:
     """The head's weight in the dtype `draw_from_head` multiplies in (`RolloutSetup.product_dtype`; `head_casts`);
     None = the head's own weight."""
     product_weight_t: torch.Tensor | None = None
-    """Its transpose, contiguous (d, V), for the moments' product (`draw_from_head(weight_t=…)`); None = none kept."""
+    """Its transpose, contiguous (d, V), for the moments' product (`HeadWeights.transposed`); None = none kept."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
@@ -405,9 +405,22 @@ def head_packs(weight: torch.Tensor) -> list[torch.Tensor] | None:
     return _kept_for(_HEAD_PACKS, weight, (), make) if cpu_prepacked_products() else None
 
 
-def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float | torch.Tensor,
+class HeadWeights(NamedTuple):
+    """The LM head's weight W (V, d) in the forms `draw_from_head` multiplies: W itself, in the products' dtype (a
+    bf16 copy of an fp32 head where a CPU multiplies bf16 natively: `head_casts`), and optionally Wᵀ and W's
+    prepacked blocks, which change only how the products run."""
+
+    weight: torch.Tensor
+    """W (V, d)."""
+    transposed: torch.Tensor | None = None
+    """Wᵀ as a contiguous (d, V) copy in W's dtype (`head_casts(transposed=True)`), for the moments' product; None =
+    the product through W."""
+    packs: list[torch.Tensor] | None = None
+    """W's DRAW_BLOCK-entry blocks prepacked for oneDNN (`head_packs`); None = plain products."""
+
+
+def draw_from_head(hidden: torch.Tensor, head: HeadWeights, *, temperature: float | torch.Tensor,
                    softcap: float | None, greedy: bool, uniforms: torch.Tensor | None, moments: bool = False,
-                   weight_t: torch.Tensor | None = None, packs: list[torch.Tensor] | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor, HeadMoments | None]:
     """`choose_tokens(h Wᵀ, …)` without top-k/top-p, the head applied block by block of W so the logits never
     leave the cache: for each block (DRAW_BLOCK entries) z = softcap·tanh(hWᵀ/softcap)/T, its
@@ -422,19 +435,19 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     per run of kept tiles (a tile under MOMENT_FLOOR of every row's mass is left out) — is π W, and
     Σ π z = (π W)·h/T needs no pass of its own; returned third (else None).
     Without a softcap 1/T is applied to h (d numbers per row) rather than to the logits, and each block's
-    exponentials are taken in place, so a block costs its products and four passes over its logits. `weight_t`, Wᵀ
-    as a contiguous (d, V) copy in W's dtype (`head_casts`), makes the moments' product Wᵀ_run e: the large operand
-    read in its natural layout, ~2× faster on the CPU than e W_run, which repacks W_run on every call; same values
-    up to float summation order. `packs`, W's blocks prepacked for oneDNN (`head_packs`), make each block's logits
-    x W_blkᵀ through them (faster for up to `device.PREPACK_MAX_ROWS` rows; same values up to float summation order).
+    exponentials are taken in place, so a block costs its products and four passes over its logits. `head.transposed`
+    makes the moments' product Wᵀ_run e, the large operand read in its natural layout, where e W_run repacks W_run on
+    every call (docs/cpu_choices.md); `head.packs` make each block's logits x W_blkᵀ through oneDNN's prepacked
+    blocks (for up to `device.PREPACK_MAX_ROWS` rows). Either gives the same values up to float summation order.
 
-    The products run in `weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`, `head_casts`) on
-    a CPU with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
+    The products run in `head.weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`,
+    `head_casts`) on a CPU with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
     the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of its fp32 value, E
     within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32 argmax wherever
     the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF, log-probs) is fp32."""
     if moments and softcap:
         raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
+    weight = head.weight
     t = floored_temperature(temperature)
     h = hidden.float()
     x = h if softcap else h / t
@@ -443,7 +456,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     def capped(z: torch.Tensor) -> torch.Tensor:  # x Wᵀ → z: with a softcap, 1/T comes after the tanh
         return torch.tanh(z / softcap) * (softcap / t) if softcap else z
 
-    maxima, masses, best, exps = _stream_blocks(weight, xp, capped, greedy=greedy, keep_exps=moments, packs=packs)
+    maxima, masses, best, exps = _stream_blocks(weight, xp, capped, greedy=greedy, keep_exps=moments, packs=head.packs)
     maxima = torch.cat(maxima)  # (blocks, rows)
     top = maxima.amax(0)
     scales = torch.exp(maxima - top)  # (blocks, rows)
@@ -456,7 +469,7 @@ def draw_from_head(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: f
     if moments:
         per_mass = scales / total  # (blocks, rows): e^{m_b − M} / Σ, which turns a block's e^{z − m_b} into π
         kept = (tiles >= MOMENT_FLOOR * total.unsqueeze(1)).any(0)  # tiles holding enough of some row's mass
-        mean_row = _head_mean(weight, exps, per_mass, kept, weight_t=weight_t)
+        mean_row = _head_mean(weight, exps, per_mass, kept, weight_t=head.transposed)
         found = HeadMoments(mean_row, lse - (mean_row * h).sum(-1) / t)
     if greedy:  # the first block holding the largest logit, and its first entry there (argmax's tie rule)
         return torch.stack(best).gather(0, maxima.argmax(0, keepdim=True)).squeeze(0), top - lse, found
@@ -677,9 +690,9 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
             weight = logits.head.weight if logits.product_weight is None else logits.product_weight
             # a decode step's few rows go through the head's blocks prepacked (kept while the head is unchanged)
             few_rows = logits.hidden.shape[0] <= PREPACK_MAX_ROWS
-            return draw_from_head(logits.hidden, weight, temperature=settings.temperature, softcap=logits.softcap,
-                                  greedy=settings.greedy, uniforms=u, moments=moments_of is not None,
-                                  weight_t=logits.product_weight_t, packs=head_packs(weight) if few_rows else None)
+            head = HeadWeights(weight, logits.product_weight_t, head_packs(weight) if few_rows else None)
+            return draw_from_head(logits.hidden, head, temperature=settings.temperature, softcap=logits.softcap,
+                                  greedy=settings.greedy, uniforms=u, moments=moments_of is not None)
         logits = logits.logits()
     token, logprob = choose_tokens(logits, settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                                    greedy=settings.greedy, uniforms=u)

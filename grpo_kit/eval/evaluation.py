@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,16 +18,27 @@ from ..data.tasks import completion_text
 from ..engine.sampler import Sampler, SamplerSettings
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How evaluation feeds prompts to the sampler: shapes only, never a token."""
+
+    size: int = 64
+    """Prompts per sampler call at most; the calls are made equal (200 prompts at 64: four of 50)."""
+    prompt_bucket: int = 32
+    """Prompts are left-padded to a multiple of this many tokens (the GRPO run's `prompt_bucket` keeps its shapes)."""
+
+
 def generate_completions(
-    model: torch.nn.Module, tokenizer: Any, prompts: list, *, max_new_tokens: int = 40, batch_size: int = 64,
-    bucket: int = 32, greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-    generator: torch.Generator | None = None,
+    model: torch.nn.Module, tokenizer: Any, prompts: list, *, max_new_tokens: int = 40, greedy: bool = True,
+    temperature: float = 1.0, generator: torch.Generator | None = None, batching: Batching = Batching(),
 ) -> list[str]:
-    """Completions for `prompts` with the kit's sampler, in equal batches of at most `batch_size` (200 prompts at 64:
-    four of 50), the last one padded with repeats where they cannot be equal, so every batch has the same shape."""
+    """Completions for `prompts` with the kit's sampler (`Sampler` takes every other `SamplerSettings`), in equal
+    batches of at most `batching.size`, the last one padded with repeats where they cannot be equal, so every batch
+    has the same shape."""
     sampler = Sampler(model, tokenizer, SamplerSettings(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-        prompt_bucket=bucket), generator=generator)
+        max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, prompt_bucket=batching.prompt_bucket),
+        generator=generator)
+    batch_size = batching.size
     batch_size = math.ceil(len(prompts) / math.ceil(len(prompts) / batch_size)) if prompts else batch_size
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
@@ -55,15 +67,13 @@ def evaluate(
     dataset: Any,
     *,
     max_new_tokens: int = 40,
-    batch_size: int = 64,
-    bucket: int = 32,
+    batching: Batching = Batching(),
     samples: int = 8,
 ) -> dict[str, Any]:
     """Greedy accuracy (correct answer in `<answer>`) and strict-format rate on `dataset` (prompt, answer); `correct`
     says which problems were solved, `samples` shows the first `samples` (prompt, completion, answer, correct)."""
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
-    completions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                       bucket=bucket)
+    completions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batching=batching)
     correct = _correct(dataset, prompts, completions, answers, repeat=1)
     formatted = strict_format_reward(prompts, completions)
     n = max(len(completions), 1)
@@ -81,7 +91,7 @@ def evaluate(
 
 def sampled_scores(
     model: torch.nn.Module, tokenizer: Any, dataset: Any, *, k: int, max_new_tokens: int = 40, temperature: float = 1.0,
-    batch_size: int = 64, bucket: int = 32, seed: int = 0,
+    batching: Batching = Batching(), seed: int = 0,
 ) -> dict[str, Any]:
     """k completions per problem of `dataset` (prompt, answer), sampled at `temperature` (seeded), scored three ways:
 
@@ -96,9 +106,9 @@ def sampled_scores(
         raise ValueError(f"sampled_scores: k={k}: must be ≥ 1")
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     repeated = [p for p in prompts for _ in range(k)]
-    completions = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                       bucket=bucket, greedy=False, temperature=temperature,
-                                       generator=torch.Generator().manual_seed(seed))
+    completions = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens, greedy=False,
+                                       temperature=temperature, generator=torch.Generator().manual_seed(seed),
+                                       batching=batching)
     correct = _correct(dataset, repeated, completions, answers, repeat=k)
     counts, majority = [], []
     for i in range(len(answers)):
@@ -115,14 +125,14 @@ def sampled_scores(
 
 def pass_at_k(
     model: torch.nn.Module, tokenizer: Any, dataset: Any, *, k: int, max_new_tokens: int = 40, temperature: float = 1.0,
-    batch_size: int = 64, bucket: int = 32, seed: int = 0,
+    batching: Batching = Batching(), seed: int = 0,
 ) -> float:
     """pass@k alone (see `sampled_scores`): the share of problems in `dataset` with at least one correct answer among
     k completions sampled at `temperature` (seeded)."""
     if k < 1:
         raise ValueError(f"pass_at_k: k={k}: must be ≥ 1")
     return sampled_scores(model, tokenizer, dataset, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-                          batch_size=batch_size, bucket=bucket, seed=seed)[f"pass@{k}"]
+                          batching=batching, seed=seed)[f"pass@{k}"]
 
 
 BOOTSTRAP_SAMPLES = 10_000

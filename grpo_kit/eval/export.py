@@ -116,23 +116,16 @@ def export_model(
     notes: str = "",
     score: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
-    push_to: str | None = None,
-    token: str | None = None,
-    private: bool = True,
-    allow_public: bool = False,
 ) -> Path:
-    """Merge, save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir` (new,
-    empty, or an earlier export: see `save_merged`), and push to the Hub repo `push_to` when given (`push_folder`).
-    `dtype` (e.g. torch.bfloat16) halves the files; the
-    default keeps the training dtype, so reloading gives the same logits. `notes` (e.g. a score's RESULTS.md) end the
-    model card; `score` (a `grpo-kit score` file's contents) becomes its model-index."""
+    """Merge and save (safetensors + tokenizer + chat template + generation config + README.md) to `out_dir` (new,
+    empty, or an earlier export: see `save_merged`); `push(out_dir, destination)` uploads it. `dtype` (e.g.
+    torch.bfloat16) halves the files; the default keeps the training dtype, so reloading gives the same logits.
+    `notes` (e.g. a score's RESULTS.md) end the model card; `score` (a `grpo-kit score` file's contents) becomes its
+    model-index."""
     base = base_name or getattr(base_model(model).config, "_name_or_path", "") or "gemma"
-    out = save_merged(
+    return save_merged(
         merged_copy(model), tokenizer, out_dir, base_name=str(base), metrics=metrics, notes=notes, score=score,
         dtype=dtype)
-    if push_to:
-        push(out, push_to, token=token, private=private, allow_public=allow_public)
-    return out
 
 
 def push(folder: str | Path, destination: str, *, token: str | None = None, private: bool = True,

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
+from ..data.tasks import DataTask
 from ..train.rundir import claim
 from ..validation import above, at_least, ruled, validate, within
-from .evaluation import evaluate, paired_difference, sampled_scores
+from .evaluation import Batching, evaluate, paired_difference, sampled_scores
 
 SCORE_FILES = ("score.json", "RESULTS.md")
 """What `score_model` writes in its output directory."""
@@ -75,11 +76,12 @@ def kit_version() -> str:
         return "unknown"
 
 
-def score_model(model: torch.nn.Module, tokenizer: Any, task: Any, output_dir: str | Path, *, model_name: str,
-                task_name: str, settings: ScoreSettings = SCORE_SETTINGS, training: dict[str, Any] | None = None,
+def score_model(model: torch.nn.Module, tokenizer: Any, task: DataTask, output_dir: str | Path, *, model_name: str,
+                settings: ScoreSettings = SCORE_SETTINGS, training: dict[str, Any] | None = None,
                 overwrite: bool = False) -> dict[str, Any]:
     """Score `model` on `task.test_set()` with `settings`; write `output_dir/score.json` and `RESULTS.md`; return the
-    score. `training` (what was trained and how, e.g. an arc's summary) goes into the card."""
+    score, which names the task by its source (`task.name`). `training` (what was trained and how, e.g. an arc's
+    summary) goes into the card."""
     from ..engine.device import describe_machine
 
     run_dir = claim(output_dir, "score", overwrite=overwrite)
@@ -87,15 +89,15 @@ def score_model(model: torch.nn.Module, tokenizer: Any, task: Any, output_dir: s
         run_dir.add(name)
     test = task.test_set()
     t0 = time.perf_counter()
-    greedy = evaluate(model, tokenizer, test, max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size,
-                      bucket=settings.prompt_bucket, samples=len(test))
+    batching = Batching(size=settings.batch_size, prompt_bucket=settings.prompt_bucket)
+    greedy = evaluate(model, tokenizer, test, max_new_tokens=settings.max_new_tokens, batching=batching,
+                      samples=len(test))
     sampled = sampled_scores(model, tokenizer, test, k=settings.k, max_new_tokens=settings.max_new_tokens,
-                             temperature=settings.temperature, batch_size=settings.batch_size,
-                             bucket=settings.prompt_bucket, seed=settings.seed)
+                             temperature=settings.temperature, batching=batching, seed=settings.seed)
     n, right = greedy["n"], sum(greedy["correct"])
     score = {
-        "model": model_name, "task": task_name, "split_hash": getattr(task, "split_hash", None),
-        "instruction": getattr(task, "system_prompt", None), "n": n,
+        "model": model_name, "task": task.name, "split_hash": task.split_hash,
+        "instruction": task.system_prompt, "n": n,
         "accuracy": round(100 * greedy["accuracy"], 2), "accuracy_interval": wilson_interval(right, n),
         "format_rate": round(100 * greedy["format_rate"], 2),
         **{m: round(100 * sampled[m], 2) for m in ("pass@1", f"maj@{settings.k}", f"pass@{settings.k}")},
