@@ -65,7 +65,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from .data.tasks import load_task
+    from .data.tasks import Columns, load_task
     from .engine.device import get_device, use_cpu_threads
     from .engine.models import load_model
     from .eval.scoring import score_model
@@ -76,7 +76,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if checkpoint and not where:
         refuse_arc_adapter(checkpoint)
     cfg = _config(args, "runs/score", model_is_name=checkpoint is None)
-    task = load_task(args.task, columns={"prompt": args.prompt_column, "answer": args.answer_column},
+    task = load_task(args.task, columns=Columns(prompt=args.prompt_column, answer=args.answer_column),
                      answer_type=args.answer_type, num_test=args.num_test, seed=args.seed,
                      system_prompt=args.system_prompt, split=args.split)
     if where:

@@ -441,10 +441,11 @@ def draw_from_head(hidden: torch.Tensor, head: HeadWeights, *, temperature: floa
     blocks (for up to `device.PREPACK_MAX_ROWS` rows). Either gives the same values up to float summation order.
 
     The products run in `head.weight`'s dtype: pass a bf16 copy of an fp32 head (`device.product_dtype`,
-    `head_casts`) on a CPU with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹): for logits up to ≈ 20
-    the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of its fp32 value, E
-    within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32 argmax wherever
-    the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF, log-probs) is fp32."""
+    `head_casts`) on a CPU with native bf16 products. x, W and each logit are then rounded to bf16 (relative 2⁻⁹):
+    for logits up to ≈ 20 the policy stays within KL 2·10⁻³ of fp32's, a drawn token's log-prob within 0.1 nats of
+    its fp32 value, E within 5 % and H within 0.1 nats (tests/test_models_sampling.py), and greedy picks the fp32
+    argmax wherever the two best logits are 0.1 apart. Everything after the products (exp, sums, the CDF,
+    log-probs) is fp32."""
     if moments and softcap:
         raise ValueError("draw_from_head(moments=True) needs a head without a final softcap")
     weight = head.weight
