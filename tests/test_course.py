@@ -244,7 +244,9 @@ def test_a_control_trains_from_the_sft_checkpoint_for_the_seconds_given_and_no_l
     cpu = torch.device("cpu")
     for kind in ("sft", "rft"):
         model, record = nbk.course_control(kind, cfg, cpu, seconds=3.0)
-        assert record["steps"] >= nbk.CONTROL_PROBE_STEPS, (kind, record)
+        # it takes its probe steps unless the seconds run out first (the limit is checked before each step)
+        assert record["steps"] >= nbk.CONTROL_PROBE_STEPS or record["seconds"] >= 3.0, (kind, record)
+        assert record["steps"] >= 1, (kind, record)
         assert record["seconds"] < 3.0 + 2.0, (kind, record)  # the limit is checked before each step
         sft_model, _, _ = nbk.course_model("sft", cfg, cpu)  # the checkpoint it started from, unchanged
         moved = [not torch.equal(a, b) for a, b in zip(model.parameters(), sft_model.parameters(), strict=True)]

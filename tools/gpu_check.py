@@ -242,7 +242,7 @@ def preset_times(preset: str, tokenizer_dir: str, *, steps: int, sft_steps: int,
 
     from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
     from grpo_kit.data.tasks import make_task
-    from grpo_kit.eval.evaluation import evaluate
+    from grpo_kit.eval.evaluation import Batching, evaluate
     from grpo_kit.train.config import load_run_config
     from grpo_kit.train.grpo import GRPOTrainer
     from grpo_kit.train.sft import SFTTrainer
@@ -259,8 +259,9 @@ def preset_times(preset: str, tokenizer_dir: str, *, steps: int, sft_steps: int,
                    reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS)
     trainer = GRPOTrainer(model, tokenizer, DEFAULT_REWARDS, task.prompt_stream(), grpo)
     rows = [trainer.train_step() for _ in range(steps + 1)]
+    batching = Batching(size=cfg.eval_batch_size, prompt_bucket=grpo.prompt_bucket)
     eval_s, _ = timed(lambda: evaluate(model, tokenizer, task.test_set(), max_new_tokens=grpo.max_new_tokens,
-                                       bucket=grpo.prompt_bucket, batch_size=cfg.eval_batch_size), 1)
+                                       batching=batching), 1)
     return {"preset": preset, "model_shapes": cfg.model.name, "dtype": str(next(model.parameters()).dtype),
             "sft_step_s": [round(t, 3) for t in sft_s], "sft_batch": cfg.sft.batch_size,
             "grpo_first_step_s": round(rows[0]["step_seconds"], 2),

@@ -41,7 +41,7 @@ from grpo_kit.course.arc import Arc
 from grpo_kit.course.plots import save_figure
 from grpo_kit.course.stages import Stage
 from grpo_kit.engine.device import describe_machine
-from grpo_kit.eval.evaluation import paired_difference, sampled_scores
+from grpo_kit.eval.evaluation import Batching, paired_difference, sampled_scores
 from grpo_kit.train.checkpoint import write_whole
 from grpo_kit.train.config import GRPO_RECIPE, RunConfig, apply_overrides, load_run_config
 from grpo_kit.train.rundir import claim
@@ -134,7 +134,8 @@ def run_cell(cfg: RunConfig, regime: str, *, progress: bool = True) -> dict[str,
         scores = sampled_scores(arc.model, arc.tokenizer,
                                 {"prompt": [r["prompt"] for r in probe], "answer": [r["answer"] for r in probe]},
                                 k=PROBE_K, max_new_tokens=cfg.grpo.max_new_tokens, temperature=cfg.grpo.temperature,
-                                bucket=cfg.grpo.prompt_bucket, seed=cfg.grpo.seed, batch_size=cfg.eval_batch_size)
+                                batching=Batching(size=cfg.eval_batch_size, prompt_bucket=cfg.grpo.prompt_bucket),
+                                seed=cfg.grpo.seed)
         arc.finish("sft_probe", {f"pass@{PROBE_K}": scores[f"pass@{PROBE_K}"], "pass@1": scores["pass@1"],
                                   "prompts": PROBE_PROMPTS, "seconds": time.perf_counter() - t0})
     arc.run()
