@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config
 from grpo_kit.data.chat import stop_token_ids
 from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 from grpo_kit.engine import decoder
-from grpo_kit.engine.logprobs import completion_logprobs
+from grpo_kit.engine.logprobs import ForwardOptions, HeadOptions, completion_logprobs
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import TINY_CONFIG, add_lora
 from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
@@ -112,7 +112,7 @@ def test_lean_prefill_logits_equal_hf_forward(name):
                                       torch.cat([prompt_mask, torch.ones(prompt_ids.shape[0], 4, dtype=torch.long)], 1))
         consts = decoder.Constants.build(hf, prompt_ids.shape[1] + 4)
         lean = decoder.forward(
-            hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), consts, logits_for_last=False
+            hf, prompt_ids, positions, cache, torch.zeros(1, dtype=torch.long), consts, output="all_logits"
         )
     real = prompt_mask.bool()
     assert (lean[real] - ref[real]).abs().max() < 1e-5
@@ -305,8 +305,8 @@ def test_shared_and_padding_free_logprobs_and_gradients_equal_the_plain_forward(
     params = [p for p in model.parameters() if p.requires_grad]
     results = {}
     for group, packed in ((1, False), (4, False), (1, True), (4, True)):
-        logp, entropy = completion_logprobs(model, ids, attn, prompt_ids.shape[1], temperature=0.7, group_size=group,
-                                            padding_free=packed)
+        logp, entropy = completion_logprobs(model, ids, attn, prompt_ids.shape[1], temperature=0.7,
+                                            forward=ForwardOptions(group_size=group, padding_free=packed))
         grads = torch.autograd.grad((logp * weights).sum() + (entropy * weights).sum(), params)
         results[group, packed] = (logp.detach(), entropy.detach(), grads)
     lp1, en1, g1 = results[1, False]
@@ -325,7 +325,7 @@ def test_padding_free_rejects_a_gap_in_the_completion_mask():
     completion_mask[0, 4] = 0  # a hole before later real tokens: not something `sample` produces
     ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     with pytest.raises(ValueError, match="gap"):
-        completion_logprobs(model, ids, attn, prompt_ids.shape[1], padding_free=True)
+        completion_logprobs(model, ids, attn, prompt_ids.shape[1], forward=ForwardOptions(padding_free=True))
 
 
 def test_shared_prompt_forward_with_one_completion_token():
@@ -334,8 +334,9 @@ def test_shared_prompt_forward_with_one_completion_token():
     ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     with torch.no_grad():
         a, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1])
-        b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4)
-        c, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4, padding_free=True)
+        b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], forward=ForwardOptions(group_size=4))
+        c, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1],
+                                   forward=ForwardOptions(group_size=4, padding_free=True))
     assert b.shape == c.shape == (12, 1) and (a - b).abs().max() < 1e-5 and (a - c).abs().max() < 1e-5
 
 
@@ -393,7 +394,7 @@ def test_shared_prompt_forward_under_gradient_checkpointing_equals_plain():
     prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch()
     ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     a, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1])
-    b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], group_size=4)
+    b, _ = completion_logprobs(model, ids, attn, prompt_ids.shape[1], forward=ForwardOptions(group_size=4))
     real = completion_mask.bool()
     assert (a - b)[real].abs().max() < 1e-5
 
@@ -520,7 +521,8 @@ def test_logprobs_from_the_samplers_head_moments_have_the_recomputed_heads_gradi
     results = []
     for sampled in (None, SampledHead(roll.sampling_logprobs, roll.head_mean, roll.entropy)):
         logp, entropy = completion_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_ids.shape[1], 0.9,
-                                            group_size=4, padding_free=packed, entropy_grad=False, sampled=sampled)
+                                            forward=ForwardOptions(group_size=4, padding_free=packed),
+                                            head=HeadOptions(entropy_grad=False), sampled=sampled)
         results.append((logp.detach(), entropy.detach(), torch.autograd.grad((logp * weights).sum(), params)))
     (lp, en, grads), (lp_s, en_s, grads_s) = results
     real = roll.completion_mask.bool()
@@ -768,8 +770,8 @@ def test_bf16_base_products_in_the_update_stay_close_to_fp32():
         results = []
         for dtype in (None, torch.bfloat16):
             logp, _ = completion_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_ids.shape[1], 0.9,
-                                          group_size=4, padding_free=True, entropy_grad=False, sampled=sampled,
-                                          product_dtype=dtype)
+                                          forward=ForwardOptions(group_size=4, padding_free=True, product_dtype=dtype),
+                                          head=HeadOptions(entropy_grad=False), sampled=sampled)
             assert logp.dtype == torch.float32
             results.append((logp.detach(), torch.autograd.grad((logp * weights).sum(), params)))
         (lp, grads), (lp_bf16, grads_bf16) = results

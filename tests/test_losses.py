@@ -11,14 +11,15 @@ def test_token_logprobs_match_log_softmax_and_chunking():
     torch.manual_seed(0)
     hidden, weight = torch.randn(5, 7, 16), torch.randn(50, 16)
     ids = torch.randint(0, 50, (5, 7))
-    logp, ent = LP.token_logprobs_and_entropy(hidden, weight, ids, temperature=0.7, chunk_rows=2)
+    logp, ent = LP.token_logprobs_and_entropy(hidden, weight, ids, temperature=0.7,
+                                              options=LP.HeadOptions(chunk_rows=2))
     logits = (hidden @ weight.T) / 0.7
     ref = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     p = torch.softmax(logits, -1)
     assert torch.allclose(logp, ref, atol=1e-5)
     assert torch.allclose(ent, -(p * torch.log_softmax(logits, -1)).sum(-1), atol=1e-4)
     no_ent_logp, no_ent = LP.token_logprobs_and_entropy(
-        hidden, weight, ids, temperature=0.7, chunk_rows=2, with_entropy=False
+        hidden, weight, ids, temperature=0.7, options=LP.HeadOptions(chunk_rows=2, with_entropy=False)
     )
     assert torch.equal(no_ent_logp, logp) and torch.equal(no_ent, torch.zeros_like(logp))
     capped, _ = LP.token_logprobs_and_entropy(hidden, weight, ids, softcap=3.0)
@@ -33,7 +34,8 @@ def test_recompute_gives_same_gradients():
     grads = []
     for recompute in (False, True):
         hidden.grad = None
-        LP.token_logprobs_and_entropy(hidden, weight, ids, chunk_rows=3, recompute=recompute)[0].sum().backward()
+        options = LP.HeadOptions(chunk_rows=3, recompute=recompute)
+        LP.token_logprobs_and_entropy(hidden, weight, ids, options=options)[0].sum().backward()
         grads.append(hidden.grad.clone())
     assert torch.allclose(grads[0], grads[1])
 
@@ -50,7 +52,8 @@ def test_the_fused_frozen_head_equals_the_plain_log_softmax_with_its_gradients(s
     for fused in (True, False):
         hidden.grad = None
         h, w = (hidden, weight) if fused else (hidden.double(), weight.double())
-        logp, ent = LP.token_logprobs_and_entropy(h, w, ids, temperature=0.7, softcap=softcap, fused=fused)
+        logp, ent = LP.token_logprobs_and_entropy(h, w, ids, temperature=0.7, softcap=softcap,
+                                                  options=LP.HeadOptions(fused=fused))
         ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
         results.append((logp.detach().float(), ent.detach().float(), hidden.grad.clone()))
     for got, want in zip(*results, strict=True):
@@ -70,7 +73,7 @@ def _backward_ops(t: torch.Tensor, depth: int = 3) -> set[str]:
 def test_the_fused_head_skips_the_entropy_gradient_when_told_and_is_picked_only_for_a_frozen_large_head():
     hidden, weight, ids = (torch.randn(2, 5, 8, requires_grad=True), torch.randn(40_000, 8),
                            torch.randint(0, 40_000, (2, 5)))
-    logp, ent = LP.token_logprobs_and_entropy(hidden, weight, ids, entropy_grad=False)
+    logp, ent = LP.token_logprobs_and_entropy(hidden, weight, ids, options=LP.HeadOptions(entropy_grad=False))
     assert "_FrozenHeadLogprobsBackward" in _backward_ops(logp) and ent.grad_fn is None
     logp.sum().backward()
     trainable = torch.randn(40_000, 8, requires_grad=True)

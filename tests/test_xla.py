@@ -212,7 +212,7 @@ def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
     ≥ 32k vocabulary (every real Gemma: `recompute`) and transformers' layer checkpointing
     (`ModelConfig.gradient_checkpointing`). torch's own checkpoint stops there with "module 'torch' has no
     attribute 'xla'"; the gradients must equal the CPU's."""
-    from grpo_kit.engine.logprobs import token_logprobs_and_entropy
+    from grpo_kit.engine.logprobs import HeadOptions, token_logprobs_and_entropy
     from grpo_kit.engine.model_config import ModelConfig
     from grpo_kit.engine.models import load_model
 
@@ -223,7 +223,7 @@ def test_activation_checkpointing_runs_on_xla_with_the_gradients_of_the_cpu():
     grads = []
     for device in (torch.device("cpu"), xla):
         h, w = hidden.to(device).detach().requires_grad_(), weight.to(device).detach().requires_grad_()
-        logp, entropy = token_logprobs_and_entropy(h, w, ids.to(device), recompute=True)
+        logp, entropy = token_logprobs_and_entropy(h, w, ids.to(device), options=HeadOptions(recompute=True))
         (logp.sum() + entropy.sum()).backward()
         mark_step(device)
         grads.append((logp.detach().cpu(), h.grad.cpu(), w.grad.cpu()))
@@ -328,7 +328,7 @@ LOGPROBS_ON_MESH = """
 import json, sys, torch
 from grpo_kit.engine.device import enable_spmd, get_device, mark_step, shard_batch
 enable_spmd(8)
-from grpo_kit.engine.logprobs import token_logprobs_and_entropy
+from grpo_kit.engine.logprobs import HeadOptions, token_logprobs_and_entropy
 gen = torch.Generator().manual_seed(0)
 hidden, weight = torch.randn(16, 12, 32, generator=gen), torch.randn(40_960, 32, generator=gen) * 0.3
 ids, coef = torch.randint(0, 40_960, (16, 12), generator=gen), torch.randn(16, 12, generator=gen)
@@ -336,7 +336,7 @@ xla = get_device("xla")
 h = shard_batch(hidden.to(xla)).requires_grad_()
 w = weight.to(xla).requires_grad_()
 # one row's logits per device at a time: 2 chunks of 6 positions (2 rows on each of the 8 devices)
-logp, entropy = token_logprobs_and_entropy(h, w, ids.to(xla), temperature=0.9, chunk_rows=1)
+logp, entropy = token_logprobs_and_entropy(h, w, ids.to(xla), temperature=0.9, options=HeadOptions(chunk_rows=1))
 ((logp * coef.to(xla)).sum() + entropy.sum()).backward()
 mark_step(xla)
 values = {"logp": logp, "entropy": entropy, "grad_hidden": h.grad, "grad_weight_rows": w.grad.cpu()[ids.flatten()],
@@ -350,7 +350,7 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     """Gemma's vocabulary (≥ 32k) makes the LM head run in chunks, recomputed in the backward pass. On an 8-device
     mesh, with the batch split over the devices, the chunks are cut by position (`logprobs.logit_chunks`): chunks of
     rows stopped the process in XLA's SPMD partitioner. Values and gradients equal the CPU's."""
-    from grpo_kit.engine.logprobs import token_logprobs_and_entropy
+    from grpo_kit.engine.logprobs import HeadOptions, token_logprobs_and_entropy
 
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
     proc = subprocess.run(
@@ -362,7 +362,7 @@ def test_lm_head_chunks_on_an_spmd_mesh_run_and_match_the_cpu():
     hidden, weight = torch.randn(16, 12, 32, generator=gen), torch.randn(40_960, 32, generator=gen) * 0.3
     ids, coef = torch.randint(0, 40_960, (16, 12), generator=gen), torch.randn(16, 12, generator=gen)
     hidden.requires_grad_(), weight.requires_grad_()
-    logp, entropy = token_logprobs_and_entropy(hidden, weight, ids, temperature=0.9, chunk_rows=1)
+    logp, entropy = token_logprobs_and_entropy(hidden, weight, ids, temperature=0.9, options=HeadOptions(chunk_rows=1))
     ((logp * coef).sum() + entropy.sum()).backward()
     want = {"logp": logp, "entropy": entropy, "grad_hidden": hidden.grad,
             "grad_weight_rows": weight.grad[ids.flatten()], "grad_weight_norm": weight.grad.norm()}

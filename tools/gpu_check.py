@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from grpo_kit.engine.hub import MODEL_SHAPES
-from grpo_kit.engine.logprobs import completion_logprobs
+from grpo_kit.engine.logprobs import ForwardOptions, completion_logprobs
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import add_lora, load_model
 from grpo_kit.engine.sampling import SamplerSettings, sample
@@ -103,7 +103,8 @@ def _correctness(model: torch.nn.Module) -> dict[str, float]:
     results = {}
     for group, packed in ((1, False), (GROUP, True)):
         logp, _ = completion_logprobs(
-            model, full_ids, full_mask, ids.shape[1], 0.7, group_size=group, padding_free=packed
+            model, full_ids, full_mask, ids.shape[1], 0.7,
+            forward=ForwardOptions(group_size=group, padding_free=packed)
         )
         results[packed] = (logp.detach(), torch.autograd.grad((logp * weights).sum(), params))
     model.eval()
@@ -191,7 +192,8 @@ def update_speed(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     for name, group, packed in (("plain", 1, False), ("shared", GROUP, False), ("padding_free", GROUP, True)):
         def step(group: int = group, packed: bool = packed) -> None:
             logp, _ = completion_logprobs(
-                model, full_ids, full_mask, ids.shape[1], 1.0, group_size=group, padding_free=packed
+                model, full_ids, full_mask, ids.shape[1], 1.0,
+                forward=ForwardOptions(group_size=group, padding_free=packed)
             )
             logp.sum().backward()
             model.zero_grad(set_to_none=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -494,14 +495,22 @@ def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
-def _attention(layer: torch.nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], *, cache: KVCache,
-               index: int, slots: torch.Tensor, bias: torch.Tensor | None, consts: Constants,
-               visible: int | None) -> torch.Tensor:
+class KindInputs(NamedTuple):
+    """What every layer of one kind (sliding or full attention) attends with in a forward: its RoPE tables for the
+    new tokens' positions, each (B, S, D), and its additive attention bias (None: no bias is needed)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _attention(layer: torch.nn.Module, h: torch.Tensor, kind: KindInputs, *, cache: KVCache, index: int,
+               slots: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
     """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
     attention over the first `visible` slots (all when None). The cache and the attention products stay in the
     model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
-    longer cache copies its operands (~4× slower here than fp32's strided one)."""
-    attn, (cos, sin) = layer.self_attn, rope
+    longer cache copies its operands, where fp32's reads them strided (docs/cpu_choices.md)."""
+    attn, cos, sin, bias = layer.self_attn, kind.cos, kind.sin, kind.bias
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
     # with a shared prefix (decode steps) the prompt's slots are there and the cache holds the slots after them
     offset = cache.prefix.keys[index].shape[2] if cache.prefix is not None else 0
@@ -536,43 +545,48 @@ def lm_head_logits(head: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+FORWARD_OUTPUTS = ("last_logits", "all_logits", "last_hidden")
+"""What `forward` returns: logits (B, V) for the last new token, logits (B, S, V) for every new token, or the last
+token's final normed hidden state (B, d), for a caller that applies the LM head (and any final softcap) itself."""
+
+
 def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: torch.Tensor,
-            consts: Constants, *, logits_for_last: bool = True, visible: int | None = None,
-            head: bool = True) -> torch.Tensor:
+            consts: Constants, *, visible: int | None = None, output: str = "last_logits") -> torch.Tensor:
     """Run S new tokens (B, S) at RoPE positions (B, S), written to cache slots start … start + S − 1 (`start`
-    a one-element device tensor, so every decode step is the same graph); returns logits (B, V) for the last
-    token (or (B, S, V) for all). `visible` (a host int, eager cpu/cuda only) limits attention to the first
-    `visible` cache slots — the ones written so far, so `start` + S — instead of all of them behind a mask.
-    `head=False` returns the final normed hidden states instead, for the caller to apply the LM head (and
-    any final softcap) itself."""
+    a one-element device tensor, so every decode step is the same graph); returns what `output` names
+    (`FORWARD_OUTPUTS`). `visible` (a host int, eager cpu/cuda only) limits attention to the first `visible` cache
+    slots — the ones written so far, so `start` + S — instead of all of them behind a mask."""
+    if output not in FORWARD_OUTPUTS:
+        raise ValueError(f"forward(output={output!r}): one of {', '.join(FORWARD_OUTPUTS)}")
     cfg = hf.config
     model = hf.model
     slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)
     h = model.embed_tokens(input_ids)
     kinds = _layer_kinds(cfg)
     key_mask = cache.key_mask[:, :visible]
-    tables, biases = {}, {}
+    inputs = {}
     for kind in set(kinds):
-        tables[kind] = consts.rope(kind, positions)
+        cos, sin = consts.rope(kind, positions)
         window = cfg.sliding_window if kind == "sliding_attention" else None
         if cache.prefix is not None:
-            biases[kind] = None  # every completion slot so far is visible; the prompt's bias is in the prefix
+            bias = None  # every completion slot so far is visible; the prompt's bias is in the prefix
         elif visible is not None and input_ids.shape[1] == 1 and (window is None or window >= visible):
-            biases[kind] = cache.decode_bias(visible, h.dtype)  # one op instead of ~8 per step
+            bias = cache.decode_bias(visible, h.dtype)  # one op instead of ~8 per step
         else:
-            biases[kind] = attention_bias(key_mask, slots, window, h.dtype)
+            bias = attention_bias(key_mask, slots, window, h.dtype)
+        inputs[kind] = KindInputs(cos, sin, bias)
     layers = model.layers
     for index in range(cfg.num_hidden_layers):
         layer = layers[index]
-        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), tables[kinds[index]], cache=cache,
-                              index=index, slots=slots, bias=biases[kinds[index]], consts=consts, visible=visible)
+        attended = _attention(layer, _norm(layer.input_layernorm, h, consts), inputs[kinds[index]], cache=cache,
+                              index=index, slots=slots, consts=consts, visible=visible)
         h = h + _norm(layer.post_attention_layernorm, attended, consts)
         h = h + _norm(layer.post_feedforward_layernorm,
                       _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
-    if logits_for_last:
+    if output != "all_logits":
         h = h[:, -1, :]
     h = _norm(model.norm, h, consts)
-    if not head:
+    if output == "last_hidden":
         return h
     logits = lm_head_logits(hf.lm_head, h)
     softcap = final_softcap(hf)

@@ -42,49 +42,55 @@ def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, 
     return logp, entropy
 
 
-def token_logprobs_and_entropy(
-    hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
-    ids: torch.Tensor,
-    temperature: float = 1.0,
-    softcap: float | None = None,
-    chunk_rows: int | None = None,
-    recompute: bool | None = None,
-    with_entropy: bool = True,
-    *,
-    entropy_grad: bool = True,
-    fused: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log π(y_t) and entropy H_t from final hidden states, chunk by chunk of sequences:
+@dataclasses.dataclass(frozen=True)
+class HeadOptions:
+    """How `token_logprobs_and_entropy` applies the LM head: which of the entropy's costs to pay, and how to cut and
+    order the work. The log-probs are the same whichever way, up to float summation order."""
+
+    with_entropy: bool = True
+    """False skips the entropy (returned as zeros), which costs a full softmax product per position."""
+    entropy_grad: bool = True
+    """False: no gradient will flow through H_t, so the fused path saves a third product (H_t comes back detached)."""
+    chunk_rows: int | None = None
+    """Rows of logits at once; None sizes chunks to `LOGIT_CHUNK_ELEMENTS` logits (`logit_chunks`: by rows, on XLA
+    by positions)."""
+    recompute: bool | None = None
+    """Recompute each chunk's logits in the backward pass, keeping only the hidden states; None = on when grads are
+    needed and the vocabulary is ≥ 32k."""
+    fused: bool | None = None
+    """Take `frozen_head_logprobs` (two matrix products per token, no full-vocabulary passes); None = when W is frozen
+    (LoRA, or no grad), the vocabulary is ≥ 32k and the device is not XLA."""
+
+
+def token_logprobs_and_entropy(hidden: torch.Tensor, lm_head_weight: torch.Tensor, ids: torch.Tensor,
+                               temperature: float = 1.0, softcap: float | None = None, *,
+                               options: HeadOptions = HeadOptions()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log π(y_t) and entropy H_t from final hidden states (B, T, d) and W (V, d), chunk by chunk:
 
         z = softcap·tanh((h Wᵀ)/softcap) / T,   log π(y_t) = z[y_t] − logsumexp(z),
         H_t = logsumexp(z) − Σ_v softmax(z)_v z_v
 
     Never materialises a full-vocabulary log-softmax, and never the whole batch's logits at once: with
-    Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. `chunk_rows` None sizes
-    chunks to `LOGIT_CHUNK_ELEMENTS` logits (`logit_chunks`: by rows, on XLA by positions). `with_entropy=False`
-    skips the entropy (returned as zeros), which costs a full softmax product per position. With `recompute`
-    (default: on when grads are needed and the vocabulary is ≥ 32k) each chunk's logits are recomputed in
-    the backward pass, so only the hidden states are kept.
-
-    `fused` (default: when W is frozen — LoRA, or no grad — the vocabulary is ≥ 32k and the device is not XLA)
-    takes `frozen_head_logprobs` instead: the same values in two matrix products per token and no
-    full-vocabulary passes. `entropy_grad=False` tells it that no gradient will flow through H_t (saving a
-    third product); H_t is then returned detached.
+    Gemma's 262k vocabulary one (128 × 256) batch of logits would be 34 GB in fp32. `options` chooses the chunks,
+    recomputation, the fused kernel and what the entropy costs (`HeadOptions`).
     """
     if hidden.shape[:2] != ids.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree on (B, T)")
+    fused, recompute = options.fused, options.recompute
     if fused is None:
         fused = not lm_head_weight.requires_grad and lm_head_weight.shape[0] >= 32768 and hidden.device.type != "xla"
     if fused:
         logp, entropy = frozen_head_logprobs(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight, ids.reshape(-1),
-                                             temperature=temperature, softcap=softcap, entropy_grad=entropy_grad)
-        entropy = entropy.view_as(ids) if with_entropy else torch.zeros_like(ids, dtype=logp.dtype)
+                                             temperature=temperature, softcap=softcap,
+                                             entropy_grad=options.entropy_grad)
+        entropy = entropy.view_as(ids) if options.with_entropy else torch.zeros_like(ids, dtype=logp.dtype)
         return logp.view_as(ids), entropy
     if recompute is None:
         recompute = torch.is_grad_enabled() and lm_head_weight.shape[0] >= 32768
-    chunks, dim = logit_chunks(ids.shape, lm_head_weight.shape[0], chunk_rows=chunk_rows, xla=is_xla(hidden.device))
-    stats = functools.partial(_chunk_stats, temperature=temperature, softcap=softcap, with_entropy=with_entropy)
+    chunks, dim = logit_chunks(ids.shape, lm_head_weight.shape[0], chunk_rows=options.chunk_rows,
+                               xla=is_xla(hidden.device))
+    stats = functools.partial(_chunk_stats, temperature=temperature, softcap=softcap,
+                              with_entropy=options.with_entropy)
     logps, ents = [], []
     for chunk in chunks:
         h, y = hidden[chunk], ids[chunk]
@@ -233,44 +239,43 @@ def logit_chunks(shape: tuple[int, int] | torch.Size, vocab: int, *, chunk_rows:
 
 
 
-def completion_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_len: int,
-    temperature: float = 1.0,
-    *,
-    chunk_rows: int | None = None,
-    group_size: int = 1,
-    padding_free: bool = False,
-    entropy_grad: bool = True,
-    sampled: SampledHead | None = None,
-    product_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log π(y_t | prompt, y_<t) and entropy for the completion part of `input_ids` (B, P + N).
-    `entropy_grad=False`: no gradient will flow through the entropy (it may come back detached). `sampled`: what
-    the sampler kept of the head when it drew these tokens with this model's current weights — the head is then
-    not applied at all (`logprobs_from_head_mean`; the entropy comes back as sampled, detached). `product_dtype`
-    (padding-free Gemma only): the dtype of the frozen base weights' products (`decoder.packed_completion_hidden`).
+@dataclasses.dataclass(frozen=True)
+class ForwardOptions:
+    """Which forward `completion_logprobs` runs to reach the completion positions' hidden states. Each gives the same
+    values and gradients up to float summation order (and bf16 rounding with `product_dtype`)."""
+
+    group_size: int = 1
+    """G > 1: rows g·G … g·G + G − 1 share one prompt (as the trainer lays them out), run once for the group."""
+    padding_free: bool = False
+    """The real tokens only (`packed_logprobs`; Gemma on cpu/cuda)."""
+    product_dtype: torch.dtype | None = None
+    """Padding-free only: the dtype of the frozen base weights' products (`decoder.packed_completion_hidden`)."""
+
+
+def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        prompt_len: int, temperature: float = 1.0, *, forward: ForwardOptions = ForwardOptions(),
+                        head: HeadOptions = HeadOptions(),
+                        sampled: SampledHead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log π(y_t | prompt, y_<t) and entropy, each (B, N), for the completion part of `input_ids`
+    (B, P + N). `sampled`: what the sampler kept of the head when it drew these tokens with this model's current
+    weights — the head is then not applied at all (`logprobs_from_head_mean`; the entropy comes back as sampled,
+    detached). `head`: how the LM head is applied otherwise (`token_logprobs_and_entropy`).
 
     One forward of the decoder, hidden states sliced to the N positions that predict completion tokens, then
-    the LM head applied chunk by chunk (see `token_logprobs_and_entropy`). Picks the forward:
+    the LM head applied chunk by chunk. `forward` picks the forward:
 
     - `padding_free` (Gemma on cpu/cuda): `packed_logprobs` — the real tokens only.
-    - `group_size` G > 1 (rows g·G … g·G + G − 1 share one prompt, as the trainer lays them out):
-      `_shared_prompt_hidden` runs each prompt once and repeats its keys and values for its G completions —
-      B/G·P + B·N positions instead of B·(P + N). Same values, and gradients flow back through the repeat,
-      so the result and its gradient equal the plain forward's up to float summation order.
+    - `group_size` G > 1: `_shared_prompt_hidden` runs each prompt once and repeats its keys and values for its G
+      completions — B/G·P + B·N positions instead of B·(P + N). Gradients flow back through the repeat.
     - otherwise, or under gradient checkpointing (HF drops the cache inside its layers): the plain forward.
     """
     hf = base_model(model)
     checkpointing = hf.training and _checkpointing(hf)
-    if padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
-        return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature,
-                               chunk_rows=chunk_rows, group_size=group_size, entropy_grad=entropy_grad, sampled=sampled,
-                               product_dtype=product_dtype)
-    if group_size > 1 and not checkpointing:
-        hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, group_size)
+    if forward.padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
+        return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, forward=forward,
+                               head=head, sampled=sampled)
+    if forward.group_size > 1 and not checkpointing:
+        hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, forward.group_size)
     else:
         # use_cache=False also avoids Gemma 3's sliding-window cache, which crashes on XLA
         hidden = hf.model(
@@ -281,22 +286,20 @@ def completion_logprobs(
         return logprobs_from_head_mean(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], logprobs=sampled.logprobs,
                                        head_mean=sampled.head_mean, temperature=temperature), sampled.entropy
     return token_logprobs_and_entropy(hidden, hf.lm_head.weight, input_ids[:, prompt_len:], temperature,
-                                      softcap=decoder.final_softcap(hf), chunk_rows=chunk_rows,
-                                      entropy_grad=entropy_grad)
+                                      softcap=decoder.final_softcap(hf), options=head)
 
 
 def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, *,
-                    temperature: float, chunk_rows: int | None, group_size: int,
-                    entropy_grad: bool = True, sampled: SampledHead | None = None,
-                    product_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    temperature: float, forward: ForwardOptions, head: HeadOptions = HeadOptions(),
+                    sampled: SampledHead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs` on the real tokens only: `decoder.packed_completion_hidden` computes no left padding,
     no padding after the stop tokens and each group's prompt once, and the LM head runs on the real completion
     tokens only; log-probs and entropies at padding are 0. The completion masks must be 1 up to the stop token
     and 0 after it, as `sample` makes them."""
     targets = input_ids[:, prompt_len:]
-    check_grouped(input_ids[:, :prompt_len], group_size)
-    hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, group_size,
-                                                     product_dtype=product_dtype)
+    check_grouped(input_ids[:, :prompt_len], forward.group_size)
+    hidden, index = decoder.packed_completion_hidden(hf, input_ids, attention_mask, prompt_len, forward.group_size,
+                                                     product_dtype=forward.product_dtype)
 
     def unpacked(x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(targets.numel()).index_copy(0, index, x.reshape(-1)[: index.numel()]).view_as(targets)
@@ -312,8 +315,7 @@ def packed_logprobs(hf: torch.nn.Module, input_ids: torch.Tensor, attention_mask
     flat_targets = targets.reshape(-1)[index]
     flat_targets = torch.cat([flat_targets, flat_targets.new_zeros(rows * width - index.numel())]).view(rows, width)
     logp, entropy = token_logprobs_and_entropy(hidden, hf.lm_head.weight, flat_targets, temperature,
-                                               softcap=decoder.final_softcap(hf), chunk_rows=chunk_rows,
-                                               entropy_grad=entropy_grad)
+                                               softcap=decoder.final_softcap(hf), options=head)
     return unpacked(logp), unpacked(entropy)
 
 
@@ -371,7 +373,7 @@ class ProductPlan:
         return None if self.bf16_products else torch.float32
 
     def update_product_dtype(self, model: torch.nn.Module) -> torch.dtype | None:
-        """`completion_logprobs(product_dtype=…)` for the update's forwards (None = the weights' own dtype)."""
+        """`ForwardOptions.product_dtype` for the update's forwards (None = the weights' own dtype)."""
         return product_dtype(base_model(model).get_input_embeddings().weight) if self.bf16_products else None
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ..data.chat import stop_token_ids
 from .device import compile_supported, host_syncs_are_cheap
-from .logprobs import completion_logprobs
+from .logprobs import ForwardOptions, HeadOptions, completion_logprobs
 from .sampling import GroupPrompts, Rollout, SampledHead, SamplerSettings, sample
 
 
@@ -68,6 +68,7 @@ class Sampler:
         return completion_logprobs(
             model or self.model, ids, attention, rollout.prompt_ids.shape[1],
             s.temperature if temperature is None else temperature,
-            group_size=self.group_size if s.share_prompt_forward else 1, padding_free=s.padding_free,
-            entropy_grad=entropy_grad, sampled=head, product_dtype=product_dtype,
+            forward=ForwardOptions(group_size=self.group_size if s.share_prompt_forward else 1,
+                                   padding_free=s.padding_free, product_dtype=product_dtype),
+            head=HeadOptions(entropy_grad=entropy_grad), sampled=head,
         )

@@ -329,11 +329,9 @@ class HeadInput:
     hidden: torch.Tensor
     head: torch.nn.Module
     softcap: float | None
-    product_weight: torch.Tensor | None = None
-    """The head's weight in the dtype `draw_from_head` multiplies in (`RolloutSetup.product_dtype`; `head_casts`);
-    None = the head's own weight."""
-    product_weight_t: torch.Tensor | None = None
-    """Its transpose, contiguous (d, V), for the moments' product (`HeadWeights.transposed`); None = none kept."""
+    weights: HeadWeights | None = None
+    """The head's weight as `draw_from_head` multiplies it (in `RolloutSetup.product_dtype`, and its transpose where
+    kept: `head_casts`); None = the head's own weight. Its prepacked blocks are added at the draw (`head_packs`)."""
 
     def logits(self) -> torch.Tensor:
         logits = decoder.lm_head_logits(self.head, self.hidden)
@@ -688,10 +686,10 @@ def _draw(logits: torch.Tensor | HeadInput, *, uniforms: torch.Tensor | None, st
     u = uniforms.index_select(1, step_index).squeeze(1) if uniforms is not None else None
     if isinstance(logits, HeadInput):
         if (u is not None or settings.greedy) and logits.streams(settings):
-            weight = logits.head.weight if logits.product_weight is None else logits.product_weight
+            weights = logits.weights or HeadWeights(logits.head.weight)
             # a decode step's few rows go through the head's blocks prepacked (kept while the head is unchanged)
             few_rows = logits.hidden.shape[0] <= PREPACK_MAX_ROWS
-            head = HeadWeights(weight, logits.product_weight_t, head_packs(weight) if few_rows else None)
+            head = weights._replace(packs=head_packs(weights.weight) if few_rows else None)
             return draw_from_head(logits.hidden, head, temperature=settings.temperature, softcap=logits.softcap,
                                   greedy=settings.greedy, uniforms=u, moments=moments_of is not None)
         logits = logits.logits()
@@ -817,10 +815,11 @@ def sample_eager(setup: RolloutSetup) -> dict[str, torch.Tensor]:
         # Wᵀ for the moments' product where it is bf16 on the CPU: there each bf16 product repacks its right operand
         # (fp32's does not, and an fp32 Wᵀ would cost as much memory as the head)
         transposed = setup.moments_of is not None and head.device.type == "cpu" and dtype == torch.bfloat16
-        product_weight, product_weight_t = head_casts(head, dtype, transposed=transposed)
+        cast, cast_t = head_casts(head, dtype, transposed=transposed)
+        weights = HeadWeights(head if cast is None else cast, cast_t)
         _decode(state, setup, lambda s, t: HeadInput(
             decoder.forward(hf, s.written.unsqueeze(1), s.next_pos, s.cache, s.cache_pos, consts=consts,
-                            visible=plen + t + 1, head=False), hf.lm_head, softcap, product_weight, product_weight_t),
+                            visible=plen + t + 1, output="last_hidden"), hf.lm_head, softcap, weights),
                 drop_finished=True)
         return _completions(state, setup)
 

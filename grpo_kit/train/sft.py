@@ -18,7 +18,7 @@ from transformers import get_cosine_schedule_with_warmup
 from ..data.tasks import check_no_overlap
 from ..engine.decoder import final_softcap, supports
 from ..engine.device import data_parallel_size, host_syncs_are_cheap, is_xla, mark_step, shard_batch
-from ..engine.logprobs import ProductPlan, completion_logprobs, token_logprobs_and_entropy
+from ..engine.logprobs import ForwardOptions, HeadOptions, ProductPlan, completion_logprobs, token_logprobs_and_entropy
 from ..engine.models import base_model
 from ..engine.sampling import bucket_length, position_ids_from_mask, render_prompt
 from ..validation import ConfigError, DataError, prompt_problem
@@ -99,8 +99,9 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
     ids, attn = batch["input_ids"], batch["attention_mask"]
     if padding_free and supports(hf) and host_syncs_are_cheap(ids.device):
         ids, attn, prompt_len = split_prompts(batch)
-        logp, _ = completion_logprobs(model, ids, attn, prompt_len, padding_free=True, entropy_grad=False,
-                                      product_dtype=products)
+        logp, _ = completion_logprobs(model, ids, attn, prompt_len,
+                                      forward=ForwardOptions(padding_free=True, product_dtype=products),
+                                      head=HeadOptions(entropy_grad=False))
         mask = attn[:, prompt_len:].to(logp.dtype)
         tokens = mask.sum()
         return -(logp * mask).sum() / tokens.clamp(min=1), tokens
@@ -113,9 +114,8 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
     if completion_only_head:
         keep = mask.bool()
         hidden, targets, mask = hidden[keep].unsqueeze(0), targets[keep].unsqueeze(0), mask[keep].unsqueeze(0)
-    logp, _ = token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets,
-                                         softcap=final_softcap(hf), with_entropy=False,
-                                         entropy_grad=False)
+    logp, _ = token_logprobs_and_entropy(hidden, hf.lm_head.weight, targets, softcap=final_softcap(hf),
+                                         options=HeadOptions(with_entropy=False, entropy_grad=False))
     mask = mask.to(logp.dtype)
     tokens = mask.sum()
     return -(logp * mask).sum() / tokens.clamp(min=1), tokens
