@@ -210,6 +210,25 @@ def test_every_real_gemma_preset_states_its_expected_times_and_where_they_come_f
         assert expected["run_minutes"] == load_run_config(name).time_budget_minutes, name
 
 
+def test_the_presets_data_holds_the_shared_recipe_and_instruction_and_times_only_for_presets_it_names():
+    """assets/presets.yaml: every real-Gemma preset runs GRPO_RECIPE, the word-problem presets' system prompt is the
+    answer format's instruction, `times` names presets that exist, and a TPU board's micro-batch is its preset's."""
+    from grpo_kit.data.answer_format import WORD_PROBLEM_INSTRUCTION
+    from grpo_kit.train.config import GRPO_RECIPE, PRESET_TIMES, TPU_BOARDS, tpu_board_micro_batch
+
+    assert GRPO_RECIPE == {"gate_shaped_rewards": True, "difficulty_targeting": True,
+                           "skip_zero_advantage_groups": True}
+    for name in PRESETS:
+        cfg = load_run_config(name)
+        if _board(name) is not None:
+            assert {k: getattr(cfg.grpo, k) for k in GRPO_RECIPE} == GRPO_RECIPE, name
+        if cfg.task.kind in ("word_problems", "gsm8k"):
+            assert cfg.task.system_prompt == WORD_PROBLEM_INSTRUCTION, name
+    assert set(PRESET_TIMES) <= set(PRESETS)
+    for board in TPU_BOARDS:
+        assert tpu_board_micro_batch(board) == load_run_config(f"tpu-{board}-gemma-3-1b").grpo.micro_batch_size
+
+
 def test_the_cpu_gemma_preset_trains_in_float32_on_a_cpu_and_bf16_where_notebook_08_falls_back_to_it():
     from grpo_kit.engine.device import resolve_dtype
 

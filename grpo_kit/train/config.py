@@ -21,7 +21,6 @@ import yaml
 from .. import options
 from ..algo.advantages import CLIP_MODES, ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSSES, LossSpec
-from ..data.answer_format import WORD_PROBLEM_INSTRUCTION
 from ..engine.model_config import ModelConfig
 from ..validation import ConfigError, Rule, above, at_least, one_of, ruled, subset_of, validate, within
 
@@ -507,15 +506,20 @@ def _one_tracker_as_a_list(cfg: Any) -> None:
 
 
 
-GRPO_RECIPE: dict[str, Any] = {"gate_shaped_rewards": True, "difficulty_targeting": True,
-                               "skip_zero_advantage_groups": True}
+PRESETS_FILE = Path(__file__).resolve().parents[1] / "assets" / "presets.yaml"
+"""The presets as data: `presets` (each one's settings, section by section, over the config classes' defaults) and
+`times` (what each real-Gemma preset is expected to take, and its basis); docs/presets.md gives their sources."""
+
+_PRESET_DATA: dict[str, Any] = yaml.safe_load(PRESETS_FILE.read_text())
+
+PRESETS: dict[str, dict[str, Any]] = _PRESET_DATA["presets"]
+"""Named presets: overrides per config section, picked by name (CLI `--preset`), from `PRESETS_FILE`."""
+
+GRPO_RECIPE: dict[str, Any] = _PRESET_DATA["shared"]["grpo_recipe"]
 """The GRPO recipe every real-Gemma preset runs (the study's, docs/capstone.md): shaped rewards count only where the
 outcome varies (verl-recipe PR #125), prompts drawn by their level's pass rate p in proportion to p(1 − p) (arXiv
 2504.03380; the word problems' level is their template, GSM8K's its solution's step count) and groups whose advantages
 are all zero left out of the update (the same gradient, less work; cpu/cuda with β 0)."""
-
-GSM8K_TASK = {"kind": "gsm8k", "num_demonstrations": 1000, "num_test": 500, "system_prompt": WORD_PROBLEM_INSTRUCTION}
-"""GSM8K for the accelerator presets: the first 500 test problems held out, 1000 train solutions for SFT."""
 
 TPU_BOARDS: dict[str, tuple[int, float]] = {
     "v2-8": (8, 8.0), "v3-8": (8, 16.0), "v5e-1": (1, 16.0), "v5e-8": (8, 16.0), "v6e-1": (1, 32.0),
@@ -523,136 +527,17 @@ TPU_BOARDS: dict[str, tuple[int, float]] = {
 """The TPU boards with a preset: devices (chips, or cores on v2/v3) and GiB of HBM per device, as Google publishes
 them (v5e: 16 GB, v6e Trillium: 32 GB a chip). `planner.ACCELERATORS` plans on these numbers."""
 
-TPU_BOARD_MICRO_BATCH: tuple[tuple[str, int, bool], ...] = (
-    ("v2-8", 8, False), ("v3-8", 32, False), ("v5e-1", 4, False), ("v5e-8", 32, False), ("v6e-1", 8, False),
-    ("v6e-8", 64, False))
-"""Each TPU board with a preset, its micro-batch and gradient checkpointing, as `grpo-kit plan` picks them for Gemma
-3 1B-IT (v6e-1: 8 rather than the 16 that just fits, for the planner's ±25 %)."""
-
-# Named presets: overrides per config section, picked by name (CLI `--preset`).
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # `make demo`: the tiny Gemma's arc with both controls, each trained from the SFT model for GRPO's seconds, so the
-    # demo's GRPO gain is read against as much more SFT and against RFT (the README's table shows all three).
-    "cpu-tiny": {"control": True, "rft_control": True},
-    "cpu-tiny-quick": {
-        "sft": {"steps": 40},
-        "grpo": {"steps": 6, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
-        "task": {"num_test": 32},
-    },
-    # Gemma 3 270M (base; offline from PyPI) on generated word problems with LoRA, on a laptop CPU in under an hour:
-    # the whole arc with the SFT control, sized by the time budget (docs/capstone.md has the measured runs).
-    # The task is the study's scarce regime: 32 worked solutions (enough for the format), GRPO on answer-only
-    # problems. There GRPO beat as much more SFT over three seeds (+3.5 points), and by less in a replication with
-    # seeded adapters (+1.3, not told apart from noise); with 200 solutions (plentiful) the two were not told apart
-    # (study.REGIMES, docs/capstone.md).
-    # GRPO's lr is small: 8 prompts × G 4 give a noisy gradient, and AdamW moves every LoRA weight by about lr per
-    # step whatever the gradient's size, so a larger lr spends the steps on noise and breaks the SFT model's arithmetic.
-    # dtype auto: float32 on a CPU; bf16 on a TPU or a bf16 GPU, where notebook 08 falls back to this preset when
-    # Gemma 3 1B cannot be loaded (fp32 matrix work is several times slower on a TPU, and takes twice the memory).
-    # GRPO's recipe is the study's (GRPO_RECIPE), as on every real-Gemma preset.
-    # SFT runs the study's 160 steps, as in the scarce cells (study.STUDY_SETTINGS), and the budget
-    # sizes GRPO and the control from what is left (on a 2-core EPYC Zen 4 GRPO got 100 steps natively and 79 under
-    # the AVX2 stand-in, on a Zen 3 with AVX2 only 43 and 37, and 75 there with --time-budget 80; the cells had 84).
-    # With SFT a fifth of the time (≈ 100 steps) more SFT still paid: SFT → control +1.4 points over five demo runs,
-    # against −0.2 in the study's scarce cells; so a slow CPU keeps SFT's 160 steps and gives GRPO fewer.
-    "cpu-gemma-270m": {
-        "model": {"name": "gemma-3-270m-offline", "lora": True, "dtype": "auto"},
-        "task": {"kind": "word_problems", "operations": [2, 3], "num_demonstrations": 32, "num_test": 200,
-                 "system_prompt": WORD_PROBLEM_INSTRUCTION},
-        "sft": {"steps": 160, "learning_rate": 2e-4, "batch_size": 8, "max_length": 256, "warmup_steps": 5,
-                "log_every": 5},
-        "grpo": {
-            "steps": 1000, "learning_rate": 2e-5, "beta": 0.0, "log_kl": False, "max_new_tokens": 80,
-            "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 32, "temperature": 0.8,
-            **GRPO_RECIPE,
-            "reward_weights": {"correctness_reward": 1.0, "answer_digits_reward": 0.3, "strict_format_reward": 0.2}},
-        "time_budget_minutes": 55,
-        "control": True,
-        "sft_fraction": None,
-    },
-    # TPU presets: LoRA on Gemma 3 1B-IT on GSM8K, with the micro-batch the memory planner (`grpo-kit plan`) picks for
-    # each board; prompts × group is a multiple of 8 so the batch splits over every core. One prompt bucket (256
-    # tokens holds every GSM8K question with the instruction) keeps the graph count fixed.
-    **{
-        f"tpu-{tpu}-gemma-3-1b": {
-            "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": ckpt},
-            "task": GSM8K_TASK,
-            "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768, "pad_to_multiple_of": 256},
-            "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 8, "group_size": 8,
-                     "micro_batch_size": micro, "prompt_bucket": 256, **GRPO_RECIPE},
-            "time_budget_minutes": 90,
-            "eval_pass_k": 8,
-        }
-        for tpu, micro, ckpt in TPU_BOARD_MICRO_BATCH
-    },
-    # Colab GPU: Gemma 3 1B-IT with LoRA on GSM8K; float32 on a T4 (no bf16), bf16 on L4/A100 (ModelConfig.dtype auto).
-    "gpu-gemma-3-1b": {
-        "model": {"name": "google/gemma-3-1b-it", "lora": True, "gradient_checkpointing": True},
-        "task": GSM8K_TASK,
-        "sft": {"learning_rate": 2e-4, "batch_size": 8, "max_length": 768},
-        "grpo": {"learning_rate": 1e-5, "beta": 0.04, "max_new_tokens": 256, "prompts_per_step": 4,
-                 "micro_batch_size": 8, "prompt_bucket": 64, **GRPO_RECIPE},
-        "time_budget_minutes": 90,
-        "eval_pass_k": 8,
-    },
-}
-
-PRESET_TIMES: dict[str, dict[str, Any]] = {
-    "cpu-tiny": {"grpo_step_seconds": 1.9, "run_minutes": 3,
-                 "basis": "measured: `make demo` on 2 CPU cores (AMD EPYC, AVX2), fp32"},
-    "cpu-gemma-270m": {
-        "grpo_step_seconds": 13,
-        "sft_step_seconds": 5.7,
-        "eval_seconds": 100,
-        "run_minutes": 55,
-        "basis": "measured: `python -m tools bench` capstone rows after 160 SFT steps, medians of 6 in 2 processes, "
-        "on 2 "
-        "CPU cores: an AMD EPYC (Zen 4, bf16 products) 10.6 s natively (its steps 9.6–12.1 s) and 12.8 s under the "
-        "AVX2 stand-in (11.7–15.0 s); an Intel Xeon (AVX512-BF16, no AMX; fp32), with plain (not prepacked) "
-        "products, 18.0 s and 18.4 s; in `grpo-kit demo` an SFT step of 8 takes 5.3–5.9 s "
-        "on either (medians) and a greedy evaluation of 200 problems 73–124 s; on an AMD EPYC Zen 3 with AVX2 only "
-        "(fp32) the capstone step took 19.0 s (median of 6 in 2 processes, after 108 SFT steps) and an SFT step 8.5 s",
-    },
-    "tpu-v5e-1-gemma-3-1b": {
-        "grpo_step_seconds": 20,
-        "sft_step_seconds": 1.5,
-        "eval_seconds": 60,
-        "run_minutes": 90,
-        "basis": "estimate: 256 decode steps at ≈ 40 ms (bf16 weights read once per step, plus "
-        "torch_xla's per-step overhead) + the update at ≈ 30 % of v5e's 197 bf16 TFLOP/s; "
-        "an SFT step of 8 × 768 tokens and 200 problems' greedy decoding likewise",
-    },
-    "tpu-v6e-1-gemma-3-1b": {
-        "grpo_step_seconds": 12,
-        "sft_step_seconds": 0.6,
-        "eval_seconds": 35,
-        "run_minutes": 90,
-        "basis": "estimate: as v5e-1 with v6e's published speed (918 bf16 TFLOP/s, twice v5e's HBM bandwidth): "
-        "256 decode steps at ≈ 25 ms (torch_xla's per-step overhead stays), the update at ≈ 30 % of its FLOP/s",
-    },
-    "tpu-v6e-8-gemma-3-1b": {"grpo_step_seconds": 8, "sft_step_seconds": 0.3, "eval_seconds": 25, "run_minutes": 90,
-                             "basis": "estimate: as v6e-1 with the batch split over 8 chips (decode latency stays)"},
-    "tpu-v5e-8-gemma-3-1b": {"grpo_step_seconds": 12, "sft_step_seconds": 0.6, "eval_seconds": 40, "run_minutes": 90,
-                             "basis": "estimate: as v5e-1 with the batch split over 8 chips (decode latency stays)"},
-    "tpu-v3-8-gemma-3-1b": {"grpo_step_seconds": 15, "sft_step_seconds": 0.8, "eval_seconds": 50, "run_minutes": 90,
-                            "basis": "estimate: as v5e-8, older chips"},
-    "tpu-v2-8-gemma-3-1b": {"grpo_step_seconds": 25, "sft_step_seconds": 1.2, "eval_seconds": 70, "run_minutes": 90,
-                            "basis": "estimate: as v5e-8, 8 GiB per core"},
-    "gpu-gemma-3-1b": {
-        "grpo_step_seconds": 4.0,
-        "sft_step_seconds": 0.4,
-        "eval_seconds": 27,
-        "run_minutes": 90,
-        "basis": "measured: two NVIDIA H200 machines in bf16, GRPO step medians 3.5 and 4.0 s (fp32: 4.4 and 4.1 s), "
-        "SFT step 0.39 and 0.43 s, greedy evaluation 27 and 22 s; Gemma 3 1B's shapes with random weights, every "
-        "completion 256 tokens (docs/gpu_check.md); the slower of each kept; a T4 is several times slower and has "
-        "not been measured",
-    },
-}
+PRESET_TIMES: dict[str, dict[str, Any]] = _PRESET_DATA["times"]
 """Expected wall time per GRPO step, per SFT step, per greedy evaluation of 200 held-out problems and per run of each
 real-Gemma preset (a run is its time budget), and where the numbers come from: measured on the named machine, or an
-estimate from the hardware's published speed where we have no such machine. `notebook.capstone_config` prints the
-line for the preset it picks; `course.CourseMode.minutes` estimates the course's notebooks from them."""
+estimate from the hardware's published speed where we have no such machine (`PRESETS_FILE`). `notebook.capstone_config`
+prints the line for the preset it picks; `course.CourseMode.minutes` estimates the course's notebooks from them."""
+
+
+def tpu_board_micro_batch(board: str) -> int:
+    """The micro-batch of `board`'s Gemma 3 1B preset, as `grpo-kit plan` picks it for that board."""
+    return PRESETS[f"tpu-{board}-gemma-3-1b"]["grpo"]["micro_batch_size"]
+
 
 C = TypeVar("C")
 
@@ -712,7 +597,7 @@ def board_for_memory(devices: int, gib_per_device: float) -> str | None:
     """The board whose preset fits `devices` devices of `gib_per_device` GiB each, by the planner's own fits: a board
     with as many devices and no more memory each (the largest such), else a one-device board with no more memory
     whose micro-batch splits over `devices` (each device then holds a share of that board's rows); None if none."""
-    micro = {board: m for board, m, _ in TPU_BOARD_MICRO_BATCH}
+    micro = {board: tpu_board_micro_batch(board) for board in TPU_BOARDS}
     same = [b for b, (n, g) in TPU_BOARDS.items() if n == devices and g <= gib_per_device]
     single = [b for b, (n, g) in TPU_BOARDS.items() if n == 1 and g <= gib_per_device and micro[b] % devices == 0]
     for found in (same, single):
