@@ -269,9 +269,8 @@ class Arc:
     def _resize(self, phase: str, trainer: SFTTrainer, *, seconds: float) -> None:
         """A third of the way through its planned steps, SFT (or a control) is sized again: as many steps in all
         as fit what is left of its `seconds` at the median of the later half of the steps timed so far
-        (`plan["<phase>_resized_steps"]`, saved, so that a resumed run takes the same). Its first steps can run
-        slower than the rest (under the AVX2 stand-in SFT's steps 2 to 6 took 7.6 s against a median of 6.4 s) or
-        faster (a control probed at 6.3 s a step took 5.8 s, and trained 102 s less than GRPO)."""
+        (`plan["<phase>_resized_steps"]`, saved, so that a resumed run takes the same): its first steps can run
+        slower or faster than the rest, and a count sized from them alone would miss the seconds."""
         plan = self.records["plan"]
         trainer.train(progress=self.progress, steps=max(trainer.step + 1, plan[f"{phase}_steps"] // 3))
         recent = trainer.step_seconds[len(trainer.step_seconds) // 2 :] or [plan[f"{phase}_probe_step_seconds"]]
@@ -376,9 +375,8 @@ class Arc:
         """The RFT control (`rft.RFTTrainer`): from the SFT model, GRPO's learning rate (`RunConfig.rft_learning_rate`),
         SFT's warm-up, GRPO's prompts, group size, temperature and length; as many steps as fit the seconds GRPO
         trained, sized after the first steps and again a third of the way in (`_resize`: its steps grow slower as
-        more samples are right and each batch holds more of them; at GRPO's rate on the tiny Gemma, 0.68 s a step
-        at the probe and 0.83 s on average), with the cosine schedule over that many (`rft_steps` fixes the
-        count)."""
+        more samples are right and each batch holds more of them), with the cosine schedule over that many
+        (`rft_steps` fixes the count)."""
         if record := self.done("rft"):
             return record
         grpo = None if self.cfg.rft_steps else self._grpo_for("RFT")  # fixed steps need no GRPO to size them

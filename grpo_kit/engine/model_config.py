@@ -36,7 +36,7 @@ class ModelConfig:
     """`auto` = bfloat16 on TPU/GPU, float32 on CPU (this CPU has no fast bf16). Gemma must not train in
     float16 (it overflows, unsloth-zoo#600)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, ~30 % more time. Off for tiny models."""
+    """Recompute activations in the backward pass: less memory, more time (a second forward). Off for tiny models."""
     hf_token: str | None = field(default=None, repr=False)
     """Hugging Face token for gated Gemma checkpoints; None reads HF_TOKEN or the Colab secret."""
 

@@ -510,7 +510,7 @@ def _head_mean(weight: torch.Tensor, exps: list[torch.Tensor], per_mass: torch.T
     `per_mass` e^{m_b − M} / Σ (blocks, rows), the product taken only over the SAMPLE_BLOCK-entry tiles marked in
     `kept` (V / SAMPLE_BLOCK,): one product per run of consecutive kept tiles within a block.
     With `weight_t` (Wᵀ, contiguous (d, V)) the product is Wᵀ_run e_run: the large operand read in its natural
-    layout, ~2× faster on the CPU than e_runᵀ W_run, which repacks W_run on every call."""
+    layout, where e_runᵀ W_run would repack W_run on every call (docs/cpu_choices.md)."""
     mean_row = torch.zeros(per_mass.shape[1], weight.shape[1], device=weight.device)
     runs = _kept_runs(kept.tolist(), DRAW_BLOCK // SAMPLE_BLOCK)
     for first, last in runs:  # tile indices [first, last), all in one block

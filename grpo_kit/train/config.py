@@ -104,14 +104,14 @@ class TaskConfig:
 
 
 @dataclass
-class SFTConfig:
-    """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
+class FineTuneSettings:
+    """What SFT and RFT share: each step is a cross-entropy step on chosen completions (demonstrations, or the
+    model's own right answers), with AdamW under warm-up and cosine decay, fixed length buckets, and the same
+    logging, saving and stopping."""
 
     steps: int = ruled(200, at_least(0))
-    """Optimizer steps. 200 × batch 32 = 32 passes over 200 demonstrations: enough to learn the format and
+    """Optimizer steps. For SFT, 200 × batch 32 = 32 passes over 200 demonstrations: enough to learn the format and
     part of the arithmetic, leaving GRPO room to improve (docs/tuning.md)."""
-    batch_size: int = ruled(32, at_least(1))
-    """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
     learning_rate: float = ruled(1e-3, above(0))
     """Peak AdamW learning rate. High because the tiny model is small (higher generalises worse); use ~2e-4
     with LoRA on real Gemma."""
@@ -160,23 +160,37 @@ class SFTConfig:
 
 
 @dataclass
-class RFTConfig(SFTConfig):
-    """Rejection-sampling fine-tuning (RFT, RAFT): each step samples `group_size` completions for each of
-    `prompts_per_step` new prompts from the current model, keeps the right ones (finished, correct answer, each text
-    once per prompt) and takes one SFT step on them. Learning from the verifier without GRPO's advantages: the
-    control that asks whether a GRPO gain is GRPO's (arXiv 2504.11343). The SFT settings above apply to its steps;
-    `batch_size` is unused (a step trains on whatever was accepted)."""
+class SFTConfig(FineTuneSettings):
+    """Supervised warm-up on demonstrations: teaches the `<reasoning>…</reasoning><answer>…</answer>` format."""
+
+    batch_size: int = ruled(32, at_least(1))
+    """Sequences per step; fixed so every step has the same shape (one compiled graph on XLA)."""
+
+
+@dataclass
+class RolloutSettings:
+    """How new completions are sampled, in the names and meanings GRPOConfig gives them: what RFT takes from GRPO
+    (`rft.rft_config`), so that the control samples what GRPO samples."""
 
     prompts_per_step: int = ruled(8, at_least(1))
-    """New prompts per step (the arc's RFT control takes GRPO's)."""
+    """New prompts per step."""
     group_size: int = ruled(4, at_least(1))
     """Completions sampled per prompt."""
     temperature: float = ruled(0.8, above(0))
     """Sampling temperature of the completions."""
     max_new_tokens: int = ruled(80, at_least(1))
-    """Completion length; a completion that has not finished by then is not kept."""
+    """Completion length; for RFT a completion that has not finished by then is not kept."""
     prompt_bucket: int = ruled(32, at_least(1))
     """Prompt length bucket, as GRPOConfig.prompt_bucket."""
+
+
+@dataclass
+class RFTConfig(FineTuneSettings, RolloutSettings):
+    """Rejection-sampling fine-tuning (RFT, RAFT): each step samples `group_size` completions for each of
+    `prompts_per_step` new prompts from the current model, keeps the right ones (finished, correct answer, each text
+    once per prompt) and takes one fine-tuning step on whatever was accepted. Learning from the verifier without
+    GRPO's advantages: the control that asks whether a GRPO gain is GRPO's (arXiv 2504.11343)."""
+
     output_dir: str | None = "runs/rft"
     """Where metrics (rft_metrics.jsonl) and the checkpoint go."""
 

@@ -9,6 +9,7 @@ all wrong trains on nothing. It is the control that asks whether a gain is GRPO'
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from ..data.rewards import correctness_reward
 from ..engine.device import host_syncs_are_cheap, padded_rows, shard_batch
 from ..engine.sampler import Sampler, SamplerSettings
-from .config import RFTConfig, RunConfig
+from .config import RFTConfig, RolloutSettings, RunConfig
 from .sft import SFTTrainer, collate, encode_demonstrations
 
 
@@ -54,13 +55,12 @@ def rft_config(cfg: RunConfig, *, steps: int, output_dir: str | None) -> RFTConf
     group size, temperature, completion length and seed; SFT's warm-up, weight decay, clipping, length and padding;
     `steps` steps, logged every step, checkpoints in `output_dir` (None: none)."""
     s, g = cfg.sft, cfg.grpo
+    rollout = {f.name: getattr(g, f.name) for f in dataclasses.fields(RolloutSettings)}
     return RFTConfig(
         steps=steps, learning_rate=cfg.rft_learning_rate or g.learning_rate, weight_decay=s.weight_decay,
         warmup_steps=s.warmup_steps, max_grad_norm=s.max_grad_norm, max_length=s.max_length,
         pad_to_multiple_of=s.pad_to_multiple_of, log_every=1, seed=g.seed, save_every_seconds=s.save_every_seconds,
-        output_dir=output_dir, prompts_per_step=g.prompts_per_step, group_size=g.group_size,
-        temperature=g.temperature, max_new_tokens=g.max_new_tokens, prompt_bucket=g.prompt_bucket,
-        report_to=s.report_to,
+        output_dir=output_dir, report_to=s.report_to, **rollout,
     )
 
 

@@ -22,7 +22,7 @@ from ..engine.logprobs import ForwardOptions, HeadOptions, ProductPlan, completi
 from ..engine.models import base_model
 from ..engine.sampling import bucket_length, position_ids_from_mask, render_prompt
 from ..validation import ConfigError, DataError, prompt_problem
-from .config import SFTConfig
+from .config import FineTuneSettings, SFTConfig
 from .loop import TrainingLoop
 from .metrics import to_host
 
@@ -133,27 +133,31 @@ class SFTTrainer(TrainingLoop):
     resume_settings: tuple[str, ...] = ("batch_size", "seed")
     """Settings a resumed run must share with its checkpoint (else it would see other batches)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: SFTConfig | None = None,
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, dataset: Any,
+                 config: SFTConfig | FineTuneSettings | None = None,
                  *, resume_metrics: bool = False) -> None:
         cfg = config or SFTConfig()
         self.tokenizer = tokenizer
         self.examples = encode_demonstrations(tokenizer, dataset, cfg.max_length) if dataset is not None else []
-        if dataset is not None:
+        if dataset is not None:  # demonstrations in batches (RFT's batches are what its sampler accepts)
             check_no_overlap((row["prompt"] for row in dataset), where="the SFT dataset")
-        if dataset is not None and len(self.examples) < cfg.batch_size:
-            raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={cfg.batch_size}")
-        devices = data_parallel_size() if is_xla(next(model.parameters()).device) else 1
-        if cfg.batch_size % devices:
-            raise ConfigError(
-                f"SFTConfig.batch_size={cfg.batch_size} cannot be split over the {devices} devices of the SPMD "
-                f"mesh: make it a multiple of {devices}"
-            )
+            self._check_batch_size(model, cfg.batch_size)
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
         # the dtype GRPO's update multiplies the frozen weights in (bf16 on a CPU with native bf16 products)
         self.products = ProductPlan(reuse_sampler_head=False, bf16_products=cfg.cpu_bf16 is not False
                                     ).update_product_dtype(model)
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, cfg.warmup_steps, cfg.steps)
         self._order: list[int] = []
+
+    def _check_batch_size(self, model: torch.nn.Module, batch_size: int) -> None:
+        if len(self.examples) < batch_size:
+            raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={batch_size}")
+        devices = data_parallel_size() if is_xla(next(model.parameters()).device) else 1
+        if batch_size % devices:
+            raise ConfigError(
+                f"SFTConfig.batch_size={batch_size} cannot be split over the {devices} devices of the SPMD "
+                f"mesh: make it a multiple of {devices}"
+            )
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
         """The next batch of demonstrations, on the device (None: nothing to train on this step)."""
