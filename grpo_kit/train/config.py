@@ -196,13 +196,9 @@ class RFTConfig(FineTuneSettings, RolloutSettings):
 
 
 @dataclass
-class GRPOConfig:
-    """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same. The fields come
-    in five sections: the rollout (what each step samples), rewards and advantages, the algorithm (the update),
-    speed (switches that change how fast a step runs, not what it learns, up to float order), and the run
-    (length, seed, output, saving)."""
+class GRPORollout:
+    """GRPOConfig's rollout: what each step samples."""
 
-    # ---- rollout: what each step samples ----
     prompts_per_step: int = ruled(128, at_least(1))
     """Distinct prompts per step. With group_size 4 this is 512 completions, all one shape. Many distinct
     prompts average out the noisy policy gradient; at equal cost more distinct problems beat more samples of
@@ -243,7 +239,11 @@ class GRPOConfig:
     difficulty_key: str = "level"
     """difficulty_targeting: the prompt column that names a prompt's level."""
 
-    # ---- rewards and advantages: how the samples are compared ----
+
+@dataclass
+class GRPORewards:
+    """GRPOConfig's rewards and advantages: how the samples are compared."""
+
     reward_weights: dict[str, float] | None = None
     """Weight per reward function name; missing names get 1.0."""
     accuracy_reward: str | None = "correctness_reward"
@@ -275,7 +275,11 @@ class GRPOConfig:
     winsorize_quantile: float = ruled(0.0, within(0, 0.5, high_open=True))
     """Winsorise rewards per batch at this quantile (0 = off): tames outlier rewards before normalisation."""
 
-    # ---- algorithm: the update ----
+
+@dataclass
+class GRPOUpdate:
+    """GRPOConfig's algorithm: the update."""
+
     learning_rate: float = ruled(1e-4, above(0))
     """AdamW learning rate (constant after warm-up; the dashboard may change it live). Small because the
     policy after SFT sits in a sharp spot that larger steps leave (KL up, accuracy down). Use ~1e-5 for LoRA
@@ -317,7 +321,11 @@ class GRPOConfig:
     micro_batch_size: int = ruled(128, at_least(1))
     """Completions per forward/backward; gradients accumulate over micro-batches. Fixed shape on XLA."""
 
-    # ---- speed: the same result in less time (each documents how far "the same" goes) ----
+
+@dataclass
+class GRPOSpeed:
+    """GRPOConfig's speed switches: the same result in less time (each documents how far "the same" goes)."""
+
     compile_sampler: bool | None = None
     """`torch.compile` the lean Gemma decode step used in rollouts. None (default) = on GPUs Triton supports
     (compute capability ≥ 7.0 with triton installed), off elsewhere: a GPU earns the first rollout's compile time back,
@@ -363,7 +371,11 @@ class GRPOConfig:
     (`trained_fraction` says how many). `bnpo` is left alone: its micro-batch token mean counts every row. XLA
     keeps the full batch (one fixed shape). False trains on every group."""
 
-    # ---- the run: length, seed, where it writes, when it saves ----
+
+@dataclass
+class GRPORun:
+    """GRPOConfig's run: its length, seed, where it writes, when it saves."""
+
     steps: int = ruled(60, at_least(0))
     """Optimizer steps (one rollout batch each when num_iterations = 1). 60 for the CPU demo: enough for held-out
     accuracy to level off on the tiny Gemma while the demo stays a few minutes long on 2 cores."""
@@ -389,6 +401,15 @@ class GRPOConfig:
     compile_warmup_steps: int = ruled(2, at_least(0))
     """On XLA: steps after which any new graph compilation is warned about (step 1 compiles the rollout and
     the training graphs, step 2 the optimizer update once Adam's state exists)."""
+
+
+@dataclass
+class GRPOConfig(GRPORun, GRPOSpeed, GRPOUpdate, GRPORewards, GRPORollout):
+    """Group Relative Policy Optimization. Names follow TRL's GRPOConfig where the idea is the same. One flat set of
+    settings (`grpo:` in a YAML config, `cfg.grpo.<name>` in code), written in five parts by concern, in this order:
+    `GRPORollout` (what each step samples), `GRPORewards` (rewards and advantages), `GRPOUpdate` (the algorithm),
+    `GRPOSpeed` (switches that change how fast a step runs, not what it learns, up to float order) and `GRPORun`
+    (length, seed, output, saving)."""
 
     def __post_init__(self) -> None:
         _one_tracker_as_a_list(self)
