@@ -24,6 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import yaml
 from datasets import Dataset
 
 from ..validation import DataError, prompt_problem
@@ -140,83 +141,14 @@ class WordProblemTemplate:
     slots: dict[str, tuple[int, int] | tuple[int, ...]]
 
 
-WORD_PROBLEMS = (
-    WordProblemTemplate(
-        "{name} buys {a} boxes of {b} pencils and gives {c} pencils to friends. "
-        "How many pencils does {name} have left?",
-        "a * b - c",
-        (("{a} boxes of {b} pencils is", "a * b", "pencils"),
-         ("After giving away {c}, {name} has", "t1 - c", "pencils")),
-        {"a": (2, 9), "b": (6, 24), "c": (1, 40)},
-    ),
-    WordProblemTemplate(
-        "{name} earns ${a} an hour and works {b} hours a day. How many dollars does {name} earn in {c} days?",
-        "a * b * c",
-        (("In one day {name} earns", "a * b", "dollars"), ("In {c} days that is", "t1 * c", "dollars")),
-        {"a": (8, 25), "b": (2, 8), "c": (2, 6)},
-    ),
-    WordProblemTemplate(
-        "Pens cost ${a} each. {name} buys {b} pens and pays with a ${c} bill. "
-        "How many dollars of change does {name} get?",
-        "c - a * b",
-        (("{b} pens cost", "a * b", "dollars"), ("The change is", "c - t1", "dollars")),
-        {"a": (2, 9), "b": (2, 9), "c": (20, 50, 100)},
-    ),
-    WordProblemTemplate(
-        "{name} has {a} stickers and buys {b} packs of {c} stickers, "
-        "then shares all of them equally among {d} friends. How many stickers does each friend get?",
-        "(a + b * c) / d",
-        (("The packs hold", "b * c", "stickers"), ("Together {name} has", "a + t1", "stickers"),
-         ("Each friend gets", "t2 / d", "stickers")),
-        {"a": (1, 30), "b": (2, 9), "c": (4, 12), "d": (2, 6)},
-    ),
-    WordProblemTemplate(
-        "A train goes {a} km per hour for {b} hours, then {c} km per hour for {d} hours. "
-        "How many km does it go in all?",
-        "a * b + c * d",
-        (("First it covers", "a * b", "km"), ("then", "c * d", "km"), ("In all it goes", "t1 + t2", "km")),
-        {"a": (40, 120), "b": (2, 5), "c": (30, 100), "d": (2, 5)},
-    ),
-    WordProblemTemplate(
-        "{name} saves ${a} a week for {b} weeks, then spends ${c} on a gift and ${d} on books. "
-        "How many dollars are left?",
-        "a * b - c - d",
-        (("{name} saves", "a * b", "dollars"), ("After the gift", "t1 - c", "dollars are left"),
-         ("After the books", "t2 - d", "dollars are left")),
-        {"a": (5, 30), "b": (3, 12), "c": (5, 40), "d": (5, 40)},
-    ),
-    WordProblemTemplate(
-        "A baker makes {a} trays of {b} muffins, sells {c} of them and packs the rest in bags of {d}. "
-        "How many bags does the baker fill?",
-        "(a * b - c) / d",
-        (("The baker makes", "a * b", "muffins"), ("After selling {c}, there are", "t1 - c", "muffins"),
-         ("They fill", "t2 / d", "bags")),
-        {"a": (2, 8), "b": (6, 24), "c": (1, 40), "d": (2, 8)},
-    ),
-    WordProblemTemplate(
-        "{name} reads {a} pages on Monday and {b} times as many on Tuesday. On Wednesday {name} reads {c} pages fewer "
-        "than on Tuesday. How many pages does {name} read over the three days?",
-        "a + a * b + (a * b - c)",
-        (("On Tuesday {name} reads", "a * b", "pages"), ("On Wednesday", "t1 - c", "pages"),
-         ("Monday and Tuesday make", "a + t1", "pages"), ("With Wednesday that is", "t3 + t2", "pages")),
-        {"a": (5, 40), "b": (2, 4), "c": (1, 30)},
-    ),
-    WordProblemTemplate(
-        "A farm has {a} rows of {b} apple trees, and each tree gives {c} apples. "
-        "The farmer sells {d} apples and shares the rest equally among {e} shops. How many apples does each shop get?",
-        "(a * b * c - d) / e",
-        (("There are", "a * b", "trees"), ("They give", "t1 * c", "apples"),
-         ("After selling {d}, there are", "t2 - d", "apples"), ("Each shop gets", "t3 / e", "apples")),
-        {"a": (2, 9), "b": (3, 12), "c": (5, 30), "d": (10, 200), "e": (2, 9)},
-    ),
-    WordProblemTemplate(
-        "Adult tickets cost ${a} and child tickets cost ${b}. A group buys {c} adult and {d} child tickets and pays "
-        "with ${e}. How many dollars of change does the group get?",
-        "e - (a * c + b * d)",
-        (("Adult tickets cost", "a * c", "dollars"), ("child tickets cost", "b * d", "dollars"),
-         ("Together they cost", "t1 + t2", "dollars"), ("The change is", "e - t3", "dollars")),
-        {"a": (8, 30), "b": (4, 15), "c": (1, 6), "d": (1, 8), "e": (200, 300, 500)},
-    ),
+WORD_PROBLEMS_FILE = Path(__file__).resolve().parents[1] / "assets" / "word_problems.yaml"
+"""The word-problem templates as data, in the order every seed draws from."""
+
+WORD_PROBLEMS = tuple(
+    WordProblemTemplate(t["question"], t["formula"],
+                        tuple((step["words"], step["expression"], step["unit"]) for step in t["steps"]),
+                        {slot: tuple(values) for slot, values in t["slots"].items()})
+    for t in yaml.safe_load(WORD_PROBLEMS_FILE.read_text(encoding="utf-8"))
 )
 """The word-problem templates of `WordProblemTask`: three with 2 operations, four with 3 and three with 4."""
 
