@@ -6,7 +6,7 @@ import os
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 # fp32 LM-head products in the CPU sampler, on every CPU: most tests compare the kit with fp32 references at 1e-4.
-# The bf16 products (`device.product_dtype`) have their own tests, which turn them on.
+# The bf16 products (`products.product_dtype`) have their own tests, which turn them on.
 os.environ.setdefault("GRPO_KIT_CPU_BF16", "0")
 # The XLA CPU backend's LLVM at -O0 (XLA's graph passes still run; what the tests count — graphs, recompiles, ops
 # that fall back to the CPU — and the 1e-4 agreement with eager do not change). The tests run tiny models for a few

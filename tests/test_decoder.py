@@ -411,7 +411,7 @@ def test_compile_sampler_default_is_on_for_cuda_only(task):
 
 def lora_gemma3_streamed_vocabulary() -> torch.nn.Module:
     """LoRA on a Gemma 3 with 40,960 = 80 × 512 vocabulary entries: large and even enough for the CPU sampler to
-    stream the head through the draw (`sampling.draw_from_head`), as it does Gemma's 262,144. Its (tied) head is
+    stream the head through the draw (`streamed_head.draw_from_head`), as it does Gemma's 262,144. Its (tied) head is
     scaled up so the policy is peaked, as a trained model's is: over a random init's nearly flat distribution
     Σ_v π_v W_v is close to 0 and an error in it would hardly show."""
     model = gemma3_sliding(vocab_size=40_960)
@@ -450,7 +450,7 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
     """`SamplerSettings(head_moments=True)`: at every sampled token, Σ_v π_v W_v and the entropy of the
     temperature-scaled policy, as a plain forward over the finished sequences computes them (float64); 0 after each
     stop token, rows that stopped early included."""
-    from grpo_kit.engine.sampling import head_moments
+    from grpo_kit.engine.choice import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model, top_p=top_p)
@@ -470,10 +470,10 @@ def test_head_moments_kept_by_the_sampler_are_the_policys(top_p):
 def test_bf16_products_in_the_rollout_stay_within_the_stated_bounds():
     """`SamplerSettings(product_dtype=torch.bfloat16)` (the CPU default where bf16 products are native: the layers'
     projections and the streamed 40,960-entry head in bf16): every kept log-prob within 0.1 nats of an fp32
-    forward's at the same token, E = π W within 5 % and H within 0.1 nats (`sampling.draw_from_head` states the
+    forward's at the same token, E = π W within 5 % and H within 0.1 nats (`streamed_head.draw_from_head` states the
     bounds); all 0 after each stop token. (It samples from that nearby policy, so not always the fp32 path's
     tokens: the fp32 path is the one that must match HF's tokens exactly, tested above.)"""
-    from grpo_kit.engine.sampling import head_moments
+    from grpo_kit.engine.choice import head_moments
 
     model = lora_gemma3_streamed_vocabulary()
     roll = rollout_with_early_stops(model, product_dtype=torch.bfloat16)
@@ -654,7 +654,7 @@ def test_padding_free_sft_loss_equals_the_padded_one(large_vocabulary):
 def test_sft_trainer_multiplies_frozen_weights_in_bf16_only_where_grpo_does(task, monkeypatch):
     """`SFTConfig.cpu_bf16`: bf16 products on a CPU that has them natively (stood in for here), for an fp32 model;
     the model's own dtype with it off or without such a CPU; a step trains either way."""
-    from grpo_kit.engine import device
+    from grpo_kit.engine.cpu import products
     from grpo_kit.engine.models import build_tiny_tokenizer
     from grpo_kit.train.config import SFTConfig
     from grpo_kit.train.sft import SFTTrainer
@@ -664,9 +664,9 @@ def test_sft_trainer_multiplies_frozen_weights_in_bf16_only_where_grpo_does(task
     def trainer(**kwargs) -> SFTTrainer:  # noqa: ANN003
         return SFTTrainer(model, tok, rows, SFTConfig(batch_size=2, steps=1, output_dir=None, **kwargs))
 
-    monkeypatch.setattr(device, "cpu_bf16_products", lambda: False)
+    monkeypatch.setattr(products, "cpu_bf16_products", lambda: False)
     assert trainer().products == torch.float32
-    monkeypatch.setattr(device, "cpu_bf16_products", lambda: True)
+    monkeypatch.setattr(products, "cpu_bf16_products", lambda: True)
     assert trainer().products == torch.bfloat16
     assert trainer(cpu_bf16=False).products is None
     row = trainer().train_step()
@@ -674,9 +674,9 @@ def test_sft_trainer_multiplies_frozen_weights_in_bf16_only_where_grpo_does(task
 
 
 def test_head_casts_are_kept_while_the_weight_is_unchanged():
-    """`sampling.head_casts`: the same bf16 copy (and transpose) for the same unchanged weight; a new one, with the
+    """`streamed_head.head_casts`: the same bf16 copy (and transpose) for the same unchanged weight; a new one, with the
     new values, once the weight changes in place (an optimizer step), and for another weight."""
-    from grpo_kit.engine.sampling import head_casts
+    from grpo_kit.engine.cpu.streamed_head import head_casts
 
     weight = torch.randn(64, 8)
     cast, cast_t = head_casts(weight, torch.bfloat16, transposed=True)
@@ -694,37 +694,37 @@ def test_head_casts_are_kept_while_the_weight_is_unchanged():
 
 def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
     """Rollouts on the CPU multiply a decode step's rows by weights prepacked once for oneDNN
-    (`device.prepack_weight`): the products of `F.linear` up to float summation order. Over a greedy rollout of the
+    (`products.prepack_weight`): the products of `F.linear` up to float summation order. Over a greedy rollout of the
     LoRA Gemma 3 (fused q/k/v and gate/up, o and down): the same tokens and log-probs within 1e-5 as with plain
     products, the prepacked ones taken in decode steps only (a prefill's stay plain); with GRPO_KIT_CPU_PREPACK=0
-    none. The head's blocks, prepacked (`sampling.head_packs`), are kept while the weight is unchanged. A bf16
+    none. The head's blocks, prepacked (`streamed_head.head_packs`), are kept while the weight is unchanged. A bf16
     weight where oneDNN has no bf16 kernel (an AVX2-only CPU) stays plain."""
     import torch.nn.functional as F
 
-    from grpo_kit.engine import device
-    from grpo_kit.engine.sampling import DRAW_BLOCK, head_packs
+    from grpo_kit.engine.cpu import products
+    from grpo_kit.engine.cpu.streamed_head import DRAW_BLOCK, head_packs
 
-    if not device.cpu_prepacked_products():
+    if not products.cpu_prepacked_products():
         pytest.skip("no oneDNN prepacking on this CPU")
     weight, x = torch.randn(300, 48), torch.randn(5, 48)
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        if dtype == torch.bfloat16 and not device.onednn_has_bf16():
+        if dtype == torch.bfloat16 and not products.onednn_has_bf16():
             continue  # an AVX2-only CPU: no bf16 kernel to prepack for (below)
-        got = device.prepacked_linear(x.to(dtype), device.prepack_weight(weight.to(dtype))).float()
+        got = products.prepacked_linear(x.to(dtype), products.prepack_weight(weight.to(dtype))).float()
         want = F.linear(x.to(dtype), weight.to(dtype)).float()
         assert (got - want).abs().max() <= tolerance * want.abs().max(), dtype
-    assert device.prepack_weight(weight.double()) is None
+    assert products.prepack_weight(weight.double()) is None
     # where oneDNN has no bf16 kernel (AVX2 only) a bf16 weight stays plain, as reordering it would raise
     with monkeypatch.context() as patched:
-        patched.setattr(device, "onednn_has_bf16", lambda: False)
-        assert device.prepack_weight(weight.bfloat16()) is None and device.prepack_weight(weight) is not None
+        patched.setattr(products, "onednn_has_bf16", lambda: False)
+        assert products.prepack_weight(weight.bfloat16()) is None and products.prepack_weight(weight) is not None
 
     model = lora_gemma3()
     prompt_ids, prompt_mask, _, _ = grouped_batch()
     shapes = []
-    products = decoder.prepacked_linear
+    plain_linear = decoder.prepacked_linear
     monkeypatch.setattr(decoder, "prepacked_linear", lambda x, packed, bias=None: shapes.append(tuple(x.shape)) or
-                        products(x, packed, bias))
+                        plain_linear(x, packed, bias))
 
     def roll() -> object:
         return sample(model, prompt_ids, prompt_mask,
@@ -750,7 +750,7 @@ def test_prepacked_products_equal_plain_ones_up_to_summation_order(monkeypatch):
     moved = head_packs(head)
     assert moved is not packs
     rows = torch.randn(3, 8)
-    assert torch.allclose(device.prepacked_linear(rows, moved[1]), rows @ head[DRAW_BLOCK:].T, atol=1e-4)
+    assert torch.allclose(products.prepacked_linear(rows, moved[1]), rows @ head[DRAW_BLOCK:].T, atol=1e-4)
 
 
 def test_bf16_base_products_in_the_update_stay_close_to_fp32():
@@ -788,11 +788,11 @@ def test_grpo_step_with_bf16_products_matches_fp32(task, monkeypatch):
     (as the step left it, clipped) within 3 % in norm and in the norm of the difference. (Not the weights after the
     step: Adam's first step moves every weight by ≈ lr · sign(g), so a gradient entry near 0 flips its weight's
     move on rounding noise.)"""
-    from grpo_kit.engine import device
+    from grpo_kit.engine.cpu import products
     from grpo_kit.engine.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
-    monkeypatch.setattr(device, "cpu_bf16_products", lambda: True)
+    monkeypatch.setattr(products, "cpu_bf16_products", lambda: True)
 
     def token_reward(prompts, completions, completion_ids, **kw):  # noqa: ANN001, ANN003
         return [float(sum(i % 7 for i in ids)) / max(1, len(ids)) for ids in completion_ids]

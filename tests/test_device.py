@@ -124,7 +124,7 @@ def test_a_run_takes_omp_num_threads_where_it_is_set_else_every_core(monkeypatch
 
 
 def test_importing_the_kit_flushes_denormals_on_every_cpu_thread():
-    """`device.flush_denormals`: after `import grpo_kit` a product whose result is a denormal float is zero on every
+    """`products.flush_denormals`: after `import grpo_kit` a product whose result is a denormal float is zero on every
     thread of a parallel op (without it, 1e-30 × 1e-10 is the denormal 1e-40, which CPUs compute with slowly)."""
     code = ("import torch, grpo_kit\n"
             "torch.set_num_threads(2)\n"

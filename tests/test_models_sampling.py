@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from grpo_kit.data.chat import GEMMA_CHAT_TEMPLATE, stop_token_ids
+from grpo_kit.engine.choice import choose_tokens, head_moments, inverse_cdf
+from grpo_kit.engine.cpu.streamed_head import HeadWeights, draw_from_head
 from grpo_kit.engine.logprobs import completion_logprobs
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import (
@@ -18,16 +20,7 @@ from grpo_kit.engine.models import (
     load_model,
     merge_and_restart_lora,
 )
-from grpo_kit.engine.sampling import (
-    HeadWeights,
-    SamplerSettings,
-    choose_tokens,
-    draw_from_head,
-    encode_prompts,
-    head_moments,
-    inverse_cdf,
-    sample,
-)
+from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -181,7 +174,7 @@ def test_streaming_the_head_through_the_draw_picks_what_the_full_logits_pick(sof
     """`draw_from_head` (the LM head block by block inside the draw) against `choose_tokens` on the whole logits:
     320 draws over a 65,536-entry vocabulary with peaked and flat rows; same tokens, log-probs within 1e-4; also
     with the head's blocks prepacked for oneDNN (`head_packs`, as a CPU rollout passes them)."""
-    from grpo_kit.engine.sampling import head_packs
+    from grpo_kit.engine.cpu.streamed_head import head_packs
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(65_536, 32, generator=gen)
@@ -244,21 +237,21 @@ def test_the_exp_floor_keeps_subnormals_out_and_changes_no_draw(monkeypatch):
     """Rows whose logits span hundreds within a block would give e^{z − m_b} below fp32's smallest normal (subnormals,
     slow on x86): with EXP_FLOOR they are 1.6e-38 instead, and the tokens, log-probs and moments are those of the
     draw without the floor."""
-    from grpo_kit.engine import sampling
+    from grpo_kit.engine.cpu import streamed_head
 
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(2 * sampling.DRAW_BLOCK, 32, generator=gen)
+    weight = torch.randn(2 * streamed_head.DRAW_BLOCK, 32, generator=gen)
     hidden = torch.randn(16, 32, generator=gen) * torch.linspace(2.0, 8.0, 16).unsqueeze(1)
     z = (hidden / 0.8) @ weight.T
     tiny = torch.finfo(torch.float32).tiny
     # without the floor, subnormals (in float64: importing grpo_kit makes the CPU flush fp32 subnormals to zero,
-    # `device.flush_denormals`, where the CPU can; the floor keeps them out where it cannot)
+    # `products.flush_denormals`, where the CPU can; the floor keeps them out where it cannot)
     exact = torch.exp((z - z.amax(1, keepdim=True)).double())
     assert ((exact > 0) & (exact < tiny)).any()
     u = torch.rand(16, generator=gen)
     floored = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None, greedy=False, uniforms=u,
                              moments=True)
-    monkeypatch.setattr(sampling, "EXP_FLOOR", float("-inf"))
+    monkeypatch.setattr(streamed_head, "EXP_FLOOR", float("-inf"))
     unfloored = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None, greedy=False, uniforms=u,
                                moments=True)
     assert torch.equal(floored[0], unfloored[0]) and torch.equal(floored[1], unfloored[1])
@@ -272,34 +265,34 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
     blocks) at most 8 of the 128 tiles, the tokens and log-probs are exactly those with every tile taken, and
     E = π W and H differ by no more than the left-out mass allows (≤ 128 · 2⁻²⁵ of the largest head row); flat rows
     need every tile."""
-    from grpo_kit.engine import sampling
+    from grpo_kit.engine.cpu import streamed_head
 
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(4 * sampling.DRAW_BLOCK, 32, generator=gen)
-    tiles = weight.shape[0] // sampling.SAMPLE_BLOCK
+    weight = torch.randn(4 * streamed_head.DRAW_BLOCK, 32, generator=gen)
+    tiles = weight.shape[0] // streamed_head.SAMPLE_BLOCK
     # each peaked row points at one of block 0's longest rows of W, so no other entry's logit comes near its own
-    targets = weight[: sampling.DRAW_BLOCK].norm(dim=1).topk(8).indices
+    targets = weight[: streamed_head.DRAW_BLOCK].norm(dim=1).topk(8).indices
     peaked = weight[targets] * 6.0
     flat = torch.randn(8, 32, generator=gen) * 0.05
     taken = []
-    head_mean = sampling._head_mean
+    head_mean = streamed_head._head_mean
 
     def counting(weight, exps, per_mass, kept, *, weight_t):
         taken.append(kept.nonzero().flatten().tolist())
         return head_mean(weight, exps, per_mass, kept, weight_t=weight_t)
 
-    monkeypatch.setattr(sampling, "_head_mean", counting)
-    peaked_tiles = sorted(set((targets // sampling.SAMPLE_BLOCK).tolist()))
+    monkeypatch.setattr(streamed_head, "_head_mean", counting)
+    peaked_tiles = sorted(set((targets // streamed_head.SAMPLE_BLOCK).tolist()))
     for hidden, want_tiles in ((peaked, peaked_tiles), (flat, list(range(tiles)))):
         u = torch.rand(hidden.shape[0], generator=gen)
         tokens, logprobs, found = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None,
                                                  greedy=False, uniforms=u, moments=True)
         assert taken.pop() == want_tiles
-        monkeypatch.setattr(sampling, "MOMENT_FLOOR", 0.0)
+        monkeypatch.setattr(streamed_head, "MOMENT_FLOOR", 0.0)
         all_tokens, all_logprobs, every = draw_from_head(hidden, HeadWeights(weight), temperature=0.8, softcap=None,
                                                          greedy=False, uniforms=u, moments=True)
         monkeypatch.undo()
-        monkeypatch.setattr(sampling, "_head_mean", counting)
+        monkeypatch.setattr(streamed_head, "_head_mean", counting)
         assert taken.pop() == list(range(tiles))
         assert torch.equal(tokens, all_tokens) and torch.equal(logprobs, all_logprobs)
         bound = tiles * 2.0**-25 * weight.norm(dim=1).max()
@@ -317,7 +310,7 @@ def test_the_moments_leave_out_only_tiles_without_mass_and_the_draw_is_unchanged
 def test_kept_runs_split_at_gaps_and_block_ends():
     """`_kept_runs` gives one product per run of consecutive kept tiles, never across a block's end (each block has
     its own scale)."""
-    from grpo_kit.engine.sampling import _kept_runs
+    from grpo_kit.engine.cpu.streamed_head import _kept_runs
 
     kept = [True, True, False, True, True, True, True, False]
     assert _kept_runs(kept, per_block=4) == [(0, 2), (3, 4), (4, 7)]
@@ -329,7 +322,7 @@ def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
     """bf16 products for an fp32 CPU head only where bf16 is the faster: AMX tiles, or AVX512-BF16 on an AMD CPU
     (an Intel one without AMX stays fp32, as does one without AVX512-BF16), and GRPO_KIT_CPU_BF16 is not 0; a bf16
     head stays bf16."""
-    from grpo_kit.engine import device
+    from grpo_kit.engine.cpu import products
 
     fp32, bf16 = torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.bfloat16)
     cases = (  # AMX, AVX512-BF16, vendor, GRPO_KIT_CPU_BF16 → the product dtype
@@ -340,9 +333,9 @@ def test_product_dtype_follows_the_cpus_bf16_support(monkeypatch):
     for amx, native, vendor, flag, want in cases:
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda native=native: native)
-        monkeypatch.setattr(device, "cpu_vendor", lambda vendor=vendor: vendor)
+        monkeypatch.setattr(products, "cpu_vendor", lambda vendor=vendor: vendor)
         monkeypatch.setenv("GRPO_KIT_CPU_BF16", flag)
-        assert device.product_dtype(fp32) == want and device.product_dtype(bf16) == torch.bfloat16, (amx, vendor)
+        assert products.product_dtype(fp32) == want and products.product_dtype(bf16) == torch.bfloat16, (amx, vendor)
 
 
 def test_reference_policy_frozen_copy_and_lora(cpu):

@@ -39,7 +39,8 @@ import torch
 
 from grpo_kit.data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS
 from grpo_kit.data.tasks import ArithmeticTask
-from grpo_kit.engine.device import cpu_bf16_products, describe_machine, seeded_cpu_rng, use_cpu_threads
+from grpo_kit.engine.cpu.products import cpu_bf16_products
+from grpo_kit.engine.device import describe_machine, seeded_cpu_rng, use_cpu_threads
 from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import load_model
 from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample

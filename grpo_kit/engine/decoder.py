@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .device import PREPACK_MAX_ROWS, prepack_weight, prepacked_linear
+from .cpu.products import PREPACK_MAX_ROWS, prepack_weight, prepacked_linear
 
 GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
 
@@ -243,7 +243,7 @@ def _stacked(parts: list[LinearParts]) -> LinearParts:
 def _apply(parts: LinearParts, x: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b (+ (x Aᵀ)(s·B)ᵀ with LoRA), returned in x's dtype. Each product runs in its weights' dtype: with
     W and b cast to bf16 (`Constants.build(product_dtype=…)`) x is rounded to bf16 for x Wᵀ only, and the LoRA
-    path stays in x's dtype. `packed`: W prepacked (`device.prepack_weight`), which x Wᵀ then runs through."""
+    path stays in x's dtype. `packed`: W prepacked (`products.prepack_weight`), which x Wᵀ then runs through."""
     weight, bias, lora_a, lora_b = parts
     xw = x.to(weight.dtype)
     y = (F.linear(xw, weight, bias) if packed is None else prepacked_linear(xw, packed, bias)).to(x.dtype)
@@ -262,7 +262,7 @@ class Constants:
     Built without gradients, for rollouts (eval mode: LoRA dropout off); forwards that train build it with
     `norms=False` (no cached scales, no `LinearParts`, no fused projections) and call the live modules.
 
-    `product_dtype` (rollouts; `device.product_dtype`: bf16 for an fp32 model on a CPU with native bf16 products)
+    `product_dtype` (rollouts; `products.product_dtype`: bf16 for an fp32 model on a CPU with native bf16 products)
     casts each projection's W and b once per rollout, so its x Wᵀ reads half the bytes and runs on the bf16
     units; the LoRA A and B, the norms, the RoPE tables and the residual stream keep the model's dtype.
     """
@@ -281,12 +281,12 @@ class Constants:
     """id(MLP module) → its gate and up projections as one `LinearParts` (they read the same input): one product
     and one cast of x instead of two. Where both have `LinearParts`."""
     prepack: bool = False
-    """Run a decode step's products (one position, at most `device.PREPACK_MAX_ROWS` rows) through each weight
-    prepacked for oneDNN (`device.prepack_weight`, made at its first such product and kept in `packed`): rollouts on
+    """Run a decode step's products (one position, at most `products.PREPACK_MAX_ROWS` rows) through each weight
+    prepacked for oneDNN (`products.prepack_weight`, made at its first such product and kept in `packed`): rollouts on
     the CPU, whose weights do not change while they run (`build(prepack=True)`). A prefill's products stay plain,
     so how prompts are batched (one row per group, or every row) does not change which kernel runs."""
     packed: dict[int, torch.Tensor | None] = dataclasses.field(default_factory=dict)
-    """id(W of a `LinearParts`) → W prepacked, or None where it cannot be (`device.prepack_weight`)."""
+    """id(W of a `LinearParts`) → W prepacked, or None where it cannot be (`products.prepack_weight`)."""
 
     @classmethod
     def build(

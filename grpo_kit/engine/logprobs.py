@@ -18,8 +18,9 @@ import torch
 from transformers import DynamicCache
 
 from . import decoder
+from .cpu.products import product_dtype
 from .decoder import position_ids_from_mask
-from .device import activation_checkpoint, data_parallel_size, host_syncs_are_cheap, is_xla, product_dtype
+from .device import activation_checkpoint, data_parallel_size, host_syncs_are_cheap, is_xla
 from .models import base_model
 from .sampling import SampledHead, check_grouped
 
@@ -196,7 +197,7 @@ def frozen_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
 def logprobs_from_head_mean(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *, logprobs: torch.Tensor,
                             head_mean: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
     """log π(y_t) through a frozen LM head W (no softcap) from what the sampler kept when it drew y_t from the same
-    policy: its log-prob and the expected head row E_t = Σ_v π_v W_v (`sampling.HeadMoments`). No pass over the
+    policy: its log-prob and the expected head row E_t = Σ_v π_v W_v (`choice.HeadMoments`). No pass over the
     vocabulary:
 
         log π(y_t) = logprobs_t + (h_t − sg(h_t)) · (W_{y_t} − E_t) / T
@@ -363,7 +364,7 @@ class ProductPlan:
     """The update's first forward takes the LM head's log-partition from the sampler's head moments
     (`logprobs_from_head_mean`) instead of a second pass over the vocabulary."""
     bf16_products: bool
-    """The frozen weights' products run in bf16 where the CPU has them natively (`device.product_dtype`), in the
+    """The frozen weights' products run in bf16 where the CPU has them natively (`products.product_dtype`), in the
     rollout and the update; else fp32."""
 
     @property

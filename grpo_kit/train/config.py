@@ -149,7 +149,7 @@ class FineTuneSettings:
     `sft.sft_loss`) instead of the padded batch through HF's forward; the same loss up to float order, in less time
     (docs/cpu_choices.md). False, or on XLA (fixed shapes), or under gradient checkpointing: the padded forward."""
     cpu_bf16: bool | None = None
-    """None or True: with `padding_free`, on a CPU with native bf16 products (`device.cpu_bf16_products`) and an
+    """None or True: with `padding_free`, on a CPU with native bf16 products (`products.cpu_bf16_products`) and an
     fp32 LoRA model, the frozen base weights are multiplied in bf16, as in `GRPOConfig.cpu_bf16`'s update, so that SFT,
     its continuation (the arc's control) and RFT get the speed GRPO's update gets (docs/cpu_choices.md); LoRA, the head,
     the loss and all gradients stay fp32. False, other CPUs, or GRPO_KIT_CPU_BF16=0: the model's own dtype."""
@@ -351,8 +351,8 @@ class GRPOSpeed:
     With `cpu_bf16` the sampler's head products are bf16; its log-probs then differ from fp32 by bf16 rounding of the
     logits (< 0.1 nats), and log π's value in the update is the sampler's."""
     cpu_bf16: bool = True
-    """On a CPU where bf16 products are the faster (AMX, or AVX512-BF16 on an AMD CPU; `device.cpu_bf16_products`) and
-    an fp32 model: the rollout multiplies the layers' projections and the LM head in bf16 (`device.product_dtype`),
+    """On a CPU where bf16 products are the faster (AMX, or AVX512-BF16 on an AMD CPU; `products.cpu_bf16_products`) and
+    an fp32 model: the rollout multiplies the layers' projections and the LM head in bf16 (`products.product_dtype`),
     and the update's
     padding-free Gemma forward multiplies the frozen base weights in bf16 (LoRA; `decoder.frozen_linears`), their
     backward following (docs/cpu_choices.md).
