@@ -10,7 +10,7 @@
 - `example_task_file()`, `your_task_config()`: notebook 09's example data and its settings on this runtime.
 - `session_budget()`, `save_run()`, `restore_run()`: fit a run into a Kaggle session, and carry it to the next one
   as a Kaggle dataset version.
-- `course_mode()` (`course.py`): the model the course trains on this runtime, each notebook's steps and minutes;
+- `course_mode()` (`modes.py`): the model the course trains on this runtime, each notebook's steps and minutes;
   `keep_runs()`: make the checkpoints outlive the runtime (Drive on Colab) and say which earlier ones are there.
 - `check_exercise()`, `hint()`, `reveal()`: the exercises (`exercises.py`): a check that says what is wrong, a hint,
   the solution; with GRPO_KIT_SOLUTIONS=1 the exercise cells run their solutions (CI). `quiz()`: a question as widgets

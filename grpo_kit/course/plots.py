@@ -143,7 +143,7 @@ def plot_accuracy(summary: dict[str, Any], path: str | Path) -> Path:
 
 
 def plot_sharpening(summary: dict[str, Any], path: str | Path) -> Path:
-    """One arc's summary (`demo.Arc.summary`): per stage after SFT (SFT, GRPO, the control) the held-out greedy
+    """One arc's summary (`arc.Arc.summary`): per stage after SFT (SFT, GRPO, the control) the held-out greedy
     accuracy beside pass@k, where the arc measured it (`RunConfig.eval_pass_k`). GRPO that raises greedy accuracy
     while pass@k stays put has sharpened what the SFT model could already sample."""
     stages = [s for s in Stage.trained() if f"{s}_accuracy" in summary]

@@ -225,7 +225,7 @@ def _tensors_only(path: Path, device: torch.device | str = "cpu") -> Any:
 
 
 def refuse_arc_adapter(path: str | Path) -> None:
-    """Raise when the checkpoint at `path` is a LoRA adapter that an arc (`demo.Arc`) trained over its merged SFT
+    """Raise when the checkpoint at `path` is a LoRA adapter that an arc (`course.arc.Arc`) trained over its merged SFT
     model (state.json's `adapter_over`): loaded over the preset's bare model it would be a model without its SFT.
     The arc's own copy (`ARC/<phase>/final`, or the arc's directory) loads with its SFT."""
     state = checkpoint_state(path, verify=False)[1]

@@ -512,7 +512,7 @@ class RunConfig:
     samples them) and evaluate it: is a GRPO gain GRPO's, or only learning from the verifier? Off by default."""
     control_steps: int | None = ruled(None, at_least(1))
     """Steps of the SFT control; None = as many as fit the seconds GRPO trained, timed after its first steps and
-    again a third of the way in (`demo.Arc.control`). A fixed count makes "the same time" independent of whatever
+    again a third of the way in (`course.arc.Arc.control`). A fixed count makes "the same time" independent of whatever
     else the machine is doing (the study sets it from a clean run)."""
     rft_steps: int | None = ruled(None, at_least(1))
     """Steps of the RFT control; None = as many as fit the seconds GRPO trained, timed after its first steps."""

@@ -74,7 +74,7 @@ class TrainingLoop:
         checkpoint): what a phase that must last as long as another one measures."""
         self.trained_seconds_limit: float | None = None
         """Stop once `trained_seconds` reaches this (None: no limit): a deadline in training time, so that a pause
-        (the dashboard's) or a disconnect does not count against it (`demo.Arc` sets it for GRPO's share)."""
+        (the dashboard's) or a disconnect does not count against it (`course.arc.Arc` sets it for GRPO's share)."""
         self._last_save = time.monotonic()
         self._skipped_in_a_row = 0
         self.checkpoint_notes: dict[str, Any] = {}
