@@ -153,6 +153,19 @@ def test_math_modules_import_only_the_foundations_and_the_sampler_never_imports_
         assert homes == ["logprobs"], (name, homes)
 
 
+def test_the_cpu_fast_paths_sit_behind_the_engine_and_lean_on_the_token_choice_math_only():
+    """engine/cpu/ (bf16 and prepacked products, the streamed head) imports torch, `engine.choice` and itself only,
+    and only the engine imports it: the rest of the kit reaches the fast paths through the sampler and the
+    log-probs, never by name."""
+    graph = import_graph()
+    fast = {m for m in graph if m.startswith("engine.cpu.")}
+    assert fast >= {"engine.cpu.products", "engine.cpu.streamed_head"}, fast
+    for module in sorted(fast):
+        assert graph[module] <= fast | {"engine.choice", "engine.cpu"}, (module, sorted(graph[module]))
+    users = sorted(m for m, deps in graph.items() if deps & fast and not m.startswith("engine."))
+    assert not users, f"outside the engine {users} import the CPU's fast paths"
+
+
 def test_the_trainers_share_one_loop():
     """Optimizer, clip-and-guard step, skip guard, save-due check, checkpoint save/restore with its resume check,
     progress bar and time limit: written once, in loop.py; the trainers are their algorithms."""
