@@ -38,8 +38,8 @@ from ..validation import DataError
 from .plots import plot_accuracy, plot_advantage_histograms, plot_kl, plot_rewards, plot_sharpening
 from .stages import Stage
 
-ARC_ENTRIES = ("progress.json", "summary.json", "sft", "grpo", "reward_curve.png", "kl.png", "advantage_histograms.png",
-               "accuracy.png", "sharpening.png")
+ARC_ENTRIES = ("progress.json", "summary.json", Stage.SFT, Stage.GRPO, "reward_curve.png", "kl.png",
+               "advantage_histograms.png", "accuracy.png", "sharpening.png")
 """What the arc writes in its output directory (and `control/`, `rft/` with the controls, `export-<stage>/` on
 export)."""
 PROBE_STEPS = 2
@@ -86,7 +86,7 @@ class Arc:
         t0 = time.perf_counter()
         self.model, self.tokenizer = load_model(cfg.model, self.device)
         self.records.setdefault("load", {"seconds": time.perf_counter() - t0})
-        self.holds = "base"  # which stage's weights the model holds now
+        self.holds = Stage.BASE  # which stage's weights the model holds now
         self._fresh_adapter: dict[str, torch.Tensor] | None = None
         self.trainer: GRPOTrainer | None = None
         self._save()
@@ -148,10 +148,10 @@ class Arc:
         top."""
         if stage == self.holds:
             return
-        if stage == "base" or (stage == "sft" and self.holds != "base"):
+        if stage == Stage.BASE or (stage == Stage.SFT and self.holds != Stage.BASE):
             raise RuntimeError(f"the arc cannot go back from the {self.holds} model to the {stage} model")
-        if stage == "sft":
-            load_checkpoint(self.out / "sft" / "final", self.model)
+        if stage == Stage.SFT:
+            load_checkpoint(self.out / Stage.SFT / "final", self.model)
         else:
             self._start_from_sft()
             load_checkpoint(self.out / stage / "final", self.model)
@@ -161,8 +161,8 @@ class Arc:
         """The SFT model as a starting point for GRPO or the control: with LoRA its adapter merged into the weights
         and a fresh adapter on top (so GRPO's reference, the adapter switched off, is the SFT model)."""
         lora = is_lora(self.model)
-        if self.holds == "base" or (not lora and self.holds != "sft"):
-            load_checkpoint(self.out / "sft" / "final", self.model)
+        if self.holds == Stage.BASE or (not lora and self.holds != Stage.SFT):
+            load_checkpoint(self.out / Stage.SFT / "final", self.model)
         if lora and self._fresh_adapter is None:
             self.model = merge_and_restart_lora(self.model, self.cfg.model)
             self._fresh_adapter = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
@@ -171,7 +171,7 @@ class Arc:
                 for name, p in self.model.named_parameters():
                     if name in self._fresh_adapter:
                         p.copy_(self._fresh_adapter[name])
-        self.holds = "sft"
+        self.holds = Stage.SFT
 
     def _controls(self) -> tuple[str, ...]:
         """The control phases this config runs."""
@@ -183,7 +183,7 @@ class Arc:
         return sum(r.get("seconds", 0.0) for r in [self.records["load"], *self.records["phases"].values()])
 
     def _evals_left(self) -> int:
-        stages = ["sft", "grpo", *self._controls()]
+        stages = [Stage.SFT, Stage.GRPO, *self._controls()]
         return sum(1 for s in stages if not self.done(f"{s}_eval"))
 
     def _eval_seconds(self) -> float:
@@ -205,9 +205,9 @@ class Arc:
         stage = Stage.named(stage)
         if record := self.done(f"{stage}_eval"):
             return record
-        skipped, base = (self.done("sft") or {}).get("skipped"), self.done("base_eval")
-        if stage == "sft" and skipped and base and not self.cfg.eval_pass_k:  # the same weights, already measured
-            return self.finish("sft_eval", {**base, "seconds": 0.0, "greedy_seconds": 0.0, "same_as": "base"})
+        skipped, base = (self.done(Stage.SFT) or {}).get("skipped"), self.done("base_eval")
+        if stage == Stage.SFT and skipped and base and not self.cfg.eval_pass_k:  # the same weights, already measured
+            return self.finish("sft_eval", {**base, "seconds": 0.0, "greedy_seconds": 0.0, "same_as": Stage.BASE})
         self.hold(stage)
         t0 = time.perf_counter()
         g = self.cfg.grpo
@@ -217,7 +217,7 @@ class Arc:
         record = {"accuracy": result["accuracy"], "format_rate": result["format_rate"], "n": result["n"],
                   "correct": result["correct"], "samples": result["samples"][:4],
                   "greedy_seconds": time.perf_counter() - t0}
-        if self.cfg.eval_pass_k and stage != "base":
+        if self.cfg.eval_pass_k and stage != Stage.BASE:
             record.update(sampled_scores(self.model, self.tokenizer, self.test, k=self.cfg.eval_pass_k,
                                          max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                                          batching=batching, seed=g.seed))
@@ -227,24 +227,24 @@ class Arc:
     def sft(self) -> dict[str, Any]:
         """SFT on the task's demonstrations from the base model: `sft.steps` steps, or with a time budget and an
         `sft_fraction` as many as fit that share of it, sized after its first steps and again a third of the way in."""
-        if record := self.done("sft"):
+        if record := self.done(Stage.SFT):
             return record
         if self.cfg.grpo.difficulty_targeting:  # rows without a level would stop GRPO's first step: refused before SFT
             DifficultyTargeting(self.cfg.grpo.difficulty_key).level(next(self.task.prompt_stream()))
-        self.hold("base")
+        self.hold(Stage.BASE)
         if not self.has_solutions:  # nothing to imitate: the base model's weights stand in for the SFT model's
-            run = claim(self.out / "sft", "sft")
-            record_entry(run, self.out / "sft" / "final")
+            run = claim(self.out / Stage.SFT, "sft")
+            record_entry(run, self.out / Stage.SFT / "final")
             save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"})
-            self.holds = "sft"
-            return self.finish("sft", {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
+            self.holds = Stage.SFT
+            return self.finish(Stage.SFT, {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
         plan = self.records["plan"]
         sized = bool(self.cfg.time_budget_minutes and self.cfg.sft_fraction)  # sft_fraction None: sft.steps as set
         if sized and "sft_seconds" not in plan:
-            self.evaluate("base")  # its time sizes what is left (and is counted in base_eval, not here)
+            self.evaluate(Stage.BASE)  # its time sizes what is left (and is counted in base_eval, not here)
             plan["sft_seconds"] = self.cfg.sft_fraction * self._training_seconds()
         t0 = time.perf_counter()
-        trainer = self._sft_trainer("sft", steps=plan.get("sft_resized_steps", plan.get("sft_steps")))
+        trainer = self._sft_trainer(Stage.SFT, steps=plan.get("sft_resized_steps", plan.get("sft_steps")))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if sized and "sft_steps" not in plan:  # (resumed: the probe starts where it stopped)
             plan["sft_probe_step_seconds"] = self._probe_sft_steps(trainer)
@@ -252,13 +252,13 @@ class Arc:
             self._save()
             trainer.set_steps(plan["sft_steps"])
         if sized and "sft_resized_steps" not in plan:
-            self._resize("sft", trainer, seconds=plan["sft_seconds"])
+            self._resize(Stage.SFT, trainer, seconds=plan["sft_seconds"])
         trainer.train(progress=self.progress)
-        trainer.save(self.out / "sft" / "final")
-        self.holds = "sft"
+        trainer.save(self.out / Stage.SFT / "final")
+        self.holds = Stage.SFT
         if trainer.step_seconds:  # the control's schedule until its own probe has run
             plan["sft_step_seconds"] = statistics.median(trainer.step_seconds)
-        return self.finish("sft", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+        return self.finish(Stage.SFT, {"steps": trainer.step, "seconds": time.perf_counter() - t0})
 
     def _probe_sft_steps(self, trainer: SFTTrainer) -> float:
         """SFT's or the control's probe: `SFT_PROBE_STEPS` more steps (a resumed phase starts where it stopped), and
@@ -286,11 +286,11 @@ class Arc:
             self._start_from_sft()
             g = self.cfg.grpo
             weights = g.reward_weights or (DEFAULT_WEIGHTS if self.rewards == list(DEFAULT_REWARDS) else None)
-            config = dataclasses.replace(g, output_dir=str(self.out / "grpo"), reward_weights=weights)
-            checkpoint = self.out / "grpo" / "checkpoint"
+            config = dataclasses.replace(g, output_dir=str(self.out / Stage.GRPO), reward_weights=weights)
+            checkpoint = self.out / Stage.GRPO / "checkpoint"
             self.trainer = GRPOTrainer(self.model, self.tokenizer, self.rewards, self.task.prompt_stream(), config,
                                        resume_metrics=checkpoint.exists())
-            self._note_sft_base(self.trainer, "grpo")
+            self._note_sft_base(self.trainer, Stage.GRPO)
             if checkpoint.exists():
                 self.trainer.load(checkpoint)
         return self.trainer
@@ -300,7 +300,7 @@ class Arc:
         first steps, stopped once its share is spent, and given more steps once if they ran faster than the probe's: a
         step's time varies by a fifth or more from one batch to the next). `run(total_steps)` trains (default: the
         trainer's `train`; notebook 08 passes the dashboard's `run`)."""
-        if record := self.done("grpo"):
+        if record := self.done(Stage.GRPO):
             return record
         trainer = self.grpo_trainer()
         run = run or (lambda steps: trainer.train(steps=steps, progress=self.progress))
@@ -312,7 +312,7 @@ class Arc:
             plan["grpo_seconds"] = self._training_seconds() / share
             run(min(PROBE_STEPS, self.cfg.grpo.steps))
             plan["grpo_step_seconds"] = trainer.logger.rows[-1]["step_seconds"]
-            self._size_after_probe("grpo", seconds=plan["grpo_seconds"], step_seconds=plan["grpo_step_seconds"],
+            self._size_after_probe(Stage.GRPO, seconds=plan["grpo_seconds"], step_seconds=plan["grpo_step_seconds"],
                                    started=t0, step=trainer.step)
         if self.cfg.time_budget_minutes:  # and a deadline: steps slower than the probe's stop at GRPO's share
             trainer.trained_seconds_limit = plan["grpo_seconds"]  # in training time: a pause does not count
@@ -320,10 +320,10 @@ class Arc:
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
             if self.cfg.time_budget_minutes:
                 self._fill_grpo_share(trainer, run)
-        trainer.save(self.out / "grpo" / "final")
-        self.holds = "grpo"
+        trainer.save(self.out / Stage.GRPO / "final")
+        self.holds = Stage.GRPO
         # trained_seconds (the sum of its steps' times) sizes the controls: a dashboard pause is not training time
-        return self.finish("grpo", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
+        return self.finish(Stage.GRPO, {"steps": trainer.step, "seconds": time.perf_counter() - t0,
                                      "trained_seconds": trainer.trained_seconds,
                                      "step_seconds": [r["step_seconds"] for r in trainer.logger.rows]})
 
@@ -346,7 +346,7 @@ class Arc:
         schedule) for as many steps as fit the seconds GRPO trained, sized after its first steps (`SFT_PROBE_STEPS`)
         from their median time and again a third of the way in (`_resize`), with the cosine schedule over that many
         (`control_steps` fixes the count)."""
-        if record := self.done("control"):
+        if record := self.done(Stage.CONTROL):
             return record
         grpo = self._grpo_for("SFT")
         self._start_from_sft()
@@ -356,20 +356,20 @@ class Arc:
             plan.setdefault("control_steps", self.cfg.control_steps)
         # until the probe has run, a schedule over the steps that fit at the SFT phase's pace
         estimate = max(SFT_PROBE_STEPS, round(grpo["trained_seconds"] / plan.get("sft_step_seconds", math.inf)))
-        trainer = self._sft_trainer("control", steps=plan.get("control_resized_steps",
+        trainer = self._sft_trainer(Stage.CONTROL, steps=plan.get("control_resized_steps",
                                                              plan.get("control_steps", estimate)))
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if "control_steps" not in plan:  # probed on its own: its steps need not take SFT's time
             plan["control_probe_step_seconds"] = self._probe_sft_steps(trainer)
-            trainer.set_steps(self._size_after_probe("control", seconds=grpo["trained_seconds"], started=t0,
+            trainer.set_steps(self._size_after_probe(Stage.CONTROL, seconds=grpo["trained_seconds"], started=t0,
                                                      step_seconds=plan["control_probe_step_seconds"],
                                                      step=trainer.step))
         if not self.cfg.control_steps and "control_resized_steps" not in plan:
-            self._resize("control", trainer, seconds=grpo["trained_seconds"])
+            self._resize(Stage.CONTROL, trainer, seconds=grpo["trained_seconds"])
         trainer.train(progress=self.progress)
-        trainer.save(self.out / "control" / "final")
-        self.holds = "control"
-        return self.finish("control", {"steps": trainer.step, "seconds": time.perf_counter() - t0})
+        trainer.save(self.out / Stage.CONTROL / "final")
+        self.holds = Stage.CONTROL
+        return self.finish(Stage.CONTROL, {"steps": trainer.step, "seconds": time.perf_counter() - t0})
 
     def rft(self) -> dict[str, Any]:
         """The RFT control (`rft.RFTTrainer`): from the SFT model, GRPO's learning rate (`RunConfig.rft_learning_rate`),
@@ -377,7 +377,7 @@ class Arc:
         trained, sized after the first steps and again a third of the way in (`_resize`: its steps grow slower as
         more samples are right and each batch holds more of them), with the cosine schedule over that many
         (`rft_steps` fixes the count)."""
-        if record := self.done("rft"):
+        if record := self.done(Stage.RFT):
             return record
         grpo = None if self.cfg.rft_steps else self._grpo_for("RFT")  # fixed steps need no GRPO to size them
         self._start_from_sft()
@@ -386,35 +386,35 @@ class Arc:
         if self.cfg.rft_steps:
             plan.setdefault("rft_steps", self.cfg.rft_steps)
         config = rft_config(
-            self.cfg, output_dir=str(self.out / "rft"),
+            self.cfg, output_dir=str(self.out / Stage.RFT),
             steps=plan.get("rft_resized_steps") or plan.get("rft_steps") or max(PROBE_STEPS, grpo["steps"]))
-        checkpoint = self.out / "rft" / "checkpoint"
+        checkpoint = self.out / Stage.RFT / "checkpoint"
         trainer = RFTTrainer(
             self.model, self.tokenizer, self.task.prompt_stream(), config, resume_metrics=checkpoint.exists()
         )
-        self._note_sft_base(trainer, "rft")
+        self._note_sft_base(trainer, Stage.RFT)
         if checkpoint.exists():
             trainer.load(checkpoint)
         t0 -= trainer.trained_seconds  # after a disconnect the steps taken before it count too
         if "rft_steps" not in plan:
             trainer.train(progress=self.progress, steps=max(PROBE_STEPS, trainer.step + 1))  # resumed: one step timed
             plan["rft_probe_step_seconds"] = trainer.step_seconds[-1]
-            trainer.set_steps(self._size_after_probe("rft", seconds=grpo["trained_seconds"], started=t0,
+            trainer.set_steps(self._size_after_probe(Stage.RFT, seconds=grpo["trained_seconds"], started=t0,
                                                      step_seconds=plan["rft_probe_step_seconds"], step=trainer.step))
         if not self.cfg.rft_steps and "rft_resized_steps" not in plan:
-            self._resize("rft", trainer, seconds=grpo["trained_seconds"])
+            self._resize(Stage.RFT, trainer, seconds=grpo["trained_seconds"])
         trainer.train(progress=self.progress)
-        trainer.save(self.out / "rft" / "final")
-        self.holds = "rft"
+        trainer.save(self.out / Stage.RFT / "final")
+        self.holds = Stage.RFT
         rows = trainer.logger.rows
-        return self.finish("rft", {"steps": trainer.step, "seconds": time.perf_counter() - t0,
+        return self.finish(Stage.RFT, {"steps": trainer.step, "seconds": time.perf_counter() - t0,
                                     "accepted": sum(r.get("accepted", 0) for r in rows),
                                     "sampled_accuracy": [r.get("sampled_accuracy") for r in rows]})
 
     def _grpo_for(self, control: str) -> dict[str, Any]:
         """GRPO's record, which sizes `control`: it trains for as long as GRPO trained (`trained_seconds`; a record
         written before the kit kept it has only the phase's wall-clock `seconds`)."""
-        grpo = self.done("grpo")
+        grpo = self.done(Stage.GRPO)
         if grpo is None:
             raise RuntimeError(f"the {control} control runs for as long as GRPO did: run grpo() first")
         return {"trained_seconds": grpo["seconds"], **grpo}
@@ -434,7 +434,7 @@ class Arc:
         trainer = SFTTrainer(
             self.model, self.tokenizer, self.task.demonstrations(), config, resume_metrics=checkpoint.exists()
         )
-        if phase != "sft":
+        if phase != Stage.SFT:
             self._note_sft_base(trainer, phase)
         if checkpoint.exists():
             trainer.load(checkpoint)
@@ -447,7 +447,7 @@ class Arc:
         if is_lora(self.model):
             trainer.checkpoint_notes.update(adapter_over="sft", arc=str(self.out.resolve()), phase=phase)
 
-    def export(self, stage: str = "grpo", out_dir: str | Path | None = None, *, notes: str = "",
+    def export(self, stage: str = Stage.GRPO, out_dir: str | Path | None = None, *, notes: str = "",
                score: dict[str, Any] | None = None) -> Path:
         """The model after `stage` as a plain transformers directory (LoRA merged; `export.export_model`) in
         `out_dir` (default `output_dir/export-<stage>`), its model card carrying this run's accuracies, `notes`
@@ -463,11 +463,11 @@ class Arc:
 
     def run(self) -> dict[str, Any]:
         """Every phase in order, then the summary."""
-        self.evaluate("base")
+        self.evaluate(Stage.BASE)
         self.sft()
-        self.evaluate("sft")
+        self.evaluate(Stage.SFT)
         self.grpo()
-        self.evaluate("grpo")
+        self.evaluate(Stage.GRPO)
         for control in self._controls():
             getattr(self, control)()
             self.evaluate(control)
@@ -490,10 +490,10 @@ class Arc:
         for phase in Stage.trained():
             if record := phases.get(phase):
                 summary[f"{phase}_steps"] = record["steps"]
+        pairs = ((Stage.SFT, Stage.GRPO), (Stage.CONTROL, Stage.GRPO), (Stage.SFT, Stage.CONTROL),
+                 (Stage.RFT, Stage.GRPO), (Stage.SFT, Stage.RFT))
         summary["paired"] = {f"{a} → {b}": _paired(phases[f"{a}_eval"]["correct"], phases[f"{b}_eval"]["correct"])
-                             for a, b in (("sft", "grpo"), ("control", "grpo"), ("sft", "control"), ("rft", "grpo"),
-                                          ("sft", "rft"))
-                             if f"{a}_eval" in phases and f"{b}_eval" in phases}
+                             for a, b in pairs if f"{a}_eval" in phases and f"{b}_eval" in phases}
         summary["phase_seconds"] = {"load": self.records["load"]["seconds"],
                                     **{name: record["seconds"] for name, record in phases.items()}}
         summary.update({f"{name}_seconds": s for name, s in summary["phase_seconds"].items()})
@@ -501,7 +501,7 @@ class Arc:
         summary["plan"] = self.records["plan"]
         if record := phases.get("grpo_eval"):
             summary["samples_after_grpo"] = record["samples"]
-        rows = read_jsonl(self.out / "grpo" / "metrics.jsonl")
+        rows = read_jsonl(self.out / Stage.GRPO / "metrics.jsonl")
         if rows:
             plot_rewards(rows, self.out / "reward_curve.png")
             plot_kl(rows, self.out / "kl.png")
