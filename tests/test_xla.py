@@ -25,7 +25,10 @@ if not xla_available():
 
 
 def xla_check(*args: str) -> dict:
-    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    """`grpo-kit xla-check` as a user runs it: with the CPU's own choice of weight products (bf16 where it has them
+    natively, which conftest turns off for the other tests), so the check's eager fp32 reference is tested too."""
+    env = {key: value for key, value in os.environ.items() if key != "GRPO_KIT_CPU_BF16"}
+    env["PJRT_DEVICE"] = "CPU"
     proc = subprocess.run([sys.executable, "-m", "grpo_kit.cli", "xla-check", "--json", *args],
                           capture_output=True, text=True, env=env, timeout=1500)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -1,7 +1,8 @@
 """`grpo-kit xla-check`: prove the XLA path on whatever machine this is (a TPU, or the CPU in CI).
 
-It runs the same short GRPO job twice from the same weights, seed and prompts — once eagerly on the CPU,
-once on the XLA device (SPMD over `devices` devices when more than one) — and reports:
+It runs the same short GRPO job twice from the same weights, seed and prompts — once eagerly on the CPU in fp32
+(the plain path: no bf16 weight products, even on a CPU that has them natively), once on the XLA device (SPMD over
+`devices` devices when more than one) — and reports:
 
 - compiles per step and in total, recompilations after warm-up and ops that fell back to the CPU
   (both must be 0);
@@ -52,6 +53,7 @@ def _job_config(steps: int, max_new_tokens: int, devices: int) -> Any:
         steps=steps, prompts_per_step=8, group_size=4, micro_batch_size=16,
         max_new_tokens=max_new_tokens, prompt_bucket=64, learning_rate=1e-3, temperature=1.0, warmup_steps=0, beta=0.04,
         output_dir=None, seed=0, log_completions=0,
+        cpu_bf16=False,  # the eager reference in fp32: bf16 products would differ from XLA's fp32 by their rounding
     )
 
 
