@@ -235,3 +235,45 @@ def test_the_cpu_gemma_preset_trains_in_float32_on_a_cpu_and_bf16_where_notebook
     dtype = load_run_config("cpu-gemma-270m").model.dtype
     assert resolve_dtype(dtype, torch.device("cpu")) == torch.float32  # the measured CPU run
     assert resolve_dtype(dtype, torch.device("xla")) == torch.bfloat16  # a TPU without access to Gemma 3 1B
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e2b-it", "gemma-4-e4b-it"])
+def test_gemma4_shapes_match_transformers_layer_by_layer(name):
+    """The planner's Gemma 4 (PLE table, KV-shared layers without k/v, full layers with the wider head, the
+    double-wide MLP of E2B's shared layers) against transformers' own Gemma4ForCausalLM built from the same shipped
+    config on the meta device: the same parameter count, the same projections per layer (so LoRA's count), and the
+    same layers holding keys and values."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = json.loads((MODEL_SHAPES / name / "config.json").read_text())
+    with torch.device("meta"):
+        model = Gemma4ForCausalLM(Gemma4TextConfig(**config))
+    spec = MODELS[name]
+    assert spec.params == sum(p.numel() for p in model.parameters())
+    for index, layer in enumerate(model.model.layers):
+        linears = {n.rsplit(".", 1)[-1]: (m.in_features, m.out_features) for n, m in layer.named_modules()
+                   if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1].endswith("_proj")
+                   and n.split(".")[0] in ("self_attn", "mlp")}
+        assert linears == spec.layer_shapes(index), index
+        assert spec.stores_kv(index) == hasattr(layer.self_attn, "k_proj"), index
+    assert spec.ple_dim == 256 and spec.kv_shared_layers == model.config.num_kv_shared_layers > 0
+    # "effective" parameters: all but the per-layer table (E2B ≈ 2.3B)
+    effective = spec.params - spec.ple_vocab * spec.layers * spec.ple_dim
+    assert {"gemma-4-e2b-it": 2.2e9 < effective < 2.4e9, "gemma-4-e4b-it": 4.5e9 < effective < 4.8e9}[name]
+
+
+@pytest.mark.parametrize("board", ["v5e-8", "v6e-1", "v5e-1", "t4"])
+def test_plan_command_plans_gemma4_e2b_from_its_config(capsys, board):
+    """`grpo-kit plan --model gemma-4-e2b-it` on each board a Gemma 4 user would open: a plan from the shipped
+    config (4.63B parameters with the per-layer table; its KV cache only over the 15 layers that store keys and
+    values), the hub id accepted as well; on a T4 (fp32) it does not fit and says why."""
+    code = main(["plan", "--model", "google/gemma-4-E2B-it", "--tpu", board])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["model"] == "gemma-4-e2b-it" and report["params"] == MODELS["gemma-4-e2b-it"].params
+    spec = MODELS["gemma-4-e2b-it"]
+    assert spec.kv_per_token == 2 * 256 * 12 + 2 * 512 * 3  # 12 sliding and 3 full layers store, K = 1
+    assert code == (0 if report["fits"] else 1)
+    assert report["fits"] == (board != "t4"), report["estimate_gib"]
+    if board == "t4":
+        assert "does not fit" in captured.err and report["estimate_gib"]["weights"] > 15

@@ -14,7 +14,8 @@ Per device, in bytes (n = devices sharing the batch, b = bytes per weight elemen
                                                   positions (logprobs.logit_chunk_rows), recomputed in the
                                                   backward: logits, shifted logits, softmax, the entropy's
                                                   p·z product and two gradients live at once
-    kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n)
+    kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n); Gemma 4:
+                                                  Σ over the layers that store keys and values of 2 · K_l · d_l
     rollout      R · V · 4 · 3                    the last position's logits while sampling
     prefill      R · P · (4h + 3i + 2·H·T) · b    one layer's transient tensors during the prompt forward
     qkv stacked  L · (H + 2K) · d · h · b         each layer's q, k and v weights stacked for the rollout's
@@ -49,7 +50,11 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The architecture numbers the estimate needs."""
+    """The architecture numbers the estimate needs. Gemma 2 and 3 have one shape for every layer; Gemma 4's layers
+    differ by kind (`layer_types`: full-attention layers take `global_head_dim`), its last `kv_shared_layers` reuse
+    earlier layers' keys and values (no k/v weights, no cache of their own; with `double_wide_mlp` their MLP is twice
+    as wide), and every layer reads a per-layer embedding of each token (PLE: a `ple_vocab` × layers × `ple_dim`
+    table, held on the device with the other weights)."""
 
     name: str
     vocab: int
@@ -60,33 +65,107 @@ class ModelSpec:
     head_dim: int
     intermediate: int
     tied: bool = True
+    layer_types: tuple[str, ...] = ()
+    """Each layer's kind ("sliding_attention" or "full_attention"); () = every layer alike."""
+    global_head_dim: int | None = None
+    """Full-attention layers' head size (Gemma 4); None = `head_dim`."""
+    global_kv_heads: int | None = None
+    """Full-attention layers' key/value heads where keys equal values (Gemma 4's `num_global_key_value_heads`)."""
+    k_eq_v: bool = False
+    """Full-attention layers use their keys as values (no v_proj)."""
+    kv_shared_layers: int = 0
+    """The last layers that reuse an earlier layer's keys and values."""
+    double_wide_mlp: bool = False
+    """The KV-shared layers' MLP is twice `intermediate` wide."""
+    ple_dim: int = 0
+    """Per-layer embedding width (Gemma 4's `hidden_size_per_layer_input`); 0 = none."""
+    ple_vocab: int = 0
+    """Rows of the per-layer embedding table."""
 
     @classmethod
     def from_config(cls, name: str, config: dict[str, Any]) -> ModelSpec:
         """From a Hugging Face config.json (a multimodal one's `text_config`)."""
         cfg = config.get("text_config", config)
+        if cfg.get("enable_moe_block"):
+            raise ValueError(f"{name}: a mixture-of-experts model, which the planner does not plan (dense models only)")
         heads = cfg["num_attention_heads"]
+        ple_dim = cfg.get("hidden_size_per_layer_input") or 0
         return cls(name=name, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
                    heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
                    head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads), intermediate=cfg["intermediate_size"],
-                   tied=cfg.get("tie_word_embeddings", True))
+                   tied=cfg.get("tie_word_embeddings", True),
+                   layer_types=tuple(cfg.get("layer_types") or ()) if "global_head_dim" in cfg else (),
+                   global_head_dim=cfg.get("global_head_dim"), global_kv_heads=cfg.get("num_global_key_value_heads"),
+                   k_eq_v=bool(cfg.get("attention_k_eq_v")), kv_shared_layers=cfg.get("num_kv_shared_layers") or 0,
+                   double_wide_mlp=bool(cfg.get("use_double_wide_mlp")), ple_dim=ple_dim,
+                   ple_vocab=cfg.get("vocab_size_per_layer_input", cfg["vocab_size"]) if ple_dim else 0)
+
+    def _full(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "full_attention"
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.global_head_dim if self._full(layer) and self.global_head_dim else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """As transformers' Gemma4TextConfig: the global count applies to full layers only where keys equal values."""
+        global_heads = self.global_kv_heads if self.k_eq_v else None
+        return global_heads if self._full(layer) and global_heads else self.kv_heads
+
+    def stores_kv(self, layer: int) -> bool:
+        """Does the layer compute (and cache) keys and values of its own, or reuse an earlier layer's?"""
+        return layer < self.layers - self.kv_shared_layers
+
+    def layer_intermediate(self, layer: int) -> int:
+        return self.intermediate * (2 if self.double_wide_mlp and not self.stores_kv(layer) else 1)
+
+    def layer_shapes(self, layer: int) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection the layer has: q/k/v/o and the gated MLP's (k and v only where it stores its
+        own keys and values; no v where keys are the values)."""
+        d, kv, i = self.layer_head_dim(layer), self.layer_kv_heads(layer), self.layer_intermediate(layer)
+        shapes = {"q_proj": (self.hidden, self.heads * d), "o_proj": (self.heads * d, self.hidden),
+                  "gate_proj": (self.hidden, i), "up_proj": (self.hidden, i), "down_proj": (i, self.hidden)}
+        if self.stores_kv(layer):
+            shapes["k_proj"] = (self.hidden, kv * d)
+            if not (self.k_eq_v and self._full(layer)):
+                shapes["v_proj"] = (self.hidden, kv * d)
+        return shapes
+
+    def layer_params(self, layer: int) -> int:
+        d = self.layer_head_dim(layer)
+        norms = 4 * self.hidden + d + (d if self.stores_kv(layer) else 0)  # four RMSNorms, q_norm, k_norm
+        ple = 2 * self.hidden * self.ple_dim + self.hidden if self.ple_dim else 0  # gate, projection, their norm
+        return sum(a * b for a, b in self.layer_shapes(layer).values()) + norms + ple
+
+    @property
+    def embedding_params(self) -> int:
+        """The looked-up tables: the token embedding and, with PLE, the per-layer table (the LM head not counted)."""
+        return self.vocab * self.hidden + self.ple_vocab * self.layers * self.ple_dim
 
     @property
     def params(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        norms = 4 * self.hidden + 2 * self.head_dim
-        embed = self.vocab * self.hidden * (1 if self.tied else 2)
-        return self.layers * (attn + mlp + norms) + embed + self.hidden
+        head = 0 if self.tied else self.vocab * self.hidden
+        ple = self.hidden * self.layers * self.ple_dim + self.ple_dim if self.ple_dim else 0  # projection and norm
+        return sum(self.layer_params(i) for i in range(self.layers)) + self.embedding_params + head + ple + self.hidden
+
+    @property
+    def kv_per_token(self) -> int:
+        """Elements of keys and values one token leaves in the rollout's cache, over the layers that store them."""
+        return sum(2 * self.layer_kv_heads(i) * self.layer_head_dim(i) for i in range(self.layers) if self.stores_kv(i))
+
+    @property
+    def qkv_elements(self) -> int:
+        """Elements of the q, k and v weights the rollout stacks per layer (`decoder.Constants`)."""
+        return sum(sum(a * b for name, (a, b) in self.layer_shapes(i).items() if name in ("q_proj", "k_proj", "v_proj"))
+                   for i in range(self.layers))
+
+    @property
+    def intermediate_total(self) -> int:
+        """Σ over layers of the MLP's width."""
+        return sum(self.layer_intermediate(i) for i in range(self.layers))
 
     def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
-        shapes = {
-            "q_proj": (self.hidden, self.heads * self.head_dim), "k_proj": (self.hidden, self.kv_heads * self.head_dim),
-            "v_proj": (self.hidden, self.kv_heads * self.head_dim), "o_proj": (self.heads * self.head_dim, self.hidden),
-            "gate_proj": (self.hidden, self.intermediate), "up_proj": (self.hidden, self.intermediate),
-            "down_proj": (self.intermediate, self.hidden),
-        }
-        return self.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+        return sum(r * (a + b) for i in range(self.layers) for name, (a, b) in self.layer_shapes(i).items()
+                   if name in targets)
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -144,7 +223,8 @@ class PlanInput:
     """What a plan is for; every field is also a `grpo-kit plan` flag of the same name (its default the same)."""
 
     model: str = "gemma-3-1b-it"
-    """gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, tiny-gemma or a directory with config.json"""
+    """gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, gemma-4-e2b-it, gemma-4-e4b-it, tiny-gemma or a directory with
+    config.json"""
     tpu: str = "v2-8"
     """v2-8, v3-8, v5e-1, v5e-8, v6e-1, v6e-8 (also t4, cpu)"""
     lora: bool = True
@@ -183,11 +263,13 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
     rows = max(1, math.ceil(micro_batch / n))
     rollout_rows = max(1, math.ceil(p.prompts_per_step * p.group_size / n))
     c = ACTIVATION_COEFFS
-    per_token_layer = c["hidden"] * spec.hidden + c["intermediate"] * spec.intermediate + c["scores"] * spec.heads * seq
+    per_token_layers = (spec.layers * (c["hidden"] * spec.hidden + c["scores"] * spec.heads * seq)
+                        + c["intermediate"] * spec.intermediate_total)  # Σ over layers
+    ple_inputs = spec.layers * spec.ple_dim * 2  # each token's per-layer inputs, looked up and projected (Gemma 4)
     if checkpointing:
-        activations = rows * seq * b * (spec.layers * spec.hidden + per_token_layer)
+        activations = rows * seq * b * (spec.layers * spec.hidden + per_token_layers / spec.layers + ple_inputs)
     else:
-        activations = rows * seq * spec.layers * per_token_layer * b
+        activations = rows * seq * (per_token_layers + ple_inputs) * b
     out = {
         "weights": total_params * b / shard,
         "trainable_fp32": trainable * 4 if p.lora else 0.0,
@@ -195,17 +277,17 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         "optimizer": trainable * 2 * (4 if p.lora else b) / shard,
         "fsdp_gathered_layer": 0.0
         if p.lora or n == 1
-        else 2 * (total_params - spec.vocab * spec.hidden) / spec.layers * b,
+        else 2 * (total_params - spec.embedding_params) / spec.layers * b,
         "reference": (total_params * b / n) if (not p.lora and p.beta > 0) else 0.0,
         "activations": activations,
         "logits": min(logit_chunk_rows(p.max_new_tokens, spec.vocab), rows) * p.max_new_tokens * spec.vocab * 4 * 6,
-        "kv_cache": rollout_rows * seq * spec.layers * 2 * spec.kv_heads * spec.head_dim * b,
+        "kv_cache": rollout_rows * seq * spec.kv_per_token * b,
         "rollout_logits": rollout_rows * spec.vocab * 4 * 3,
         "prefill_transient": rollout_rows
         * p.prompt_length
-        * (4 * spec.hidden + 3 * spec.intermediate + 2 * spec.heads * seq)
+        * (4 * spec.hidden + 3 * max(spec.layer_intermediate(i) for i in range(spec.layers)) + 2 * spec.heads * seq)
         * b,
-        "qkv_stacked": spec.layers * (spec.heads + 2 * spec.kv_heads) * spec.head_dim * spec.hidden * b,
+        "qkv_stacked": spec.qkv_elements * b,
     }
     persistent = sum(
         out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer"))
