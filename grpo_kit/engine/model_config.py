@@ -16,8 +16,9 @@ class ModelConfig:
     """Which model to train and how to adapt it."""
 
     name: str = "tiny-gemma"
-    """`tiny-gemma` (embedded, ~1M params, character vocabulary), a local Hugging Face directory, or a
-    hub id such as `google/gemma-3-1b-it`. Default tiny-gemma: it trains in minutes on a laptop CPU."""
+    """`tiny-gemma` (embedded, ~1M params, character vocabulary), `tiny-gemma-4` (a tiny random Gemma 4, the same
+    tokenizer), a local Hugging Face directory, or a hub id such as `google/gemma-3-1b-it`. Default tiny-gemma: it
+    trains in minutes on a laptop CPU."""
     seed: int = ruled(0, within(0, 2**32 - 1))
     """Seed for the random initialisation: the tiny model's weights, and a LoRA adapter's A matrices (also the
     fresh adapter put on the SFT model before GRPO and its controls). A real checkpoint's weights ignore it."""

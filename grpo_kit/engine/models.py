@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from ..data.answer_format import TAGS
 from ..data.chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, seeded_cpu_rng, shard_parameters
-from .hub import MODEL_SHAPES, TINY_GEMMA, resolve_model
+from .hub import MODEL_SHAPES, TINY_MODELS, resolve_model
 from .model_config import ModelConfig
 
 # Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
@@ -86,7 +86,7 @@ def _attn_impl(device: torch.device, tiny: bool) -> str:
 def load_tokenizer(name: str, token: str | None = None) -> Any:
     """The tokenizer for a model name (see `hub.resolve_model`), with Gemma's chat template when it has none."""
     path = resolve_model(name, token).path
-    if path == TINY_GEMMA:
+    if path in TINY_MODELS:  # every embedded model uses the tiny tokenizer
         return AutoTokenizer.from_pretrained(tiny_gemma_dir())
     return ensure_chat_template(AutoTokenizer.from_pretrained(path))
 
@@ -97,13 +97,13 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
     resolved = resolve_model(cfg.name, cfg.hf_token)
     if resolved.note:
         warnings.warn(f"{cfg.name}: {resolved.note}", stacklevel=2)
-    tiny = resolved.path == TINY_GEMMA
+    tiny = resolved.path in TINY_MODELS
     dtype = resolve_dtype(cfg.dtype, device)
     tokenizer = load_tokenizer(resolved.path)
     if tiny:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(tiny_gemma_dir())
+        config = AutoConfig.from_pretrained(MODEL_SHAPES / resolved.path)
         config._attn_implementation = "eager"
         with seeded_cpu_rng(cfg.seed):
             model = AutoModelForCausalLM.from_config(config)

