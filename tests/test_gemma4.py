@@ -137,3 +137,50 @@ def test_the_sampler_gives_hf_generates_greedy_tokens_on_the_tiny_gemma4(monkeyp
         expected = want[row].tolist()
         expected = expected[: next((i + 1 for i, t in enumerate(expected) if t in stops), len(expected))]
         assert got == expected, row
+
+
+def test_a_multimodal_gemma4_checkpoint_loads_as_its_text_decoder_alone(tmp_path):
+    """Google's E2B and E4B checkpoints are `Gemma4ForConditionalGeneration` (vision and audio towers beside the
+    decoder). One made here, with the tiny Gemma 4's decoder and small towers, loads through `load_model` as a
+    `Gemma4ForCausalLM` holding no tower weight, with the full model's logits on text exactly; its tokenizer's turn
+    end is a stop token. A checkpoint whose decoder weights are not where Gemma 4 keeps them is refused."""
+    import json
+
+    from transformers import (
+        Gemma4AudioConfig,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+    )
+
+    from grpo_kit.data.chat import stop_token_ids
+    from grpo_kit.engine.hub import MODEL_SHAPES
+    from grpo_kit.engine.models import build_tiny_tokenizer
+
+    text = Gemma4TextConfig(**json.loads((MODEL_SHAPES / "tiny-gemma-4" / "config.json").read_text()))
+    config = Gemma4Config(
+        text_config=text, audio_config=Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+        vision_config=Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, head_dim=16),
+        image_token_id=100, audio_token_id=101, boi_token_id=102, eoi_token_id=103, boa_token_id=104,
+        eoa_token_index=105, video_token_id=99)
+    torch.manual_seed(0)
+    full = Gemma4ForConditionalGeneration(config).eval()
+    full.save_pretrained(tmp_path / "gemma4")
+    build_tiny_tokenizer().save_pretrained(tmp_path / "gemma4")
+    model, tokenizer = load_model(ModelConfig(name=str(tmp_path / "gemma4"), lora=False), torch.device("cpu"))
+    assert type(model).__name__ == "Gemma4ForCausalLM"
+    assert not any("tower" in n or "embed_vision" in n or "embed_audio" in n for n, _ in model.named_parameters())
+    assert count_parameters(model)["total"] == MODELS["tiny-gemma-4"].params
+    ids = torch.randint(6, 99, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, full(input_ids=ids).logits)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<turn|>"]})
+    assert tokenizer.convert_tokens_to_ids("<turn|>") in stop_token_ids(tokenizer)
+
+    broken = {k.replace("language_model", "text_model"): v for k, v in full.state_dict().items()}
+    full.save_pretrained(tmp_path / "moved", state_dict=broken)
+    build_tiny_tokenizer().save_pretrained(tmp_path / "moved")
+    with pytest.raises(ValueError, match="its Gemma 4 text decoder lacks"):
+        load_model(ModelConfig(name=str(tmp_path / "moved"), lora=False), torch.device("cpu"))

@@ -36,9 +36,11 @@ def ensure_chat_template(tokenizer: Any) -> Any:
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
-    """Token ids that end a completion: `<eos>` and `<end_of_turn>` (when the vocabulary has it)."""
+    """Token ids that end a completion: `<eos>` and the end of a turn, Gemma 2/3's `<end_of_turn>` or Gemma 4's
+    `<turn|>` (those the vocabulary has)."""
     ids = [tokenizer.eos_token_id]
-    eot = tokenizer.convert_tokens_to_ids("<end_of_turn>")
-    if eot is not None and eot != tokenizer.unk_token_id:
-        ids.append(eot)
+    for end in ("<end_of_turn>", "<turn|>"):
+        eot = tokenizer.convert_tokens_to_ids(end)
+        if eot is not None and eot != tokenizer.unk_token_id:
+            ids.append(eot)
     return sorted(set(ids))

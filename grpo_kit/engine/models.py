@@ -108,8 +108,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
         with seeded_cpu_rng(cfg.seed):
             model = AutoModelForCausalLM.from_config(config)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32,
-                                                     attn_implementation=_attn_impl(device, tiny))
+        model = from_pretrained_text(resolved.path, attn_implementation=_attn_impl(device, tiny))
     use_lora = (not tiny) if cfg.lora is None else cfg.lora
     if use_lora:
         model = add_lora(model, cfg)
@@ -120,6 +119,36 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
     model = move_model(model, device, dtype)
     shard_parameters(model)  # FSDP-style under SPMD with full fine-tuning; a no-op otherwise
     return model, tokenizer
+
+
+GEMMA4_TEXT_KEYS = {r"^model\.language_model\.": "model."}
+"""Where a multimodal Gemma 4 checkpoint keeps its text decoder, and where `Gemma4ForCausalLM` expects it."""
+
+
+def from_pretrained_text(path: str, *, attn_implementation: str) -> torch.nn.Module:
+    """The causal LM in a transformers directory, in fp32. A multimodal Gemma 4 checkpoint (Google's E2B and E4B hold
+    vision and audio towers) gives its text decoder alone as `Gemma4ForCausalLM`: the towers are never built or
+    kept in memory. Raises, naming them, if any of the decoder's weights were not in the checkpoint."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type != "gemma4":
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
+    from transformers import Gemma4ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the towers' weights are left out on purpose: no report of them
+    try:
+        model, info = Gemma4ForCausalLM.from_pretrained(
+            path, config=config.text_config, dtype=torch.float32, attn_implementation=attn_implementation,
+            key_mapping=GEMMA4_TEXT_KEYS, output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = [k for k in info["missing_keys"] if k != "lm_head.weight" or not config.text_config.tie_word_embeddings]
+    if missing:
+        raise ValueError(f"{path}: its Gemma 4 text decoder lacks {len(missing)} weights, e.g. {missing[:3]}")
+    return model
 
 
 def add_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
