@@ -11,18 +11,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_kit.data.rewards import make_length_penalty, soft_format_reward
+from grpo_kit.data.chat import GEMMA4_TOKENS, decode_completions, stop_token_ids
+from grpo_kit.data.rewards import correctness_reward, make_length_penalty, soft_format_reward, strict_format_reward
 from grpo_kit.data.tasks import ArithmeticTask
 from grpo_kit.engine import sampling
-from grpo_kit.engine.hub import ALIASES, resolve_model
+from grpo_kit.engine.hub import ALIASES, MODEL_SHAPES, resolve_model
 from grpo_kit.engine.model_config import ModelConfig
-from grpo_kit.engine.models import base_model, count_parameters, load_model
+from grpo_kit.engine.models import base_model, build_tiny_tokenizer, count_parameters, load_model, load_tokenizer
 from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 from grpo_kit.eval.export import export_model, model_card
 from grpo_kit.eval.planner import MODELS
 from grpo_kit.train.config import GRPOConfig, SFTConfig
 from grpo_kit.train.grpo import GRPOTrainer
-from grpo_kit.train.sft import SFTTrainer
+from grpo_kit.train.sft import SFTTrainer, encode_demonstrations
 
 PROMPTS = ["What is 12 + 7?", "What is 3 * 4?"]
 
@@ -38,6 +39,7 @@ def test_the_tiny_gemma4_has_every_layer_feature_of_gemma4():
     model, tokenizer = tiny_gemma4()
     assert resolve_model("tiny-gemma-4").source == "embedded"
     assert type(model).__name__ == "Gemma4ForCausalLM" and tokenizer.pad_token_id == 0
+    assert tokenizer.convert_ids_to_tokens(5) == "<turn|>" and 5 in model.config.eos_token_id
     layers = model.model.layers
     kinds = [layer.self_attn.layer_type for layer in layers]
     assert set(kinds) == {"sliding_attention", "full_attention"}
@@ -47,7 +49,7 @@ def test_the_tiny_gemma4_has_every_layer_feature_of_gemma4():
                                                      enumerate(shared) if s)
     assert any(layer.self_attn.v_proj is None for layer, s in zip(layers, shared, strict=True)
                if not s and layer.self_attn.layer_type == "full_attention")  # keys are the values there
-    assert model.model.embed_tokens_per_layer.weight.shape == (106, 6 * 16)
+    assert model.model.embed_tokens_per_layer.weight.shape == (112, 6 * 16)
     assert {layer.mlp.intermediate_size for layer, s in zip(layers, shared, strict=True) if s} == {256}
     assert MODELS["tiny-gemma-4"].params == count_parameters(model)["total"]
 
@@ -121,7 +123,8 @@ def test_the_sampler_gives_hf_generates_greedy_tokens_on_the_tiny_gemma4(monkeyp
     model, tokenizer = tiny_gemma4(seed=3)
     hf = base_model(model)
     ids, mask = encode_prompts(tokenizer, PROMPTS, bucket=8)
-    stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    stops = stop_token_ids(tokenizer)
+    assert stops == [1, 5]  # <eos>, <turn|>
     settings = SamplerSettings(max_new_tokens=24, greedy=True)
     monkeypatch.setattr(sampling, "_TOLD_HF_FORWARD", set())  # as in a fresh process
     with pytest.warns(UserWarning, match="Gemma4TextDecoderLayer: the kit's lean forward covers Gemma 2 and 3"):
@@ -154,9 +157,7 @@ def test_a_multimodal_gemma4_checkpoint_loads_as_its_text_decoder_alone(tmp_path
         Gemma4VisionConfig,
     )
 
-    from grpo_kit.data.chat import stop_token_ids
     from grpo_kit.engine.hub import MODEL_SHAPES
-    from grpo_kit.engine.models import build_tiny_tokenizer
 
     text = Gemma4TextConfig(**json.loads((MODEL_SHAPES / "tiny-gemma-4" / "config.json").read_text()))
     config = Gemma4Config(
@@ -168,7 +169,7 @@ def test_a_multimodal_gemma4_checkpoint_loads_as_its_text_decoder_alone(tmp_path
     torch.manual_seed(0)
     full = Gemma4ForConditionalGeneration(config).eval()
     full.save_pretrained(tmp_path / "gemma4")
-    build_tiny_tokenizer().save_pretrained(tmp_path / "gemma4")
+    build_tiny_tokenizer(gemma4=True).save_pretrained(tmp_path / "gemma4")
     model, tokenizer = load_model(ModelConfig(name=str(tmp_path / "gemma4"), lora=False), torch.device("cpu"))
     assert type(model).__name__ == "Gemma4ForCausalLM"
     assert not any("tower" in n or "embed_vision" in n or "embed_audio" in n for n, _ in model.named_parameters())
@@ -176,11 +177,71 @@ def test_a_multimodal_gemma4_checkpoint_loads_as_its_text_decoder_alone(tmp_path
     ids = torch.randint(6, 99, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, full(input_ids=ids).logits)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<turn|>"]})
     assert tokenizer.convert_tokens_to_ids("<turn|>") in stop_token_ids(tokenizer)
 
     broken = {k.replace("language_model", "text_model"): v for k, v in full.state_dict().items()}
     full.save_pretrained(tmp_path / "moved", state_dict=broken)
-    build_tiny_tokenizer().save_pretrained(tmp_path / "moved")
+    build_tiny_tokenizer(gemma4=True).save_pretrained(tmp_path / "moved")
     with pytest.raises(ValueError, match="its Gemma 4 text decoder lacks"):
         load_model(ModelConfig(name=str(tmp_path / "moved"), lora=False), torch.device("cpu"))
+
+
+def test_the_committed_tiny_gemma4_files_match_the_script(tmp_path):
+    from grpo_kit.engine.models import write_tiny_gemma_files
+
+    write_tiny_gemma_files(tmp_path, "tiny-gemma-4")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / name).read_text() == (MODEL_SHAPES / "tiny-gemma-4" / name).read_text(), name
+
+
+def test_gemma4s_chat_template_token_by_token():
+    """Gemma 4's turn format in the tiny Gemma 4's tokenizer: a native system turn, each turn closed by `<turn|>`,
+    each control token one token; thinking off (the default) closes an empty thought channel in the generation
+    prompt, thinking on opens the system turn with `<|think|>` and leaves the channel to the model. Gemma 3's
+    template folds the system message into the user turn instead."""
+    gemma4, gemma3 = load_tokenizer("tiny-gemma-4"), load_tokenizer("tiny-gemma")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+
+    def render(tokenizer: object, **kwargs: object) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+
+    assert render(gemma4) == ("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\n2+2?<turn|>\n"
+                              "<|turn>model\n<|channel>thought\n<channel|>")
+    assert render(gemma4, enable_thinking=True) == ("<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n"
+                                                    "<|turn>user\n2+2?<turn|>\n<|turn>model\n")
+    assert render(gemma3) == "<bos><start_of_turn>user\nBe brief.\n\n2+2?<end_of_turn>\n<start_of_turn>model\n"
+    tokens = gemma4.convert_ids_to_tokens(gemma4(render(gemma4), add_special_tokens=False)["input_ids"])
+    assert all(tokens.count(t) >= 1 for t in ("<|turn>", "<turn|>", "<|channel>", "<channel|>"))
+    assert tokens[:2] == ["<bos>", "<|turn>"] and tokens[-1] == "<channel|>"
+    assert {t: gemma4.convert_tokens_to_ids(t) for t in GEMMA4_TOKENS} == {t: 4 + i for i, t in
+                                                                          enumerate(GEMMA4_TOKENS)}
+
+
+def test_demonstrations_end_with_gemma4s_turn_end():
+    rows = ArithmeticTask(num_demonstrations=4, num_test=2).demonstrations()
+    for name, end in (("tiny-gemma-4", "<turn|>"), ("tiny-gemma", "<end_of_turn>")):
+        tokenizer = load_tokenizer(name)
+        (ids, _), *_ = encode_demonstrations(tokenizer, rows, max_length=256)
+        assert tokenizer.convert_ids_to_tokens(ids[-1]) == end, name
+
+
+def test_a_thinking_gemma4s_thoughts_are_its_reasoning_for_the_rewards():
+    """What the rewards and the evaluation read of a completion (`decode_completions`), on both families: Gemma 4's
+    thought channel becomes the reasoning block (an empty channel vanishes), so the strict format and correctness
+    rewards score a thinking Gemma 4 as they score Gemma 3 writing the tags; Gemma 3's text is decoded as before."""
+    gemma4, gemma3 = load_tokenizer("tiny-gemma-4"), load_tokenizer("tiny-gemma")
+    written = {
+        gemma4: ["<|channel>thought\n3 + 4 = 7<channel|><answer>7</answer><turn|>",
+                 "<|channel>thought\n<channel|><reasoning>3 + 4 = 7</reasoning><answer>7</answer><turn|>",
+                 "<answer>8</answer><turn|>"],
+        gemma3: ["<reasoning>3 + 4 = 7</reasoning><answer>7</answer><end_of_turn>",
+                 "<reasoning>3 + 4 = 7</reasoning><answer>7</answer><eos>", "<answer>8</answer><end_of_turn>"],
+    }
+    for tokenizer, texts in written.items():
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        completions = decode_completions(tokenizer, ids)
+        assert completions[:2] == ["<reasoning>3 + 4 = 7</reasoning><answer>7</answer>"] * 2, completions
+        assert strict_format_reward(["q"] * 3, completions) == [1.0, 1.0, 0.0]
+        assert correctness_reward(["q"] * 3, completions, answer=["7"] * 3) == [1.0, 1.0, 0.0]
+    ids = [gemma3("<reasoning>a</reasoning> <answer>1</answer><end_of_turn>", add_special_tokens=False)["input_ids"]]
+    assert decode_completions(gemma3, ids) == gemma3.batch_decode(ids, skip_special_tokens=True)

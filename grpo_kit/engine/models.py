@@ -20,32 +20,38 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from ..data.answer_format import TAGS
-from ..data.chat import GEMMA_CHAT_TEMPLATE, ensure_chat_template
+from ..data.chat import GEMMA4_CHAT_TEMPLATE, GEMMA4_TOKENS, GEMMA_CHAT_TEMPLATE, ensure_chat_template
 from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, seeded_cpu_rng, shard_parameters
 from .hub import MODEL_SHAPES, TINY_MODELS, resolve_model
 from .model_config import ModelConfig
 
-# Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them.
+# Gemma's special token ids for pad/eos/bos/unk are 0/1/2/3; the tiny tokenizer keeps them, then its turn tokens:
+# Gemma 2/3's for the tiny Gemma, Gemma 4's for the tiny Gemma 4 (whose turn end is id 5 too).
 TINY_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+TINY_SPECIAL_4 = ["<pad>", "<eos>", "<bos>", "<unk>", *GEMMA4_TOKENS]
 # The answer-format tags are single tokens in the tiny vocabulary: shorter sequences, faster CPU demos.
 TINY_TAGS = list(TAGS)
 TINY_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
 
-TINY_CONFIG: dict[str, Any] = json.loads((MODEL_SHAPES / "tiny-gemma" / "config.json").read_text())
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    name: json.loads((MODEL_SHAPES / name / "config.json").read_text()) for name in TINY_MODELS}
+TINY_CONFIG = TINY_CONFIGS["tiny-gemma"]
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(gemma4: bool = False) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: one token per printable ASCII character and newline, Gemma's special
-    tokens at Gemma's ids, the answer-format tags as single tokens, and Gemma's chat template."""
+    tokens at Gemma's ids, the answer-format tags as single tokens, and Gemma's chat template — with `gemma4`,
+    Gemma 4's turn and thinking tokens and its chat template (the tiny Gemma 4's)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL + TINY_TAGS)}
+    special = TINY_SPECIAL_4 if gemma4 else TINY_SPECIAL
+    vocab = {tok: i for i, tok in enumerate(special + TINY_TAGS)}
     for ch in TINY_CHARS:
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in TINY_SPECIAL])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TINY_TAGS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -53,29 +59,29 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         eos_token="<eos>",
         pad_token="<pad>",
         unk_token="<unk>",
-        additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
-        chat_template=GEMMA_CHAT_TEMPLATE,
+        additional_special_tokens=special[4:],
+        chat_template=GEMMA4_CHAT_TEMPLATE if gemma4 else GEMMA_CHAT_TEMPLATE,
         padding_side="left",
         clean_up_tokenization_spaces=False,
         model_max_length=TINY_CONFIG["max_position_embeddings"],
     )
 
 
-def write_tiny_gemma_files(out_dir: str | Path) -> Path:
-    """Write the tiny Gemma's config.json and tokenizer files (no weights: they come from a seed)."""
+def write_tiny_gemma_files(out_dir: str | Path, name: str = "tiny-gemma") -> Path:
+    """Write an embedded model's config.json and tokenizer files (no weights: they come from a seed)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer()
-    if len(tokenizer) > TINY_CONFIG["vocab_size"]:
-        raise AssertionError(f"tiny vocabulary {len(tokenizer)} exceeds vocab_size {TINY_CONFIG['vocab_size']}")
+    tokenizer, config = build_tiny_tokenizer(gemma4=name == "tiny-gemma-4"), TINY_CONFIGS[name]
+    if len(tokenizer) > config["vocab_size"]:
+        raise AssertionError(f"{name}: tiny vocabulary {len(tokenizer)} exceeds vocab_size {config['vocab_size']}")
     tokenizer.save_pretrained(out)
-    (out / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2, sort_keys=True) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 
 
-def tiny_gemma_dir() -> Path:
-    """The tiny Gemma's config and tokenizer, shipped inside the package."""
-    return MODEL_SHAPES / "tiny-gemma"
+def tiny_gemma_dir(name: str = "tiny-gemma") -> Path:
+    """An embedded model's config and tokenizer, shipped inside the package."""
+    return MODEL_SHAPES / name
 
 
 def _attn_impl(device: torch.device, tiny: bool) -> str:
@@ -86,8 +92,8 @@ def _attn_impl(device: torch.device, tiny: bool) -> str:
 def load_tokenizer(name: str, token: str | None = None) -> Any:
     """The tokenizer for a model name (see `hub.resolve_model`), with Gemma's chat template when it has none."""
     path = resolve_model(name, token).path
-    if path in TINY_MODELS:  # every embedded model uses the tiny tokenizer
-        return AutoTokenizer.from_pretrained(tiny_gemma_dir())
+    if path in TINY_MODELS:
+        return AutoTokenizer.from_pretrained(tiny_gemma_dir(path))
     return ensure_chat_template(AutoTokenizer.from_pretrained(path))
 
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import StaticCache
 
+from ..data.chat import decode_completions
 from . import decoder
 from .choice import SAMPLE_BLOCK, HeadMoments, choose_tokens, head_moments
 from .cpu.products import PREPACK_MAX_ROWS, product_dtype
@@ -91,7 +92,7 @@ class Rollout:
         lengths = self.completion_mask.cpu().sum(1)
         comp = self.completion_ids.cpu()
         ids = [comp[i, : lengths[i]].tolist() for i in range(comp.shape[0])]
-        return tokenizer.batch_decode(ids, skip_special_tokens=True), ids, lengths
+        return decode_completions(tokenizer, ids), ids, lengths
 
 
 def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..data.answer_format import ANSWER_CLOSE, ANSWER_OPEN, extract_answer
+from ..data.chat import decode_completions
 from ..data.rewards import correctness_reward, strict_format_reward
 from ..data.tasks import completion_text
 from ..engine.sampler import Sampler, SamplerSettings
@@ -46,7 +47,7 @@ def generate_completions(
         real = len(chunk)
         chunk = chunk + [chunk[-1]] * (batch_size - real) if len(prompts) > batch_size else chunk
         comp = sampler.generate(chunk).completion_ids.cpu()
-        texts += tokenizer.batch_decode(comp[:real], skip_special_tokens=True)
+        texts += decode_completions(tokenizer, comp[:real].tolist())
     return texts
 
 

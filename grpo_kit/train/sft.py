@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
+from ..data.chat import turn_end
 from ..data.tasks import check_no_overlap
 from ..engine.decoder import final_softcap, supports
 from ..engine.device import data_parallel_size, host_syncs_are_cheap, is_xla, mark_step, shard_batch
@@ -28,8 +29,9 @@ from .metrics import to_host
 
 
 def encode_demonstrations(tokenizer: Any, rows: Any, max_length: int) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length) per row: chat-formatted prompt, then completion + `<end_of_turn>`."""
-    end = "<end_of_turn>" if "<end_of_turn>" in tokenizer.get_vocab() else tokenizer.eos_token
+    """(token ids, prompt length) per row: chat-formatted prompt, then completion + the turn's end (`turn_end`:
+    `<end_of_turn>`, Gemma 4's `<turn|>`)."""
+    end = turn_end(tokenizer)
     examples = []
     for i, row in enumerate(rows):
         if "prompt" not in row or "completion" not in row:
