@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .course.stages import Stage
+from .engine.hub import TINY_MODELS
 from .train.config import PRESETS, RunConfig, field_docs, load_run_config
 from .train.rundir import claim
 
@@ -296,7 +297,7 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
     prepare_environment(args.devices)  # before torch_xla is imported
     from .eval.xla_check import run_xla_check
 
-    report = run_xla_check(args.devices, args.steps, args.max_new_tokens, args.tolerance)
+    report = run_xla_check(args.devices, args.steps, args.max_new_tokens, args.tolerance, model=args.model)
     if args.json:
         print(json.dumps(report, default=str))
     else:
@@ -475,6 +476,8 @@ def _xla_check_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="completion length (default 16)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
+    p.add_argument("--model", default="tiny-gemma", choices=TINY_MODELS,
+                   help="the embedded model the job trains (default tiny-gemma; tiny-gemma-4: Gemma 4's layers)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_xla_check)
 

@@ -120,10 +120,12 @@ def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
     assert monitor.metrics()["xla_recompiles_after_warmup"] == monitor.recompiles_after_warmup
 
 
-def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
+@pytest.mark.parametrize("name", ["tiny-gemma", "tiny-gemma-4"])
+def test_lora_rollouts_on_xla_compile_once_and_match_eager(task, name):
     """The TPU path trains LoRA: its rollouts apply the adapters from their tensors (`decoder.linear_parts`,
-    q/k/v fused with the LoRA inside). On XLA that compiles a fixed set of graphs once — none on the next
-    rollout, nothing falls back to the CPU — and draws the eager CPU sampler's tokens."""
+    q/k/v fused with the LoRA inside; for Gemma 4, through transformers' forward with its static cache). On XLA that
+    compiles a fixed set of graphs once — none on the next rollout, nothing falls back to the CPU — and draws the
+    eager CPU sampler's tokens."""
     import torch_xla.debug.metrics as met
 
     from grpo_kit.data.chat import stop_token_ids
@@ -131,7 +133,7 @@ def test_lora_rollouts_on_xla_compile_once_and_match_eager(task):
     from grpo_kit.engine.models import load_model
     from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 
-    model, tok = load_model(ModelConfig(dtype="float32", lora=True), torch.device("cpu"))
+    model, tok = load_model(ModelConfig(name=name, dtype="float32", lora=True), torch.device("cpu"))
     with torch.no_grad():  # a LoRA that does something (B starts at zero)
         for name, p in model.named_parameters():
             if "lora_B" in name:

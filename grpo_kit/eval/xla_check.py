@@ -64,7 +64,7 @@ def _rewards(max_new_tokens: int) -> tuple[list, dict[str, float]]:
     return [soft_format_reward, length], {"soft_format_reward": 1.0, "length_penalty": 1.0}
 
 
-def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices: int) -> Any:
+def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices: int, model_name: str) -> Any:
     import dataclasses
 
     import torch
@@ -75,7 +75,7 @@ def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices:
     from ..engine.models import load_model
     from ..train.grpo import GRPOTrainer
 
-    model, tokenizer = load_model(ModelConfig(dtype="float32"), torch.device("cpu"))
+    model, tokenizer = load_model(ModelConfig(name=model_name, dtype="float32"), torch.device("cpu"))
     model.load_state_dict(state)
     model = move_model(model, device)
     if device.type == "xla":
@@ -137,8 +137,8 @@ def _backend() -> str:
     return "tpu" if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" else os.environ.get("PJRT_DEVICE", "CPU").lower()
 
 
-def _start(devices: int) -> tuple[Any, dict[str, Any]]:
-    """The XLA device (SPMD over `devices` when > 1) and the tiny Gemma's starting weights, made on the CPU."""
+def _start(devices: int, model_name: str) -> tuple[Any, dict[str, Any]]:
+    """The XLA device (SPMD over `devices` when > 1) and the embedded model's starting weights, made on the CPU."""
     import torch
 
     from ..engine.device import enable_spmd, get_device, use_cpu_threads
@@ -151,21 +151,22 @@ def _start(devices: int) -> tuple[Any, dict[str, Any]]:
     # backwards in torch_xla 2.9).
     xla = get_device("xla")
     use_cpu_threads()
-    start_model, _ = load_model(ModelConfig(dtype="float32", seed=0), torch.device("cpu"))
+    start_model, _ = load_model(ModelConfig(name=model_name, dtype="float32", seed=0), torch.device("cpu"))
     return xla, {k: v.clone() for k, v in start_model.state_dict().items()}
 
 
 def run_xla_check(
-    devices: int = 1, steps: int = 20, max_new_tokens: int = 16, tolerance: float = 1e-4
+    devices: int = 1, steps: int = 20, max_new_tokens: int = 16, tolerance: float = 1e-4, *, model: str = "tiny-gemma"
 ) -> dict[str, Any]:
-    """Run the check and return its report (see the module docstring). `prepare_environment` first."""
+    """Run the check on an embedded model (`hub.TINY_MODELS`: the tiny Gemma, or the tiny Gemma 4) and return its
+    report (see the module docstring). `prepare_environment` first."""
     import torch
 
     from ..engine.device import compile_monitor
 
-    xla, state = _start(devices)
-    eager = _trainer(torch.device("cpu"), state, steps, max_new_tokens, devices)
-    on_xla = _trainer(xla, state, steps, max_new_tokens, devices)
+    xla, state = _start(devices, model)
+    eager = _trainer(torch.device("cpu"), state, steps, max_new_tokens, devices, model)
+    on_xla = _trainer(xla, state, steps, max_new_tokens, devices, model)
     t0 = time.perf_counter()
     eager_rows, xla_rows, agreement = _lockstep(eager, on_xla, steps)
     seconds = time.perf_counter() - t0
@@ -182,6 +183,7 @@ def run_xla_check(
     warm = _job_config(steps, max_new_tokens, devices).compile_warmup_steps
     after = [r["step_seconds"] for r in xla_rows[warm:]]
     report = {
+        "model": model,
         "devices": devices,
         "backend": _backend(),
         "spmd": devices > 1,
