@@ -20,7 +20,7 @@ from grpo_kit.engine.model_config import ModelConfig
 from grpo_kit.engine.models import base_model, build_tiny_tokenizer, count_parameters, load_model, load_tokenizer
 from grpo_kit.engine.sampling import SamplerSettings, encode_prompts, sample
 from grpo_kit.eval.export import export_model, model_card
-from grpo_kit.eval.planner import MODELS
+from grpo_kit.eval.planner import MODELS, model_spec
 from grpo_kit.train.config import GRPOConfig, SFTConfig
 from grpo_kit.train.grpo import GRPOTrainer
 from grpo_kit.train.sft import SFTTrainer, encode_demonstrations
@@ -83,6 +83,9 @@ def test_lora_covers_gemma4s_projections_and_its_export_reloads_as_plain_transfo
     tuned = _logits(model, tokenizer)
     assert (tuned - plain).abs().max() > 1e-3
     out = export_model(model, tokenizer, tmp_path / "export", base_name="tiny-gemma-4")
+    planned = model_spec(str(out))  # transformers writes the full layers' shapes per layer: the same plan
+    assert [planned.layer_shapes(i) for i in range(6)] == [MODELS["tiny-gemma-4"].layer_shapes(i) for i in range(6)]
+    assert planned.params == MODELS["tiny-gemma-4"].params
     reloaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
     assert type(reloaded).__name__ == "Gemma4ForCausalLM"
     assert (_logits(reloaded, tokenizer) - tuned).abs().max() < 1e-4

@@ -90,12 +90,16 @@ class ModelSpec:
             raise ValueError(f"{name}: a mixture-of-experts model, which the planner does not plan (dense models only)")
         heads = cfg["num_attention_heads"]
         ple_dim = cfg.get("hidden_size_per_layer_input") or 0
+        # Google's Gemma 4 configs name the full layers' shapes; one transformers saved names them per layer
+        full = next(iter((cfg.get("per_layer_config") or {}).values()), {})
+        gemma4 = "global_head_dim" in cfg or "per_layer_config" in cfg
         return cls(name=name, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
                    heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
                    head_dim=cfg.get("head_dim", cfg["hidden_size"] // heads), intermediate=cfg["intermediate_size"],
                    tied=cfg.get("tie_word_embeddings", True),
-                   layer_types=tuple(cfg.get("layer_types") or ()) if "global_head_dim" in cfg else (),
-                   global_head_dim=cfg.get("global_head_dim"), global_kv_heads=cfg.get("num_global_key_value_heads"),
+                   layer_types=tuple(cfg.get("layer_types") or ()) if gemma4 else (),
+                   global_head_dim=cfg.get("global_head_dim", full.get("head_dim")),
+                   global_kv_heads=cfg.get("num_global_key_value_heads", full.get("num_key_value_heads")),
                    k_eq_v=bool(cfg.get("attention_k_eq_v")), kv_shared_layers=cfg.get("num_kv_shared_layers") or 0,
                    double_wide_mlp=bool(cfg.get("use_double_wide_mlp")), ple_dim=ple_dim,
                    ple_vocab=cfg.get("vocab_size_per_layer_input", cfg["vocab_size"]) if ple_dim else 0)
