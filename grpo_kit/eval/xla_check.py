@@ -64,7 +64,7 @@ def _rewards(max_new_tokens: int) -> tuple[list, dict[str, float]]:
     return [soft_format_reward, length], {"soft_format_reward": 1.0, "length_penalty": 1.0}
 
 
-def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices: int, model_name: str) -> Any:
+def _trainer(device: Any, state: dict, steps: int, max_new_tokens: int, devices: int, *, model_name: str) -> Any:
     import dataclasses
 
     import torch
@@ -165,8 +165,8 @@ def run_xla_check(
     from ..engine.device import compile_monitor
 
     xla, state = _start(devices, model)
-    eager = _trainer(torch.device("cpu"), state, steps, max_new_tokens, devices, model)
-    on_xla = _trainer(xla, state, steps, max_new_tokens, devices, model)
+    eager = _trainer(torch.device("cpu"), state, steps, max_new_tokens, devices, model_name=model)
+    on_xla = _trainer(xla, state, steps, max_new_tokens, devices, model_name=model)
     t0 = time.perf_counter()
     eager_rows, xla_rows, agreement = _lockstep(eager, on_xla, steps)
     seconds = time.perf_counter() - t0
