@@ -55,17 +55,22 @@ GEMMA4_CHAT_TEMPLATE = (
 )
 
 
+def _has_token(tokenizer: Any, token: str) -> bool:
+    """Is `token` one token of the vocabulary? (A lookup, not `get_vocab()`, which copies the whole vocabulary.)"""
+    found = tokenizer.convert_tokens_to_ids(token)
+    return found is not None and found != tokenizer.unk_token_id
+
+
 def is_gemma4_chat(tokenizer: Any) -> bool:
     """Does the tokenizer speak Gemma 4's turn format (its vocabulary holds `<|turn>` and `<turn|>`)?"""
-    vocab = tokenizer.get_vocab()
-    return "<|turn>" in vocab and "<turn|>" in vocab
+    return _has_token(tokenizer, "<|turn>") and _has_token(tokenizer, "<turn|>")
 
 
 def turn_end(tokenizer: Any) -> str:
     """The token that closes a model turn: Gemma 4's `<turn|>`, Gemma 2/3's `<end_of_turn>`, else end of sequence."""
     if is_gemma4_chat(tokenizer):
         return "<turn|>"
-    return "<end_of_turn>" if "<end_of_turn>" in tokenizer.get_vocab() else tokenizer.eos_token
+    return "<end_of_turn>" if _has_token(tokenizer, "<end_of_turn>") else tokenizer.eos_token
 
 
 def decode_completions(tokenizer: Any, ids: list[list[int]]) -> list[str]:
@@ -102,8 +107,4 @@ def ensure_chat_template(tokenizer: Any) -> Any:
 def stop_token_ids(tokenizer: Any) -> list[int]:
     """Token ids that end a completion: `<eos>` and the end of a turn (`turn_end`: Gemma 4's `<turn|>`, Gemma 2/3's
     `<end_of_turn>`)."""
-    ids = [tokenizer.eos_token_id]
-    eot = tokenizer.convert_tokens_to_ids(turn_end(tokenizer))
-    if eot is not None and eot != tokenizer.unk_token_id:
-        ids.append(eot)
-    return sorted(set(ids))
+    return sorted({tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(turn_end(tokenizer))})
