@@ -123,9 +123,9 @@ def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
 @pytest.mark.parametrize("name", ["tiny-gemma", "tiny-gemma-4"])
 def test_lora_rollouts_on_xla_compile_once_and_match_eager(task, name):
     """The TPU path trains LoRA: its rollouts apply the adapters from their tensors (`decoder.linear_parts`,
-    q/k/v fused with the LoRA inside; for Gemma 4, through transformers' forward with its static cache). On XLA that
-    compiles a fixed set of graphs once — none on the next rollout, nothing falls back to the CPU — and draws the
-    eager CPU sampler's tokens."""
+    q/k/v fused with the LoRA inside; on Gemma 4 also its KV-shared layers reading an earlier layer's cache entry and
+    the per-layer embeddings). On XLA that compiles a fixed set of graphs once — none on the next rollout, nothing
+    falls back to the CPU — and draws the eager CPU sampler's tokens."""
     import torch_xla.debug.metrics as met
 
     from grpo_kit.data.chat import stop_token_ids

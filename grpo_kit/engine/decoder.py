@@ -3,15 +3,20 @@
 HF's forward is general: per call it builds attention masks through its masking utilities, copies the
 cached keys and values once per query head (grouped-query attention via `repeat_kv`) and goes through the
 cache classes. A rollout calls it once per new token, so that bookkeeping costs as much as the arithmetic
-on small models. And a padded batch computes every padding position. Here, for Gemma 2 and Gemma 3 text
-models, two forwards:
+on small models. And a padded batch computes every padding position. Here, for Gemma 2, Gemma 3 and Gemma 4
+text models, two forwards:
 
 - `forward` — rollouts: one (B, KV, T, D) key and value tensor per layer, written at a device-side index
   (one graph for every decode step on XLA);
 - `packed_completion_hidden` — log-prob and training forwards (cpu/cuda): real tokens only, packed.
 
 Both use the model's projections (LoRA layers included), MLPs, embeddings and rotary tables, so the numbers
-are the model's numbers; Gemma's RMSNorm runs as one `F.rms_norm` with the scale (1 + w) (`Constants`).
+are the model's numbers; Gemma's RMSNorm runs as one `F.rms_norm` with its scale (`norm_scale`).
+Gemma 4's text layers add, each where the config has it: per-layer input embeddings (PLE: a residual
+h + norm(proj(act(gate(h)) · ple_i)) after the MLP, ple_i from the model's own `get_per_layer_inputs` /
+`project_per_layer_inputs`), a scalar per layer, values RMS-normed without a scale, keys as values on full
+layers (`attention_k_eq_v`), per-kind head sizes and RoPE tables, and its last `num_kv_shared_layers` layers
+reading the keys and values of the last earlier layer of their kind instead of their own (`kv_entries`).
 Attention groups the query heads by key head instead of copying keys:
 
       scores = softcap·tanh((q kᵀ · scaling)/softcap) + bias,   out = softmax(scores) v,
@@ -35,7 +40,7 @@ import torch.nn.functional as F
 
 from .cpu.products import PREPACK_MAX_ROWS, prepack_weight, prepacked_linear
 
-GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
+GEMMA_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer", "Gemma4TextDecoderLayer")
 
 
 def final_softcap(hf: torch.nn.Module) -> float | None:
@@ -44,10 +49,24 @@ def final_softcap(hf: torch.nn.Module) -> float | None:
 
 
 def supports(hf: torch.nn.Module) -> bool:
-    """True for a transformers Gemma 2 / Gemma 3 causal LM (text), the layers this module knows."""
+    """True for a transformers Gemma 2 / Gemma 3 / Gemma 4 causal LM (text), the layers this module knows; not for
+    Gemma 4's mixture-of-experts blocks (26B-A4B) or bidirectional attention."""
     layers = getattr(getattr(hf, "model", None), "layers", None)
+    cfg = getattr(hf, "config", None)
     return (
-        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head"))
+        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head")
+        and not getattr(cfg, "enable_moe_block", False)
+        and getattr(cfg, "use_bidirectional_attention", None) in (None, False, "vision"))  # "vision": image tokens only
+
+
+def kv_entries(cfg: object) -> list[int]:
+    """For each layer, the cache entry its attention reads. The layers that compute their own keys and values come
+    first, so entry i is layer i's; Gemma 4's last `num_kv_shared_layers` layers compute none and each reads the
+    entry of the last earlier layer of its kind (transformers' `kv_sharing_modes`: "store" there, "reuse" here)."""
+    kinds = _layer_kinds(cfg)
+    first_shared = cfg.num_hidden_layers - (getattr(cfg, "num_kv_shared_layers", 0) or 0)
+    last_of_kind = {kinds[index]: index for index in range(first_shared)}
+    return list(range(first_shared)) + [last_of_kind[kinds[i]] for i in range(first_shared, cfg.num_hidden_layers)]
 
 
 @dataclasses.dataclass
@@ -83,13 +102,15 @@ class KVCache:
 
     @classmethod
     def empty(cls, hf: torch.nn.Module, batch: int, length: int, key_mask: torch.Tensor) -> KVCache:
-        cfg = hf.config
+        """Zeros for every cache entry (`kv_entries`), each (batch, its layer's KV heads, length, its head_dim)."""
         weight = hf.model.embed_tokens.weight
-        shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
-        layers = range(cfg.num_hidden_layers)
-        return cls(
-            [weight.new_zeros(shape) for _ in layers], [weight.new_zeros(shape) for _ in layers], key_mask.bool()
-        )
+        entries = sorted(set(kv_entries(hf.config)))
+
+        def zeros(index: int) -> torch.Tensor:
+            attn = hf.model.layers[index].self_attn
+            return weight.new_zeros(batch, kv_heads(attn), length, attn.head_dim)
+
+        return cls([zeros(i) for i in entries], [zeros(i) for i in entries], key_mask.bool())
 
     def decode_bias(self, visible: int, dtype: torch.dtype) -> torch.Tensor:
         """(B, 1, 1, visible) bias for one new token written at slot visible − 1 (no window cuts into it): it
@@ -116,13 +137,16 @@ class KVCache:
         """From a prefill's cache of one row per group (P prompt slots written, then the completion slots): the
         prompt slots kept once per group (`SharedPrefix`), and the completion slots G times, one per row — what
         `repeat_interleave` gives, without copying the prompt's keys to every row."""
-        batch, kv_heads, length, head_dim = self.keys[0].shape
         prompt_mask = self.key_mask[:, :prompt_len]
         prefix = SharedPrefix([k[:, :, :prompt_len].contiguous() for k in self.keys],
                               [v[:, :, :prompt_len].contiguous() for v in self.values], prompt_mask,
                               additive_bias(prompt_mask, self.keys[0].dtype), group)
-        shape = (batch * group, kv_heads, length - prompt_len, head_dim)
-        return KVCache([k.new_zeros(shape) for k in self.keys], [v.new_zeros(shape) for v in self.values],
+
+        def completion_slots(x: torch.Tensor) -> torch.Tensor:  # (B·G, its KV heads, T − P, its head_dim) zeros
+            batch, kv_heads, length, head_dim = x.shape
+            return x.new_zeros(batch * group, kv_heads, length - prompt_len, head_dim)
+
+        return KVCache([completion_slots(k) for k in self.keys], [completion_slots(v) for v in self.values],
                        self.key_mask[:, prompt_len:].repeat_interleave(group, 0), prefix=prefix)
 
     def unshared(self) -> KVCache:
@@ -166,6 +190,12 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def kv_heads(attn: torch.nn.Module) -> int:
+    """Key (and value) heads of an attention module that computes its own keys (peft's LoRA layers carry
+    `out_features` too)."""
+    return attn.k_proj.out_features // attn.head_dim
+
+
 def _layer_kinds(cfg: object) -> list[str]:
     kinds = getattr(cfg, "layer_types", None)
     return list(kinds) if kinds else ["full_attention"] * cfg.num_hidden_layers
@@ -185,7 +215,16 @@ def _rotary(
     return rotary(h, positions)
 
 
-GEMMA_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm")
+GEMMA_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm", "Gemma4RMSNorm")
+
+
+def norm_scale(module: torch.nn.Module) -> torch.Tensor | None:
+    """The float32 scale s of a Gemma RMSNorm, y = x / √(mean(x²) + ε) · s: Gemma 2 and 3 store w with s = 1 + w,
+    Gemma 4 stores s itself; None where there is none (Gemma 4's value norm)."""
+    if type(module).__name__ != "Gemma4RMSNorm":
+        return 1.0 + module.weight.float()
+    return module.weight.float() if module.with_scale else None
+
 
 LinearParts = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]
 """(weight, bias, LoRA A, LoRA B · scaling) of a projection: y = x Wᵀ + b + (x Aᵀ)(s·B)ᵀ; no LoRA → A = B = None."""
@@ -254,11 +293,12 @@ def _apply(parts: LinearParts, x: torch.Tensor, packed: torch.Tensor | None = No
 class Constants:
     """What every forward of one rollout (or one update) reuses: Gemma's norm scales and the RoPE tables.
 
-    Gemma's RMSNorm is  y = x / √(mean(x²) + ε) · (1 + w),  computed in float32; with (1 + w) stored once it
-    is one `F.rms_norm` call instead of ten small ops (same values). RoPE's cos and sin depend on the
-    position only, so they are looked up in tables for positions 0 … length − 1 (the model's rotary module
-    fills them, so the values are the model's); `sin` is stored sign-folded, so rotating is
-    x·cos + roll(x, D/2)·sin′ with sin′ = (−sin₁, sin₂) — the same numbers as x·cos + rotate_half(x)·sin.
+    Gemma's RMSNorm is  y = x / √(mean(x²) + ε) · s,  computed in float32 (s = 1 + w on Gemma 2 and 3, w on
+    Gemma 4: `norm_scale`); with s stored once it is one `F.rms_norm` call instead of ten small ops (same
+    values). RoPE's cos and sin depend on the position only, so they are looked up in tables for positions
+    0 … length − 1 per layer kind (the model's rotary module fills them, so the values are the model's, partial
+    rotary included); `sin` is stored sign-folded, so rotating is x·cos + roll(x, D/2)·sin′ with
+    sin′ = (−sin₁, sin₂) — the same numbers as x·cos + rotate_half(x)·sin.
     Built without gradients, for rollouts (eval mode: LoRA dropout off); forwards that train build it with
     `norms=False` (no cached scales, no `LinearParts`, no fused projections) and call the live modules.
 
@@ -268,7 +308,7 @@ class Constants:
     """
 
     norm_scales: dict[int, torch.Tensor]
-    """id(norm module) → (1 + w) in float32."""
+    """id(norm module) → its `norm_scale` (float32; None: no scale)."""
     tables: dict[str, tuple[torch.Tensor, torch.Tensor]]
     """layer kind → (cos, sign-folded sin), each (length, head_dim)."""
     linears: dict[int, LinearParts] = dataclasses.field(default_factory=dict)
@@ -294,7 +334,7 @@ class Constants:
         prepack: bool = False,
     ) -> Constants:
         with torch.no_grad():
-            scales = {id(m): 1.0 + m.weight.float() for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
+            scales = {id(m): norm_scale(m) for m in hf.modules() if norms and type(m).__name__ in GEMMA_NORMS}
             embedding = hf.model.embed_tokens.weight
             positions = torch.arange(length, device=embedding.device)[None]
             tables = {}
@@ -312,15 +352,16 @@ class Constants:
                 gate_up = [linears.get(id(m)) for m in (mlp.gate_proj, mlp.up_proj)]
                 if None not in gate_up:
                     fused_mlp[id(mlp)] = _stacked(gate_up)
-                qkv = [linears.get(id(m)) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+                if getattr(attn, "k_proj", None) is None:
+                    continue  # a KV-shared layer (Gemma 4) projects queries only
+                qkv = [linears.get(id(m)) for m in _qkv_projections(attn)]
                 q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
                 if None in qkv or (q_norm is not None and q_norm.eps != k_norm.eps):
                     continue
                 qk_scale = None
                 if q_norm is not None:
-                    heads, kv_heads = (attn.q_proj.out_features // attn.head_dim,
-                                       attn.k_proj.out_features // attn.head_dim)
-                    qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads)
+                    heads = attn.q_proj.out_features // attn.head_dim
+                    qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads(attn))
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
         return cls(scales, tables, linears, fused, fused_mlp, prepack=prepack)
 
@@ -340,10 +381,19 @@ class Constants:
         return F.embedding(positions, cos), F.embedding(positions, sin)
 
 
+def _qkv_projections(attn: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """The q, k and v projections an attention module has: Gemma 4's k = v layers have no v, its KV-shared layers
+    neither k nor v."""
+    projections = (attn.q_proj, getattr(attn, "k_proj", None), getattr(attn, "v_proj", None))
+    return tuple(m for m in projections if m is not None)
+
+
 def _projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
-    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
+    """A decoder layer's projections: q, k, v (those it has), o, gate, up, down, and Gemma 4's PLE gate and
+    projection."""
     attn, mlp = layer.self_attn, layer.mlp
-    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    ple = tuple(getattr(layer, n) for n in ("per_layer_input_gate", "per_layer_projection") if hasattr(layer, n))
+    return (*_qkv_projections(attn), attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, *ple)
 
 
 def frozen_linears(hf: torch.nn.Module, product_dtype: torch.dtype) -> dict[int, LinearParts]:
@@ -374,14 +424,15 @@ def _cast_base(parts: LinearParts, dtype: torch.dtype | None) -> LinearParts:
 def _norm(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
     """Gemma's RMSNorm as one `F.rms_norm` (other norm classes: the module itself). Without a cached scale
     the scale is taken from the live weight, so gradients reach it."""
-    scale = consts.norm_scales.get(id(module)) if consts is not None else None
-    if scale is None:
-        if type(module).__name__ not in GEMMA_NORMS:
-            return module(x)
-        scale = 1.0 + module.weight.float()
+    if consts is not None and id(module) in consts.norm_scales:
+        scale = consts.norm_scales[id(module)]
+    elif type(module).__name__ in GEMMA_NORMS:
+        scale = norm_scale(module)
+    else:
+        return module(x)
     if x.dtype == torch.float32:  # skips two no-op conversions: a rollout makes ~20 norm calls per token
-        return F.rms_norm(x, scale.shape, scale, module.eps)
-    return F.rms_norm(x.float(), scale.shape, scale, module.eps).to(x.dtype)
+        return F.rms_norm(x, x.shape[-1:], scale, module.eps)
+    return F.rms_norm(x.float(), x.shape[-1:], scale, module.eps).to(x.dtype)
 
 
 def _linear(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
@@ -396,11 +447,15 @@ def _linear(module: torch.nn.Module, x: torch.Tensor, consts: Constants | None =
     return module(x)
 
 
+def _activation(act: torch.nn.Module) -> object:
+    """transformers' `GELUTanh` module as the function it wraps (no module call per use); others as they are."""
+    return act.act if type(act).__name__ == "GELUTanh" else act
+
+
 def _mlp(mlp: torch.nn.Module, x: torch.Tensor, consts: Constants | None = None) -> torch.Tensor:
     """Gemma's gated MLP, down(act(gate(x)) · up(x)), as HF computes it; transformers' `GELUTanh` module is
     called through the function it wraps."""
-    act = mlp.act_fn
-    act = act.act if type(act).__name__ == "GELUTanh" else act
+    act = _activation(mlp.act_fn)
     fused = consts.fused_gate_up.get(id(mlp)) if consts is not None else None
     if fused is not None:
         gate, up = consts.apply(fused, x).chunk(2, dim=-1)
@@ -473,26 +528,36 @@ def _attend_shared(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, v
 
 
 def _qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-         consts: Constants | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Projected, normed (Gemma 3) and rotated q, k and v for hidden states (..., hidden) → (..., heads, D);
-    cos and sin broadcast against them."""
+         consts: Constants | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Projected, normed (Gemma 3 and 4) and rotated q, k and v for hidden states (..., hidden) → (..., heads, D);
+    cos and sin broadcast against them. Gemma 4: v is RMS-normed without a scale (`v_norm`), on k = v layers from
+    the keys' projection before their norm; a KV-shared layer returns k = v = None (it reads another layer's)."""
     head_dim = attn.head_dim
+    if getattr(attn, "k_proj", None) is None:
+        q = _linear(attn.q_proj, x, consts).unflatten(-1, (-1, head_dim))
+        return _rotate(_norm(attn.q_norm, q, consts), cos, sin), None, None
+    kv = kv_heads(attn)
     fused = consts.fused_qkv.get(id(attn)) if consts is not None else None
     if fused is not None:
         parts, qk_scale = fused
         qkv = consts.apply(parts, x).unflatten(-1, (-1, head_dim))
-        kv_heads = attn.k_proj.out_features // head_dim  # peft's LoRA layers carry out_features too
-        qk, v = qkv[..., :-kv_heads, :], qkv[..., -kv_heads:, :]
+        # v's heads come last; without a v projection (k = v) the values are the keys' heads, as projected
+        qk = qkv[..., :-kv, :] if getattr(attn, "v_proj", None) is not None else qkv
+        v = qkv[..., -kv:, :]
         if qk_scale is not None:
             qk = (F.rms_norm(qk.float(), (head_dim,), eps=attn.q_norm.eps) * qk_scale).to(x.dtype)
         qk = _rotate(qk, cos, sin)
-        return qk[..., :-kv_heads, :], qk[..., -kv_heads:, :], v
-    q = _linear(attn.q_proj, x, consts).unflatten(-1, (-1, head_dim))
-    k = _linear(attn.k_proj, x, consts).unflatten(-1, (-1, head_dim))
-    v = _linear(attn.v_proj, x, consts).unflatten(-1, (-1, head_dim))
-    if getattr(attn, "q_norm", None) is not None:  # Gemma 3
-        q, k = _norm(attn.q_norm, q, consts), _norm(attn.k_norm, k, consts)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        q, k = qk[..., :-kv, :], qk[..., -kv:, :]
+    else:
+        q = _linear(attn.q_proj, x, consts).unflatten(-1, (-1, head_dim))
+        k = _linear(attn.k_proj, x, consts).unflatten(-1, (-1, head_dim))
+        v = _linear(attn.v_proj, x, consts).unflatten(-1, (-1, head_dim)) if attn.v_proj is not None else k
+        if getattr(attn, "q_norm", None) is not None:  # Gemma 3 and 4
+            q, k = _norm(attn.q_norm, q, consts), _norm(attn.k_norm, k, consts)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    if getattr(attn, "v_norm", None) is not None:  # Gemma 4
+        v = _norm(attn.v_norm, v, consts)
+    return q, k, v
 
 
 class KindInputs(NamedTuple):
@@ -504,25 +569,48 @@ class KindInputs(NamedTuple):
     bias: torch.Tensor | None
 
 
-def _attention(layer: torch.nn.Module, h: torch.Tensor, kind: KindInputs, *, cache: KVCache, index: int,
+def _attention(layer: torch.nn.Module, h: torch.Tensor, kind: KindInputs, *, cache: KVCache, entry: int,
                slots: torch.Tensor, consts: Constants, visible: int | None) -> torch.Tensor:
-    """Layer `index`'s attention for S new tokens: their keys and values written to the cache at `slots`, then
-    attention over the first `visible` slots (all when None). The cache and the attention products stay in the
-    model's dtype with bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a
-    longer cache copies its operands, where fp32's reads them strided (docs/cpu_choices.md)."""
+    """A layer's attention for S new tokens over cache entry `entry` (`kv_entries`): their keys and values written
+    there at `slots` (a KV-shared layer writes nothing: it reads what its entry's layer wrote), then attention over
+    the first `visible` slots (all when None). The cache and the attention products stay in the model's dtype with
+    bf16 projections too: on the CPU a bf16 batched product over the first `visible` slots of a longer cache copies
+    its operands, where fp32's reads them strided (docs/cpu_choices.md)."""
     attn, cos, sin, bias = layer.self_attn, kind.cos, kind.sin, kind.bias
     q, k, v = _qkv(attn, h, cos.unsqueeze(2), sin.unsqueeze(2), consts)  # (B, S, heads, D)
     # with a shared prefix (decode steps) the prompt's slots are there and the cache holds the slots after them
-    offset = cache.prefix.keys[index].shape[2] if cache.prefix is not None else 0
+    offset = cache.prefix.keys[entry].shape[2] if cache.prefix is not None else 0
     end = None if visible is None else visible - offset
-    slots = slots - offset if offset else slots  # no extra op (nor graph change on XLA) without a prefix
-    keys = cache.keys[index].index_copy_(2, slots, k.transpose(1, 2))[:, :, :end]
-    values = cache.values[index].index_copy_(2, slots, v.transpose(1, 2))[:, :, :end]
+    keys, values = cache.keys[entry], cache.values[entry]
+    if k is not None:
+        slots = slots - offset if offset else slots  # no extra op (nor graph change on XLA) without a prefix
+        keys, values = keys.index_copy_(2, slots, k.transpose(1, 2)), values.index_copy_(2, slots, v.transpose(1, 2))
+    keys, values = keys[:, :, :end], values[:, :, :end]
     if cache.prefix is not None:
-        attended = _attend_shared(attn, q.transpose(1, 2), keys, values, prefix=cache.prefix, index=index)
+        attended = _attend_shared(attn, q.transpose(1, 2), keys, values, prefix=cache.prefix, index=entry)
     else:
         attended = _attend(attn, q.transpose(1, 2), keys, values, bias)
     return _linear(attn.o_proj, attended, consts)
+
+
+def _per_layer_input(layer: torch.nn.Module, h: torch.Tensor, ple: torch.Tensor | None,
+                     consts: Constants | None) -> torch.Tensor:
+    """The end of a Gemma 4 layer: h + norm(proj(act(gate(h)) · ple)) with the layer's PLE input `ple` (..., P),
+    then h times the layer's scalar. Other layers: h."""
+    if ple is not None:
+        gated = _activation(layer.act_fn)(_linear(layer.per_layer_input_gate, h, consts)) * ple
+        h = h + _norm(layer.post_per_layer_input_norm, _linear(layer.per_layer_projection, gated, consts), consts)
+    scalar = getattr(layer, "layer_scalar", None)
+    return h if scalar is None else h * scalar
+
+
+def per_layer_inputs(hf: torch.nn.Module, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+    """Gemma 4's per-layer inputs (*input_ids.shape, layers, P) for tokens `input_ids` with embeddings `h`, by the
+    model's own `get_per_layer_inputs` and `project_per_layer_inputs`; None for a model without them."""
+    model = hf.model
+    if not getattr(model, "hidden_size_per_layer_input", None):
+        return None
+    return model.project_per_layer_inputs(h, model.get_per_layer_inputs(input_ids))
 
 
 LM_HEAD_BLOCK = 4096
@@ -575,14 +663,21 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
         else:
             bias = attention_bias(key_mask, slots, window, h.dtype)
         inputs[kind] = KindInputs(cos, sin, bias)
-    layers = model.layers
+    ple = per_layer_inputs(hf, input_ids, h)  # (B, S, layers, P) or None
+    layers, entries = model.layers, kv_entries(cfg)
     for index in range(cfg.num_hidden_layers):
         layer = layers[index]
+        if entries[index] != index and output != "all_logits" and h.shape[1] > 1:
+            # KV-shared layers write no cache: only the last position, whose logits are asked for, goes on
+            h, ple = h[:, -1:], ple[:, -1:] if ple is not None else None
+            inputs = {kind: KindInputs(x.cos[:, -1:], x.sin[:, -1:], x.bias[:, :, -1:] if x.bias is not None else None)
+                      for kind, x in inputs.items()}
         attended = _attention(layer, _norm(layer.input_layernorm, h, consts), inputs[kinds[index]], cache=cache,
-                              index=index, slots=slots, consts=consts, visible=visible)
+                              entry=entries[index], slots=slots, consts=consts, visible=visible)
         h = h + _norm(layer.post_attention_layernorm, attended, consts)
         h = h + _norm(layer.post_feedforward_layernorm,
                       _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h, consts), consts), consts)
+        h = _per_layer_input(layer, h, ple[:, :, index] if ple is not None else None, consts)
     if output != "all_logits":
         h = h[:, -1, :]
     h = _norm(model.norm, h, consts)
@@ -722,13 +817,20 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
         biases[kind] = (attention_bias(pack.prompt_mask, torch.arange(prompt_len, device=device), window, h.dtype),
                         attention_bias(completion_keys, torch.arange(prompt_len, input_ids.shape[1] - 1, device=device),
                                        window, h.dtype))
-    for layer, kind in zip(model.layers[: cfg.num_hidden_layers], kinds, strict=True):
+    ple = per_layer_inputs(hf, pack.tokens, h)  # (M, layers, P) or None
+    computed = {}  # layer index → its (k, v), for the KV-shared layers that read them
+    for index, (layer, kind, entry) in enumerate(zip(model.layers[: cfg.num_hidden_layers], kinds, kv_entries(cfg),
+                                                     strict=True)):
         attn = layer.self_attn
-        qkv = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
+        q, k, v = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
+        if k is None:
+            k, v = computed[entry]
+        computed[index] = k, v
         h = h + _norm(layer.post_attention_layernorm,
-                      _linear(attn.o_proj, _packed_attention(attn, qkv, pack, biases[kind]), consts))
+                      _linear(attn.o_proj, _packed_attention(attn, (q, k, v), pack, biases[kind]), consts))
         h = h + _norm(
             layer.post_feedforward_layernorm, _mlp(layer.mlp, _norm(layer.pre_feedforward_layernorm, h), consts)
         )
+        h = _per_layer_input(layer, h, ple[:, index] if ple is not None else None, consts)
     source, target_index = pack.prediction_sources()
     return _norm(model.norm, h.index_select(0, source)), target_index

@@ -122,9 +122,65 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
         enable_activation_checkpointing(model, device)
         if use_lora:
             model.enable_input_require_grads()
-    model = move_model(model, device, dtype)
+    with _ple_kept_on_host(model, device, keep=cfg.ple_on_host):
+        model = move_model(model, device, dtype)
     shard_parameters(model)  # FSDP-style under SPMD with full fine-tuning; a no-op otherwise
     return model, tokenizer
+
+
+def random_model(name: str, *, layers: int, kv_shared_layers: int = 0, seed: int = 0,
+                 **overrides: Any) -> torch.nn.Module:
+    """transformers' model for a known config (`assets/models/<name>/config.json`: its hidden size, heads, head
+    sizes, MLP and per-layer-embedding widths, vocabulary) with `layers` layers alternating sliding and full
+    attention (the last full, as Gemma 4 requires), the last `kv_shared_layers` of them reusing earlier keys and
+    values (Gemma 4), random weights from `seed`, eager attention: a model of a real model's shapes for benchmarks
+    and tests, no download. `overrides` replace config fields (`vocab_size` also sets Gemma 4's
+    `vocab_size_per_layer_input`)."""
+    from transformers import AutoConfig
+
+    fields = json.loads((MODEL_SHAPES / name / "config.json").read_text())
+    fields.pop("per_layer_config", None)  # rebuilt by transformers for the new layer list
+    kinds = ["sliding_attention" if (layers - i) % 2 == 0 else "full_attention" for i in range(layers)]
+    fields.update(num_hidden_layers=layers, architectures=None, layer_types=kinds)
+    if "num_kv_shared_layers" in fields or kv_shared_layers:
+        fields["num_kv_shared_layers"] = kv_shared_layers
+    if "vocab_size" in overrides and "vocab_size_per_layer_input" in fields:
+        fields["vocab_size_per_layer_input"] = overrides["vocab_size"]
+    fields.update(overrides)
+    config = AutoConfig.for_model(**{k: v for k, v in fields.items() if v is not None})
+    config._attn_implementation = "eager"
+    with seeded_cpu_rng(seed):
+        return AutoModelForCausalLM.from_config(config).eval()
+
+
+@contextlib.contextmanager
+def _ple_kept_on_host(model: torch.nn.Module, device: torch.device, *, keep: bool) -> Iterator[None]:
+    """With `keep`, Gemma 4's per-layer embedding table sits out of the move inside the block and is looked up on the
+    host after it (`ModelConfig.ple_on_host`); otherwise the block runs as it is."""
+    hf = base_model(model)
+    table = getattr(getattr(hf, "model", None), "embed_tokens_per_layer", None)
+    if not keep or table is None:
+        yield
+        return
+    if is_xla(device):
+        raise ValueError("ModelConfig(ple_on_host=True) is for GPUs and the CPU: a TPU's compiled steps cannot stop "
+                         "for a host lookup (its preset keeps the table in HBM)")
+    hf.model.embed_tokens_per_layer = None
+    try:
+        yield
+    finally:
+        hf.model.embed_tokens_per_layer = table
+    keep_ple_on_host(hf)
+
+
+def keep_ple_on_host(hf: torch.nn.Module) -> None:
+    """Look Gemma 4's per-layer embeddings up where their table is (the host) and send the rows, in the dtype of the
+    model's token embedding, to where that embedding is: hooks on the table's module, so the model's own forward,
+    `generate` and the kit's forwards all go through them, and the weights keep their names for saving and export."""
+    table, embed = hf.model.embed_tokens_per_layer, hf.model.embed_tokens
+    table.requires_grad_(False)
+    table.register_forward_pre_hook(lambda module, args: (args[0].to(module.weight.device),))
+    table.register_forward_hook(lambda module, args, rows: rows.to(embed.weight.device, embed.weight.dtype))
 
 
 GEMMA4_TEXT_KEYS = {r"^model\.language_model\.": "model."}

@@ -548,13 +548,14 @@ _TOLD_HF_FORWARD: set[str] = set()
 
 def _say_hf_forward_once(hf: torch.nn.Module) -> None:
     """Warn, once per model class and process, that its rollouts run through HF's forward (several times slower than
-    the lean one, which covers Gemma 2 and 3 layers only)."""
+    the lean one: `decoder.supports`)."""
     layers = getattr(getattr(hf, "model", None), "layers", None)
     kind = type(layers[0]).__name__ if layers else type(hf).__name__
     if kind not in _TOLD_HF_FORWARD:
         _TOLD_HF_FORWARD.add(kind)
-        warnings.warn(f"{kind}: the kit's lean forward covers Gemma 2 and 3 layers only, so this model samples through "
-                      "transformers' own forward (the same tokens, several times slower)", stacklevel=3)
+        warnings.warn(f"{kind}: the kit's lean forward covers Gemma 2, 3 and 4 text layers without mixture-of-experts "
+                      "blocks only, so this model samples through transformers' own forward (the same tokens, several "
+                      "times slower)", stacklevel=3)
 
 
 def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -580,7 +581,7 @@ def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
     """Generate `settings.max_new_tokens` for every row with a static KV cache; everything after a stop token is
     masked and set to `pad_id`. The prompts are (B, P) left-padded; the model's device is used throughout.
 
-    Picks the execution mode: Gemma 2/3 models run through `decoder.forward` (a lean forward on the model's own
+    Picks the execution mode: Gemma 2/3/4 models run through `decoder.forward` (a lean forward on the model's own
     modules) — `sample_eager` on cpu/cuda, `sample_fixed` on XLA or with `settings.compiled` (`torch.compile` on
     cpu/cuda) — others through HF's forward (`sample_hf`). `settings.lean` None = the lean forward when
     `decoder.supports` the model; False forces HF's. `group_size` G > 1 says rows come in groups of G copies of
