@@ -25,7 +25,7 @@ from .train.rundir import claim
 def _common(p: argparse.ArgumentParser, preset: str = "auto") -> None:
     p.add_argument("--preset", default=preset, choices=["auto", *sorted(PRESETS)],
                    help=f"named settings (default {preset}; auto = picked for the detected hardware: a TPU board's "
-                        "preset, the GPU preset, or cpu-tiny)")
+                        "preset, the GPU preset, or cpu-tiny; Gemma 4 E2B's where --model names it)")
     p.add_argument("--config", default=None, help="YAML file of overrides, e.g. 'grpo: {steps: 100}'")
     p.add_argument(
         "--model", default=None, help="model name/path (overrides the preset): tiny-gemma, a directory or a hub id"
@@ -41,7 +41,7 @@ def _config(args: argparse.Namespace, default_out: str, *, model_is_name: bool =
     from .engine.device import check_device_kind
 
     check_device_kind(getattr(args, "device", None))
-    cfg = load_run_config(args.preset, args.config)
+    cfg = load_run_config(args.preset, args.config, model=args.model if model_is_name else None)
     if args.model and model_is_name:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=args.model))
     out = args.output_dir or (cfg.output_dir if default_out == "runs/demo" else default_out)
@@ -320,7 +320,7 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
 
 
 PLAN_FLAGS = ("model", "tpu", "lora_r", "prompts_per_step", "group_size", "prompt_length", "max_new_tokens",
-              "micro_batch_size", "gradient_checkpointing", "beta")
+              "micro_batch_size", "gradient_checkpointing", "beta", "ple_on_host")
 """`grpo-kit plan`'s flags: `planner.PlanInput` fields, with its defaults and its field docs as help (and --full)."""
 
 

@@ -120,29 +120,64 @@ def test_sft_and_grpo_steps_train_the_tiny_gemma4():
     assert any(not torch.equal(p, after_sft[n]) for n, p in trainable().items()), "GRPO moved no trainable weight"
 
 
-def test_the_sampler_gives_hf_generates_greedy_tokens_on_the_tiny_gemma4(monkeypatch):
-    """Greedy through the kit's sampler (HF's forward for Gemma 4, which it says once) equals `generate` token for
-    token, sliding window (16) exceeded, per-layer embeddings and shared keys and values included."""
-    model, tokenizer = tiny_gemma4(seed=3)
-    hf = base_model(model)
-    ids, mask = encode_prompts(tokenizer, PROMPTS, bucket=8)
+def greedy_equals_generate(model: torch.nn.Module, tokenizer: object, roll: object, ids: torch.Tensor,
+                           mask: torch.Tensor, new_tokens: int) -> None:
     stops = stop_token_ids(tokenizer)
-    assert stops == [1, 5]  # <eos>, <turn|>
-    settings = SamplerSettings(max_new_tokens=24, greedy=True)
-    monkeypatch.setattr(sampling, "_TOLD_HF_FORWARD", set())  # as in a fresh process
-    with pytest.warns(UserWarning, match="Gemma4TextDecoderLayer: the kit's lean forward covers Gemma 2 and 3"):
-        roll = sample(model, ids, mask, settings, stop_ids=stops, pad_id=tokenizer.pad_token_id)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once per model class
-        sample(model, ids, mask, settings, stop_ids=stops, pad_id=tokenizer.pad_token_id)
     with torch.no_grad():
-        want = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                           eos_token_id=stops, pad_token_id=tokenizer.pad_token_id)[:, ids.shape[1]:]
-    for row in range(len(PROMPTS)):
+        want = base_model(model).generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                          do_sample=False, eos_token_id=stops,
+                                          pad_token_id=tokenizer.pad_token_id)[:, ids.shape[1]:]
+    for row in range(ids.shape[0]):
         got = roll.completion_ids[row][roll.completion_mask[row].bool()].tolist()
         expected = want[row].tolist()
         expected = expected[: next((i + 1 for i, t in enumerate(expected) if t in stops), len(expected))]
         assert got == expected, row
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_lean_sampler_gives_hf_generates_greedy_tokens_on_the_tiny_gemma4(lora):
+    """Greedy through the kit's own forward (`decoder.forward`, no fall-back) equals `generate` token for token,
+    sliding window (16) exceeded, per-layer embeddings and shared keys and values included, with and without LoRA;
+    prompts kept once per group (`share_prefix`) or per row alike."""
+    model, tokenizer = tiny_gemma4(lora=lora, seed=3)
+    if lora:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+    assert sampling.decoder.supports(base_model(model))
+    ids, mask = encode_prompts(tokenizer, PROMPTS, bucket=8)
+    settings = SamplerSettings(max_new_tokens=24, greedy=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no word of HF's forward: the lean one runs
+        roll = sample(model, ids, mask, settings, stop_ids=stop_token_ids(tokenizer), pad_id=tokenizer.pad_token_id)
+        grouped = sample(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), settings,
+                         stop_ids=stop_token_ids(tokenizer), pad_id=tokenizer.pad_token_id, group_size=3)
+    greedy_equals_generate(model, tokenizer, roll, ids, mask, 24)
+    assert torch.equal(grouped.completion_ids, roll.completion_ids.repeat_interleave(3, 0))
+
+
+def test_a_model_the_lean_forward_does_not_cover_samples_through_hfs_and_says_so_once(monkeypatch):
+    """A Gemma 4 with mixture-of-experts blocks (the 26B-A4B's kind) samples through transformers' forward: the same
+    greedy tokens as `generate`, and one warning per model class."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(MODEL_SHAPES / "tiny-gemma-4")
+    config.update({"enable_moe_block": True, "num_experts": 2, "top_k_experts": 1, "moe_intermediate_size": 16})
+    config._attn_implementation = "eager"
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    tokenizer = build_tiny_tokenizer(gemma4=True)
+    ids, mask = encode_prompts(tokenizer, PROMPTS, bucket=8)
+    settings = SamplerSettings(max_new_tokens=24, greedy=True)
+    monkeypatch.setattr(sampling, "_TOLD_HF_FORWARD", set())  # as in a fresh process
+    stops = stop_token_ids(tokenizer)
+    with pytest.warns(UserWarning, match="Gemma4TextDecoderLayer: .* without mixture-of-experts blocks only"):
+        roll = sample(model, ids, mask, settings, stop_ids=stops, pad_id=tokenizer.pad_token_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per model class
+        sample(model, ids, mask, settings, stop_ids=stops, pad_id=tokenizer.pad_token_id)
+    greedy_equals_generate(model, tokenizer, roll, ids, mask, 24)
 
 
 def test_a_multimodal_gemma4_checkpoint_loads_as_its_text_decoder_alone(tmp_path):
@@ -248,3 +283,57 @@ def test_a_thinking_gemma4s_thoughts_are_its_reasoning_for_the_rewards():
         assert correctness_reward(["q"] * 3, completions, answer=["7"] * 3) == [1.0, 1.0, 0.0]
     ids = [gemma3("<reasoning>a</reasoning> <answer>1</answer><end_of_turn>", add_special_tokens=False)["input_ids"]]
     assert decode_completions(gemma3, ids) == gemma3.batch_decode(ids, skip_special_tokens=True)
+
+
+def test_the_per_layer_table_kept_on_the_host_gives_the_same_numbers():
+    """`ModelConfig(ple_on_host=True)`: the table stays out of the move, frozen, in the checkpoint's dtype (bf16 here),
+    looked up through hooks that send its rows to the model's device and dtype; logits and greedy tokens equal a
+    float32 model holding the same (bf16-valued) table. Refused on a TPU."""
+    from grpo_kit.engine import models
+
+    kept, tokenizer = load_model(ModelConfig(name="tiny-gemma-4", ple_on_host=True, seed=2), torch.device("cpu"))
+    plain, _ = load_model(ModelConfig(name="tiny-gemma-4", seed=2), torch.device("cpu"))
+    table = kept.model.embed_tokens_per_layer.to(torch.bfloat16)
+    with torch.no_grad():
+        plain.model.embed_tokens_per_layer.weight.copy_(table.weight.float())
+    assert not table.weight.requires_grad and plain.model.embed_tokens_per_layer.weight.requires_grad
+    ids, mask = encode_prompts(tokenizer, PROMPTS, bucket=8)
+    with torch.no_grad():
+        logits = [m(input_ids=ids, attention_mask=mask).logits for m in (kept, plain)]
+    assert torch.equal(logits[0], logits[1])
+    settings = SamplerSettings(max_new_tokens=12, greedy=True)
+    rolls = [sample(m, ids, mask, settings, stop_ids=[1, 5], pad_id=0) for m in (kept, plain)]
+    assert torch.equal(rolls[0].completion_ids, rolls[1].completion_ids)
+    assert "model.embed_tokens_per_layer.weight" in kept.state_dict()  # saved and exported under its own name
+    with pytest.raises(ValueError, match="ple_on_host=True\\) is for GPUs and the CPU"):
+        with models._ple_kept_on_host(plain, torch.device("xla"), keep=True):
+            pass
+
+
+def test_notebooks_08_and_09_offer_gemma4_where_the_runtime_has_its_preset(monkeypatch, capsys, tmp_path):
+    """`MODEL = "gemma-4-e2b-it"` in 08/09 picks the board's or the GPU's E2B preset; a CPU keeps Gemma 3 270M and says
+    so; notebook 00's `model_choices` names both presets with the planner's memory and the expected step. Without
+    access to Gemma 4 (no hub here) the capstone falls back as it does for Gemma 3 1B, saying which model it could
+    not load."""
+    from grpo_kit.course import notebook as nbk
+
+    assert nbk.capstone_preset("v5e-8", model="gemma-4-e2b-it") == "tpu-v5e-8-gemma-4-e2b"
+    assert nbk.capstone_preset("cuda", model="gemma-4-e2b-it") == "gpu-gemma-4-e2b"
+    assert nbk.capstone_preset("v5e-8") == "tpu-v5e-8-gemma-3-1b" and nbk.capstone_preset("cuda") == "gpu-gemma-3-1b"
+    assert nbk.capstone_preset("cpu", model="gemma-4-e2b-it") == "cpu-gemma-270m"
+    assert "gemma-4-e2b-it: no CPU preset" in capsys.readouterr().out
+    kaggle = nbk.model_choices("v5e-8")
+    assert kaggle[0].startswith("Gemma 3 1B-IT (MODEL = None): preset tpu-v5e-8-gemma-3-1b · ")
+    assert kaggle[1].startswith('Gemma 4 E2B-IT (MODEL = "gemma-4-e2b-it"): preset tpu-v5e-8-gemma-4-e2b · ')
+    assert "of 16 GiB per device · ≈ 28 s a GRPO step (estimate)" in kaggle[1]
+    assert "of 15 GiB per device · ≈ 40 s a GRPO step (estimate)" in nbk.model_choices("cuda")[1]  # planned as a T4
+    assert all("no CPU preset" in line for line in nbk.model_choices("cpu"))
+
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    monkeypatch.setenv("GRPO_KIT_RUNS_DIR", str(tmp_path))
+    monkeypatch.setattr(nbk, "model_access", lambda name, token=None: (
+        name == "gemma-3-270m-offline", "PyPI" if name == "gemma-3-270m-offline" else "no hub here"))
+    monkeypatch.setattr(nbk, "_task_that_loads", lambda cfg: cfg)
+    cfg, preset = nbk.capstone_config(model="gemma-4-e2b-it")
+    assert (preset, cfg.model.name) == ("cpu-gemma-270m", "gemma-3-270m-offline")
+    assert "google/gemma-4-E2B-it cannot be loaded here" in capsys.readouterr().out

@@ -57,7 +57,7 @@ def test_planner_picks_settings_that_fit_and_refuses_what_cannot():
 def _board(name: str) -> str | None:
     if name.startswith("tpu-"):
         return "-".join(name.split("-")[1:3])
-    return {"gpu-gemma-3-1b": "t4", "cpu-gemma-270m": "cpu"}.get(name)
+    return {"gpu-gemma-3-1b": "t4", "gpu-gemma-4-e2b": "t4", "cpu-gemma-270m": "cpu"}.get(name)
 
 
 def _longest_prompt(cfg) -> int:
@@ -87,11 +87,52 @@ def test_every_real_gemma_preset_fits_its_board_per_the_planner():
             PlanInput(model=cfg.model.name, tpu=board, lora=bool(cfg.model.lora), prompts_per_step=g.prompts_per_step,
                       group_size=g.group_size, prompt_length=_longest_prompt(cfg), max_new_tokens=g.max_new_tokens,
                       micro_batch_size=g.micro_batch_size, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                      beta=g.beta)
+                      beta=g.beta, ple_on_host=cfg.model.ple_on_host)
         )
         assert r["fits"], (name, r["estimate_gib"])
-        checked.append(board)
-    assert sorted(checked) == ["cpu", "t4", "v2-8", "v3-8", "v5e-1", "v5e-8", "v6e-1", "v6e-8"]
+        checked.append(name)
+    assert sorted(checked) == ["cpu-gemma-270m", "gpu-gemma-3-1b", "gpu-gemma-4-e2b", "tpu-v2-8-gemma-3-1b",
+                               "tpu-v3-8-gemma-3-1b", "tpu-v5e-1-gemma-3-1b", "tpu-v5e-1-gemma-4-e2b",
+                               "tpu-v5e-8-gemma-3-1b", "tpu-v5e-8-gemma-4-e2b", "tpu-v6e-1-gemma-3-1b",
+                               "tpu-v6e-1-gemma-4-e2b", "tpu-v6e-8-gemma-3-1b"]
+
+
+def test_the_gemma4_presets_are_planned_for_their_boards_and_the_t4_needs_the_table_on_the_host():
+    """Each Gemma 4 E2B preset's micro-batch is the largest the planner fits on its board at its settings (so none
+    is set by hand), the TPU ones keep the per-layer table in HBM, and on a T4 in float32 E2B fits only with it on
+    the host (the planner says so where it does not)."""
+    for name in ("tpu-v5e-8-gemma-4-e2b", "tpu-v6e-1-gemma-4-e2b", "tpu-v5e-1-gemma-4-e2b", "gpu-gemma-4-e2b"):
+        cfg, board = load_run_config(name), _board(name)
+        g = cfg.grpo
+        picked = plan(PlanInput(model=cfg.model.name, tpu=board, prompts_per_step=g.prompts_per_step,
+                                group_size=g.group_size, prompt_length=_longest_prompt(cfg),
+                                max_new_tokens=g.max_new_tokens, beta=g.beta, ple_on_host=cfg.model.ple_on_host))
+        assert picked["fits"] and picked["micro_batch_size"] == g.micro_batch_size, (name, picked["micro_batch_size"])
+        assert picked["gradient_checkpointing"] == cfg.model.gradient_checkpointing, name
+        assert cfg.model.ple_on_host == (board == "t4"), name
+    cfg = load_run_config("gpu-gemma-4-e2b")
+    device_table = plan(PlanInput(model=cfg.model.name, tpu="t4", prompts_per_step=cfg.grpo.prompts_per_step,
+                                  max_new_tokens=cfg.grpo.max_new_tokens, prompt_length=cfg.grpo.prompt_bucket))
+    assert not device_table["fits"] and "--ple-on-host: 8.8 GiB less on the GPU" in device_table["advice"]
+
+
+def test_auto_picks_gemma4s_preset_only_when_the_model_is_gemma4(monkeypatch, capsys):
+    """`--preset auto` stays Gemma 3 1B's (the default where the planner prefers it); naming Gemma 4 E2B, in any of its
+    spellings, picks the board's E2B preset; the CPU keeps its demo."""
+    for spelling in ("gemma-4-e2b-it", "google/gemma-4-E2B-it", "gemma-4-e2b"):
+        assert auto_preset("v5e-8", model=spelling) == "tpu-v5e-8-gemma-4-e2b"
+        assert auto_preset("v6e-1", model=spelling) == "tpu-v6e-1-gemma-4-e2b"
+        assert auto_preset("cuda", model=spelling) == "gpu-gemma-4-e2b"
+        assert auto_preset("cpu", model=spelling) == "cpu-tiny"
+    assert auto_preset("v5e-8") == auto_preset("v5e-8", model="google/gemma-3-1b-it") == "tpu-v5e-8-gemma-3-1b"
+    from grpo_kit.engine import device
+
+    monkeypatch.setattr(device, "xla_device_memory", lambda: (8, 32.0))  # v6e-8: no E2B preset of its own
+    assert auto_preset("v6e-8", model="gemma-4-e2b-it") == "tpu-v5e-8-gemma-4-e2b"
+    assert "TPU v6e-8 has no gemma-4-e2b preset of its own" in capsys.readouterr().err
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")  # Kaggle's TPU v5e-8
+    assert load_run_config("auto", model="gemma-4-e2b-it").model.name == "google/gemma-4-E2B-it"
+    assert load_run_config("auto").model.name == "google/gemma-3-1b-it"
 
 
 @pytest.mark.parametrize("accelerator_type, board", [

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..data.answer_format import YOUR_TASK_INSTRUCTION
 from ..data.tasks import Columns
-from ..train.config import PRESET_TIMES, RunConfig, auto_preset, load_run_config
+from ..train.config import PRESET_TIMES, RunConfig, auto_preset, load_run_config, preset_family
 from .exercises import check_exercise, hint, reveal, use_solutions  # noqa: F401
 
 # re-exported for the notebooks: nbk.check_exercise("03.1", globals()), nbk.hint, nbk.reveal, nbk.quiz("04.1")
@@ -128,12 +128,62 @@ def _quick_capstone(cfg: RunConfig, name: str) -> RunConfig:
                                  max_new_tokens=min(cfg.grpo.max_new_tokens, 40)))
 
 
-def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto", *,
+def capstone_preset(hardware: str, preset: str = "auto", model: str | None = None) -> str:
+    """Notebook 08's preset on `hardware`: `preset` unless "auto"; then, where `model` names Gemma 4 E2B, the board's or
+    the GPU's E2B preset (`config.auto_preset`; a CPU has none and keeps Gemma 3 270M's, said so), else
+    `CAPSTONE_PRESETS` or the board's Gemma 3 1B preset."""
+    if preset != "auto":
+        return preset
+    if preset_family(model) == "gemma-3-1b":
+        return CAPSTONE_PRESETS.get(hardware) or auto_preset(hardware)
+    if hardware == "cpu":
+        print(f"⚠️  {model}: no CPU preset (it trains on a TPU or a GPU): Gemma 3 270M instead")
+        return CAPSTONE_PRESETS["cpu"]
+    return auto_preset(hardware, model=model)
+
+
+MODEL_CHOICES = {"Gemma 3 1B-IT (MODEL = None)": None, 'Gemma 4 E2B-IT (MODEL = "gemma-4-e2b-it")': "gemma-4-e2b-it"}
+"""The real Gemmas notebooks 08 and 09 offer, by the `MODEL` their settings cell takes."""
+
+
+def model_choices(hardware: str | None = None) -> list[str]:
+    """One line per model notebooks 08 and 09 offer (`MODEL_CHOICES`): the preset it trains with on `hardware` (None:
+    this runtime's), its memory per device by the planner at the preset's settings (a GPU planned as a T4, fp32, the
+    smallest the kit supports) and its expected GRPO step, measured or estimated; or why it has none here."""
+    from ..engine.device import SetupError
+    from ..eval.planner import PlanInput, plan
+
+    hardware = hardware or environment()["hardware"]
+    lines = []
+    for label, model in MODEL_CHOICES.items():
+        if hardware == "cpu":
+            lines.append(f"{label}: no CPU preset; a CPU trains Gemma 3 270M (cpu-gemma-270m)")
+            continue
+        try:
+            name = capstone_preset(hardware, model=model)
+        except SetupError as e:
+            lines.append(f"{label}: {e}")
+            continue
+        cfg, times = load_run_config(name), PRESET_TIMES[name]
+        g, board = cfg.grpo, "t4" if name.startswith("gpu-") else "-".join(name.split("-")[1:3])
+        report = plan(PlanInput(model=cfg.model.name, tpu=board, prompts_per_step=g.prompts_per_step,
+                                group_size=g.group_size, prompt_length=g.prompt_bucket, max_new_tokens=g.max_new_tokens,
+                                micro_batch_size=g.micro_batch_size, beta=g.beta, ple_on_host=cfg.model.ple_on_host,
+                                gradient_checkpointing=cfg.model.gradient_checkpointing))
+        lines.append(f"{label}: preset {name} · {report['estimate_gib']['total']:.1f} of "
+                     f"{report['gib_per_device']:.0f} GiB per device · ≈ {times['grpo_step_seconds']:g} s a GRPO step "
+                     f"({times['basis'].split(':')[0]})")
+    return lines
+
+
+def capstone_config(time_budget_minutes: float | None = None, preset: str = "auto", *, model: str | None = None,
                     announce: bool = True) -> tuple[RunConfig, str]:
-    """Notebook 08's settings: the runtime's real-Gemma preset — a TPU board's or the GPU's Gemma 3 1B-IT on GSM8K,
-    on a CPU Gemma 3 270M on generated word problems — writing to `runs_dir()/capstone/<preset>` (so a re-run after
-    a disconnect continues there), with `time_budget_minutes` (None: the preset's). Where a piece cannot be had it
-    falls back and says so: GSM8K without network → generated word problems; Gemma 3 1B without access → Gemma 3
+    """Notebook 08's settings: the runtime's real-Gemma preset (`capstone_preset`) — a TPU board's or the GPU's Gemma 3
+    1B-IT on GSM8K, or with `model="gemma-4-e2b-it"` Gemma 4 E2B-IT's, on a CPU Gemma 3 270M on generated word
+    problems; another `model` replaces the preset's model as `--model` does — writing to
+    `runs_dir()/capstone/<preset>` (so a re-run after a disconnect continues there), with `time_budget_minutes` (None:
+    the preset's). Where a piece cannot be had it falls back and says so: GSM8K without network → generated word
+    problems; the preset's Gemma (3 1B or 4 E2B) without access → Gemma 3
     270M from PyPI (the tiny Gemma on arithmetic where several XLA CPU devices stand in for a TPU board and share
     the host's memory: `device.virtual_tpu_devices`); no Gemma 3 270M either → the tiny Gemma on arithmetic.
     Under quick mode (CI, platform replicas): 8 held-out problems, 4 SFT steps (of 4 rows on Gemma 3 270M), 2 GRPO
@@ -142,8 +192,10 @@ def capstone_config(time_budget_minutes: float | None = None, preset: str = "aut
     from ..engine.device import virtual_tpu_devices
 
     hardware = environment()["hardware"]
-    name = preset if preset != "auto" else CAPSTONE_PRESETS.get(hardware, auto_preset(hardware))
+    name = capstone_preset(hardware, preset, model)
     cfg = load_run_config(name)
+    if model and preset_family(model) == "gemma-3-1b" and name != "cpu-gemma-270m":
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=model))
     ok, why = model_access(cfg.model.name, cfg.model.hf_token)
     if not ok and cfg.model.name != "gemma-3-270m-offline":
         virtual = virtual_tpu_devices()
@@ -190,8 +242,8 @@ def example_task_file() -> Path:
 
 def your_task_config(source: str | Path, *, columns: Columns | Mapping[str, str | None] | None = None,
                      num_test: int = 40, time_budget_minutes: float | None = None, preset: str = "auto",
-                     control: bool = True) -> tuple[RunConfig, str]:
-    """Notebook 09's settings: the runtime's model and training settings as notebook 08 picks them
+                     model: str | None = None, control: bool = True) -> tuple[RunConfig, str]:
+    """Notebook 09's settings: the runtime's model and training settings as notebook 08 picks them for `model`
     (`capstone_config`, with its fallbacks), on the task in `source` (a data file or a hub dataset id, its columns
     named by `columns` as in `load_task`; `num_test` rows held out), writing to `runs_dir()/your_task/<preset>`,
     with an instruction that asks for the answer format; the rewards weighted 1 each and shaped ones gated by the
@@ -207,7 +259,7 @@ def your_task_config(source: str | Path, *, columns: Columns | Mapping[str, str 
                                   grpo=dataclasses.replace(cfg.grpo, steps=2, prompts_per_step=2, group_size=4,
                                                            micro_batch_size=8))
     else:
-        cfg, name = capstone_config(time_budget_minutes, preset, announce=False)
+        cfg, name = capstone_config(time_budget_minutes, preset, model=model, announce=False)
     kind = "file" if Path(source).suffix in (".jsonl", ".json", ".csv", ".parquet") else "hub"
     named = Columns.of(columns)
     task = TaskConfig(kind=kind, source=str(source), prompt_column=named.prompt, answer_column=named.answer,

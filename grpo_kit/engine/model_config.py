@@ -38,6 +38,12 @@ class ModelConfig:
     float16 (it overflows, unsloth-zoo#600)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, more time (a second forward). Off for tiny models."""
+    ple_on_host: bool = False
+    """Gemma 4 on a GPU: keep the per-layer embedding table (E2B: 2.35B of its 4.63B weights) in host memory in the
+    checkpoint's dtype, look each forward's tokens up there and send their rows to the GPU (`models.keep_ple_on_host`):
+    E2B then fits a T4's 15 GiB in float32 (`grpo-kit plan --ple-on-host`). The table is frozen; the rows are cast
+    after the lookup, and its scale (√256 = 16 on E2B and E4B) is exact in any dtype, so the numbers are the GPU's.
+    Ignored for models without the table; refused on a TPU, whose compiled steps cannot stop for a host lookup."""
     hf_token: str | None = field(default=None, repr=False)
     """Hugging Face token for gated Gemma checkpoints; None reads HF_TOKEN or the Colab secret."""
 

@@ -141,9 +141,14 @@ class ModelSpec:
         return sum(a * b for a, b in self.layer_shapes(layer).values()) + norms + ple
 
     @property
+    def ple_table_params(self) -> int:
+        """The per-layer embedding table (Gemma 4's PLE; 0 without)."""
+        return self.ple_vocab * self.layers * self.ple_dim
+
+    @property
     def embedding_params(self) -> int:
         """The looked-up tables: the token embedding and, with PLE, the per-layer table (the LM head not counted)."""
-        return self.vocab * self.hidden + self.ple_vocab * self.layers * self.ple_dim
+        return self.vocab * self.hidden + self.ple_table_params
 
     @property
     def params(self) -> int:
@@ -253,6 +258,8 @@ class PlanInput:
     """GRPOConfig.beta, as in the TPU presets (> 0 keeps a reference copy under full fine-tuning)"""
     dtype_bytes: int | None = None
     """bytes per weight element; None = 2 (bf16) on bf16 hardware, else 4"""
+    ple_on_host: bool = False
+    """Gemma 4's per-layer embedding table kept in host memory (ModelConfig.ple_on_host; GPUs only)"""
 
 
 def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, float]:
@@ -274,8 +281,9 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         activations = rows * seq * b * (spec.layers * spec.hidden + per_token_layers / spec.layers + ple_inputs)
     else:
         activations = rows * seq * (per_token_layers + ple_inputs) * b
+    on_device = total_params - (spec.ple_table_params if p.ple_on_host else 0)
     out = {
-        "weights": total_params * b / shard,
+        "weights": on_device * b / shard,
         "trainable_fp32": trainable * 4 if p.lora else 0.0,
         "gradients": trainable * (4 if p.lora else b) / shard,
         "optimizer": trainable * 2 * (4 if p.lora else b) / shard,
@@ -354,6 +362,10 @@ def _advice(p: PlanInput, report: dict) -> str:
         hints.append("sample fewer rows at once (prompts_per_step or group_size) or a shorter max_new_tokens")
     if est["activations"] > 0.25 * est["total"]:
         hints.append("a shorter max_new_tokens / prompt_length")
+    spec = model_spec(p.model)
+    if spec.ple_table_params and not p.ple_on_host and not p.tpu.startswith("v"):
+        hints.append(f"keep the per-layer embedding table on the host (--ple-on-host: "
+                     f"{spec.ple_table_params * (p.dtype_bytes or 4) / GIB:.1f} GiB less on the GPU)")
     hints.append("a bigger accelerator (v3-8 / v5e-8 have 16 GiB per device)")
     return (f"{report['model']} needs ≈ {est['total']:.1f} GiB per device even with micro-batch "
             f"{report['micro_batch_size']} and gradient checkpointing, but {report['accelerator']} has "

@@ -569,9 +569,9 @@ estimate from the hardware's published speed where we have no such machine (`PRE
 prints the line for the preset it picks; `course.CourseMode.minutes` estimates the course's notebooks from them."""
 
 
-def tpu_board_micro_batch(board: str) -> int:
-    """The micro-batch of `board`'s Gemma 3 1B preset, as `grpo-kit plan` picks it for that board."""
-    return PRESETS[f"tpu-{board}-gemma-3-1b"]["grpo"]["micro_batch_size"]
+def tpu_board_micro_batch(board: str, *, family: str = "gemma-3-1b") -> int:
+    """The micro-batch of `board`'s preset for `family` (Gemma 3 1B by default), as `grpo-kit plan` picks it."""
+    return PRESETS[f"tpu-{board}-{family}"]["grpo"]["micro_batch_size"]
 
 
 C = TypeVar("C")
@@ -599,16 +599,31 @@ def apply_overrides(cfg: C, overrides: dict[str, Any], where: str = "config") ->
     return dataclasses.replace(cfg, **changes)
 
 
-def auto_preset(hardware: str | None = None) -> str:
+MODEL_PRESETS = {"gemma-4-e2b": "gemma-4-e2b"}
+"""The models with presets of their own beside Gemma 3 1B's (the default): a name containing the key (any case,
+`google/` and `-it` or not) picks the board's `<board>-<value>` preset."""
+
+
+def preset_family(model: str | None) -> str:
+    """The preset family `auto` picks for a model name: Gemma 4 E2B's for its names (`MODEL_PRESETS`), Gemma 3 1B's for
+    no name or any other (whose name then replaces the preset's, as --model does)."""
+    lowered = (model or "").lower()
+    return next((family for key, family in MODEL_PRESETS.items() if key in lowered), "gemma-3-1b")
+
+
+def auto_preset(hardware: str | None = None, *, model: str | None = None) -> str:
     """The preset for the detected hardware (`device.detect_accelerator`): a TPU board's Gemma 3 1B preset, the GPU
-    preset, or the CPU tiny-Gemma demo. A TPU board without a preset of its own runs `board_for_memory`'s choice for
-    the devices and memory its runtime reports, said in one line; SetupError where it reports none or none fits."""
+    preset, or the CPU tiny-Gemma demo. `model` naming Gemma 4 E2B picks that board's (or the GPU's) E2B preset
+    instead (`preset_family`); the CPU keeps its demo. A TPU board without a preset of its own runs
+    `board_for_memory`'s choice for the devices and memory its runtime reports, said in one line; SetupError where it
+    reports none or none fits."""
     if hardware is None:
         from ..engine.device import detect_accelerator
 
         hardware = detect_accelerator()
-    if f"tpu-{hardware}-gemma-3-1b" in PRESETS:
-        return f"tpu-{hardware}-gemma-3-1b"
+    family = preset_family(model)
+    if f"tpu-{hardware}-{family}" in PRESETS:
+        return f"tpu-{hardware}-{family}"
     if hardware.startswith("v"):
         from ..engine.device import SetupError, xla_device_memory
 
@@ -617,35 +632,39 @@ def auto_preset(hardware: str | None = None) -> str:
             raise SetupError(f"TPU {hardware} has no preset here and its runtime reports no device memory to plan "
                              f"from: pass --preset with a board like it ({', '.join(TPU_BOARDS)})")
         devices, gib = reported
-        board = board_for_memory(devices, gib)
+        board = board_for_memory(devices, gib, family=family)
+        kind = "preset" if family == "gemma-3-1b" else f"{family} preset"
         if board is None:
-            raise SetupError(f"TPU {hardware} has no preset here, and no board's preset fits {devices} devices of "
+            raise SetupError(f"TPU {hardware} has no {kind} here, and no board's {kind} fits {devices} devices of "
                              f"{gib:.0f} GiB: size one with `grpo-kit plan` and pass it with --config")
-        print(f"grpo-kit: TPU {hardware} has no preset of its own; its runtime reports {devices} devices of "
-              f"{gib:.0f} GiB, so it runs tpu-{board}-gemma-3-1b (planned for {TPU_BOARDS[board][0]} of "
+        print(f"grpo-kit: TPU {hardware} has no {kind} of its own; its runtime reports {devices} devices of "
+              f"{gib:.0f} GiB, so it runs tpu-{board}-{family} (planned for {TPU_BOARDS[board][0]} of "
               f"{TPU_BOARDS[board][1]:.0f} GiB; each of yours holds as much or more)", file=sys.stderr)
-        return f"tpu-{board}-gemma-3-1b"
-    return "gpu-gemma-3-1b" if hardware == "cuda" else "cpu-tiny"
+        return f"tpu-{board}-{family}"
+    return f"gpu-{family}" if hardware == "cuda" else "cpu-tiny"
 
 
-def board_for_memory(devices: int, gib_per_device: float) -> str | None:
-    """The board whose preset fits `devices` devices of `gib_per_device` GiB each, by the planner's own fits: a board
-    with as many devices and no more memory each (the largest such), else a one-device board with no more memory
-    whose micro-batch splits over `devices` (each device then holds a share of that board's rows); None if none."""
-    micro = {board: tpu_board_micro_batch(board) for board in TPU_BOARDS}
-    same = [b for b, (n, g) in TPU_BOARDS.items() if n == devices and g <= gib_per_device]
-    single = [b for b, (n, g) in TPU_BOARDS.items() if n == 1 and g <= gib_per_device and micro[b] % devices == 0]
+def board_for_memory(devices: int, gib_per_device: float, *, family: str = "gemma-3-1b") -> str | None:
+    """The board whose `family` preset fits `devices` devices of `gib_per_device` GiB each, by the planner's own fits:
+    a board with as many devices and no more memory each (the largest such), else a one-device board with no more
+    memory whose micro-batch splits over `devices` (each device then holds a share of that board's rows); None if
+    none."""
+    boards = {b: v for b, v in TPU_BOARDS.items() if f"tpu-{b}-{family}" in PRESETS}
+    micro = {board: tpu_board_micro_batch(board, family=family) for board in boards}
+    same = [b for b, (n, g) in boards.items() if n == devices and g <= gib_per_device]
+    single = [b for b, (n, g) in boards.items() if n == 1 and g <= gib_per_device and micro[b] % devices == 0]
     for found in (same, single):
         if found:
             return max(found, key=lambda b: (TPU_BOARDS[b][1], list(TPU_BOARDS).index(b)))  # ties: the newer
     return None
 
 
-def load_run_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None) -> RunConfig:
-    """Build a RunConfig from a named preset (`auto`: picked for the detected hardware), then a YAML file
-    of overrides (same keys as the dataclasses)."""
+def load_run_config(preset: str = "cpu-tiny", yaml_path: str | Path | None = None, *,
+                    model: str | None = None) -> RunConfig:
+    """Build a RunConfig from a named preset (`auto`: picked for the detected hardware and, given one, the `model`
+    name the run will train: `auto_preset`), then a YAML file of overrides (same keys as the dataclasses)."""
     if preset == "auto":
-        preset = auto_preset()
+        preset = auto_preset(model=model)
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
     cfg = apply_overrides(RunConfig(), PRESETS[preset], f"preset {preset}")
