@@ -18,7 +18,7 @@ def run_bench_at_small_sizes(tmp_path, *, real: bool) -> dict:
     keeps it), its report written to `tmp_path`; `real`: with the real-model and capstone sections (Gemma 3 270M,
     offline)."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "USE_TORCH_XLA": "0"}
-    without = "" if real else "real_model=None, capstone_preset=None,"
+    without = "" if real else "real_model=None, capstone_preset=None, gemma4_models=('tiny-gemma-4',),"
     script = (
         "import json; from tools.bench import BenchSizes, run_bench, write_report\n"
         "sizes = BenchSizes(prompts=2, group=4, new_tokens=8, repeats=2, rollout_repeats=2, sft_steps=10,\n"
@@ -57,6 +57,8 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
     for beta, ratio in result["step_time_ratio"].items():  # the median of pairs lies within their spread
         assert result["step_time_ratio_spread"][beta][0] <= ratio <= result["step_time_ratio_spread"][beta][1]
     assert result["real_model"] is None and result["capstone_preset"] is None
+    assert set(result["gemma4_rollout_speedup"]) == set(result["gemma4_rollout_speedup_vs_best_hf"]) == {"tiny-gemma-4"}
+    assert result["gemma4_rollout_speedup"]["tiny-gemma-4"] > 0
 
     kit, hf = result["xla_graphs_kit"], result["xla_graphs_hf"]
     assert set(kit) == set(hf) == {"2", "4"}
@@ -70,6 +72,7 @@ def test_bench_tiny_runs_every_part_and_writes_the_report(tmp_path):
 
     report = (tmp_path / "benchmarks.md").read_text()
     assert "| rollout tokens/s" in report and "TRL" in report and "**gemma-3-270m**" not in report
+    assert "**tiny-gemma-4** (random weights), LoRA r 8: against HF's best (static cache + `torch.compile`" in report
     for png in ("bench_rollout.png", "bench_step.png", "bench_learning.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "benchmarks.json").read_text())["sizes"]["new_tokens"] == 8
@@ -94,6 +97,8 @@ def test_bench_real_model_and_capstone_rows(tmp_path):
     )
     assert 0.0 <= result["real_zero_std_fraction"]["kit"] <= 1.0
     assert result["real_rounds"] == 2  # one rollout round after each timed step pair: real_repeats of them
+    assert result["real_hf_static_compiled_tokens_per_s"] > 0 and result["real_rollout_speedup_vs_best_hf"] > 0
+    assert set(result["gemma4_rollout_speedup_vs_best_hf"]) == {"tiny-gemma-4", "gemma-4-e2b-it shapes, 2 layers"}
 
     # the capstone rows: the preset's own step (its model and prompts; tiny sizes here), natively and as on AVX2
     assert result["capstone_preset"] == "cpu-gemma-270m"

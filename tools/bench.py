@@ -11,7 +11,10 @@
    GRPO settings, held-out greedy accuracy against training seconds (evaluation time excluded) over the same
    budget;
 5. the real model (Gemma 3 270M, offline from PyPI without a hub; LoRA r 8 on both sides, fp32, 8 prompts × G 4,
-   48 new tokens, β 0): rollout tokens/s vs HF `generate` and a GRPO step vs TRL's, with the kit's step by phase.
+   48 new tokens, β 0): rollout tokens/s vs HF `generate` (plain, and with its static cache and `torch.compile`)
+   and a GRPO step vs TRL's, with the kit's step by phase;
+6. Gemma 4 on random weights (the tiny Gemma 4, and E2B's layer shapes with 2 layers), the real model's sizes:
+   rollout tokens/s vs HF `generate`, plain and static + compiled.
 
 Every timing is repeated with the kit and the reference interleaved (the real model's rollout rounds run between
 its GRPO step pairs); a ratio is the median over (kit, reference) pairs, with its min–max spread.
@@ -95,6 +98,12 @@ class BenchSizes:
     about a minute there, so each repeat costs about two; five keep one slow pair from moving the median ratio."""
     real_lora_r: int = 8
     """LoRA rank on the real model (α = 2r), the same adapter on both sides."""
+    gemma4_models: tuple[str, ...] = ("tiny-gemma-4", "gemma-4-e2b-it")
+    """The Gemma 4 rollout rows, on random weights (no Gemma 4 weights reach this machine): `tiny-gemma-4`, and a
+    known config's name for its real layer shapes with `gemma4_layers` layers (full vocabulary and per-layer table);
+    () skips them."""
+    gemma4_layers: int = 2
+    """Layers of the real-shaped Gemma 4 rows (one sliding, one full attention)."""
     capstone_preset: str | None = "cpu-gemma-270m"
     """The preset whose own GRPO step the capstone rows time (its model, prompts, tokens, rewards and settings, after
     `capstone_sft_steps` of its SFT); None skips them."""
@@ -179,20 +188,24 @@ class RolloutRounds:
 
     The kit samples as its trainer does (each prompt prefilled once for its group of G). With `variants`, three
     more kit rows show where its speed comes from: every row prefilled on its own, HF's forward instead of the
-    lean one, and the `torch.compile`d sampler."""
+    lean one, and the `torch.compile`d sampler. With `hf_compiled`, a second reference: HF `generate` with its static
+    cache and `torch.compile` (`transformers.CompileConfig`, allowed on the CPU), the fastest way a user runs HF;
+    `speedup_vs_best_hf` then divides by the faster of the two references in each round."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes, *,
-                 variants: bool = True) -> None:
+                 variants: bool = True, hf_compiled: bool = False) -> None:
         self.model, self.tokenizer, self.sizes = model, tokenizer, sizes
         self.ids, self.mask = encode_prompts(tokenizer, _rollout_prompts(task, sizes), bucket=16)
         self.tokens = self.ids.shape[0] * sizes.new_tokens
         self.variants = {"sampler_tokens_per_s": {"group_size": sizes.group}, **({
             "sampler_per_row_prefill_tokens_per_s": {}, "sampler_hf_forward_tokens_per_s": {"lean": False},
             "sampler_compiled_tokens_per_s": {"group_size": sizes.group, "compiled": True}} if variants else {})}
-        self.order = ["sampler_tokens_per_s", "hf_generate_tokens_per_s",
+        self.references = ["hf_generate_tokens_per_s", *(["hf_static_compiled_tokens_per_s"] if hf_compiled else [])]
+        self.order = ["sampler_tokens_per_s", *self.references,
                       *[key for key in self.variants if key != "sampler_tokens_per_s"]]
         self.speeds: dict[str, list[float]] = {key: [] for key in self.order}
         self.compile_s: float | None = None
+        self.hf_compile_s: float | None = None
 
     def _kit(self, r: int, options: dict[str, Any]) -> None:
         options = dict(options)
@@ -202,20 +215,30 @@ class RolloutRounds:
                       generator=torch.Generator().manual_seed(r), group_size=group)
         assert int(roll.completion_mask.sum()) == self.tokens, "the kit's rollout stopped early"
 
-    def _hf(self, r: int) -> None:
+    def _hf(self, r: int, *, compiled: bool = False) -> None:
         new_tokens = self.sizes.new_tokens
+        static = {}
+        if compiled:
+            from transformers import CompileConfig
+
+            config = CompileConfig()
+            config._compile_all_devices = True  # transformers compiles on cuda/xpu/tpu only unless told
+            static = {"cache_implementation": "static", "compile_config": config}
         with seeded_cpu_rng(r):  # seeded per round, and a TRL run around it keeps its own stream
             out = self.model.generate(input_ids=self.ids, attention_mask=self.mask, do_sample=True, temperature=1.0,
                                       top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                      pad_token_id=self.tokenizer.pad_token_id)
+                                      pad_token_id=self.tokenizer.pad_token_id, **static)
         assert out.shape[1] - self.ids.shape[1] == new_tokens
 
     def run(self, r: int) -> None:
         self.model.eval()
         calls = self.sizes.rollout_calls if r else 1
         for key in self.order:
-            if key == "hf_generate_tokens_per_s":
-                took = _fastest_seconds(lambda: self._hf(r), calls)
+            if key in self.references:
+                compiled = key == "hf_static_compiled_tokens_per_s"
+                took = _fastest_seconds(lambda compiled=compiled: self._hf(r, compiled=compiled), calls)
+                if not r and compiled:
+                    self.hf_compile_s = took
             else:
                 took = _fastest_seconds(lambda key=key: self._kit(r, self.variants[key]), calls)
                 if not r and self.variants[key].get("compiled"):
@@ -224,15 +247,19 @@ class RolloutRounds:
                 self.speeds[key].append(self.tokens / took)
 
     def result(self) -> dict[str, Any]:
+        kit = self.speeds["sampler_tokens_per_s"]
+        best_hf = [max(speeds) for speeds in zip(*(self.speeds[key] for key in self.references), strict=True)]
         return {"rows": self.ids.shape[0], "new_tokens": self.sizes.new_tokens, "prompt_len": self.ids.shape[1],
-                "compiled_first_rollout_s": self.compile_s, **{key: _stats(v) for key, v in self.speeds.items()},
-                "speedup": paired_ratio(self.speeds["sampler_tokens_per_s"], self.speeds["hf_generate_tokens_per_s"])}
+                "compiled_first_rollout_s": self.compile_s, "hf_compiled_first_rollout_s": self.hf_compile_s,
+                **{key: _stats(v) for key, v in self.speeds.items()},
+                "speedup": paired_ratio(kit, self.speeds["hf_generate_tokens_per_s"]),
+                "speedup_vs_best_hf": paired_ratio(kit, best_hf)}
 
 
 def bench_rollouts(model: torch.nn.Module, tokenizer: Any, task: ArithmeticTask, sizes: BenchSizes, *,
-                   variants: bool = True) -> dict[str, Any]:
+                   variants: bool = True, hf_compiled: bool = False) -> dict[str, Any]:
     """`RolloutRounds` back to back: a warm-up round, then `sizes.rollout_repeats` timed rounds."""
-    rounds = RolloutRounds(model, tokenizer, task, sizes, variants=variants)
+    rounds = RolloutRounds(model, tokenizer, task, sizes, variants=variants, hf_compiled=hf_compiled)
     for r in range(sizes.rollout_repeats + 1):
         rounds.run(r)
     return rounds.result()
@@ -349,7 +376,7 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
                             dtype="float32")
     model, tokenizer = load_model(model_cfg, torch.device("cpu"))
     task = ArithmeticTask(num_demonstrations=8, num_test=real.prompts, system_prompt=INSTRUCTION)
-    rounds = RolloutRounds(model, tokenizer, task, real, variants=False)
+    rounds = RolloutRounds(model, tokenizer, task, real, variants=False, hf_compiled=True)
     lora = LoraConfig(r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
                       target_modules=list(model_cfg.lora_target_modules), task_type="CAUSAL_LM")
     # One rollout round after each step pair (round 0 warms up), so the rounds sample the whole section rather
@@ -363,6 +390,33 @@ def bench_real_model(sizes: BenchSizes) -> dict[str, Any]:
             "head_products": "bfloat16" if cpu_bf16_products() else "float32",
             "prompts": real.prompts, "group": real.group, "new_tokens": real.new_tokens, "repeats": real.repeats,
             "rollouts": rollouts, "grpo_step": step}
+
+
+def bench_gemma4(sizes: BenchSizes) -> dict[str, Any]:
+    """Rollouts on Gemma 4's layers at the real model's sizes (`sizes.real()`, LoRA r `real_lora_r`, fp32): for each
+    of `sizes.gemma4_models`, the kit's sampler against HF `generate`, plain and with its static cache and
+    `torch.compile`. Random weights: the tiny Gemma 4's, or a real config's shapes with `gemma4_layers` layers; the
+    prompts are the tiny Gemma 4 tokenizer's (its ids are Gemma 4's special tokens and low ids, in any Gemma 4
+    vocabulary), and lengths are forced, so the work is a real model's of that depth."""
+    from grpo_kit.engine.models import add_lora, build_tiny_tokenizer, random_model
+
+    real = sizes.real()
+    tokenizer = build_tiny_tokenizer(gemma4=True)
+    task = ArithmeticTask(num_demonstrations=8, num_test=real.prompts)
+    lora = ModelConfig(lora=True, lora_r=sizes.real_lora_r, lora_alpha=2 * sizes.real_lora_r, dtype="float32")
+    rows = {}
+    for name in sizes.gemma4_models:
+        if name == "tiny-gemma-4":
+            model = load_model(replace(lora, name=name), torch.device("cpu"))[0]
+            label = name
+        else:
+            model = add_lora(random_model(name, layers=sizes.gemma4_layers), lora)
+            label = f"{name} shapes, {sizes.gemma4_layers} layers"
+        rows[label] = {"params": sum(p.numel() for p in model.parameters()),
+                       **bench_rollouts(model, tokenizer, task, real, variants=False, hf_compiled=True)}
+        del model
+        gc.collect()
+    return rows
 
 
 AVX2_STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
@@ -588,21 +642,26 @@ def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> 
     start = time.perf_counter()
     say("SFT warm-up of the tiny Gemma (the shared starting point)")
     model, tokenizer, task = sft_model(steps=sizes.sft_steps)
-    say("1/5 rollouts: kit sampler vs HF generate")
+    say("1/6 rollouts: kit sampler vs HF generate")
     rollouts = bench_rollouts(model, tokenizer, task, sizes)
-    say("2/5 GRPO step: kit vs TRL, β = 0 and 0.04")
+    say("2/6 GRPO step: kit vs TRL, β = 0 and 0.04")
     steps = [bench_grpo_step(model, tokenizer, task, beta=beta, sizes=sizes) for beta in (0.0, 0.04)]
     xla_graphs = None
     if xla:
-        say("3/5 XLA graph counts (subprocess, CPU backend)")
+        say("3/6 XLA graph counts (subprocess, CPU backend)")
         xla_graphs = xla_graph_counts(sizes.xla_token_counts, prompts=sizes.prompts, group=sizes.group)
-    say("4/5 learning per wall-second: kit vs TRL from the same SFT checkpoint")
+    say("4/6 learning per wall-second: kit vs TRL from the same SFT checkpoint")
     learning = bench_learning(model, tokenizer, task, sizes)
     real = None
+    del model
     if sizes.real_model:
-        say(f"5/5 real model ({sizes.real_model}, LoRA): rollouts vs HF generate, GRPO step vs TRL")
-        del model
+        say(f"5/6 real model ({sizes.real_model}, LoRA): rollouts vs HF generate, GRPO step vs TRL")
         real = bench_real_model(sizes)
+    gemma4 = None
+    if sizes.gemma4_models:
+        say(f"6/6 Gemma 4 rollouts ({', '.join(sizes.gemma4_models)}; random weights, LoRA): vs HF generate, plain "
+            "and static cache + torch.compile")
+        gemma4 = bench_gemma4(sizes)
     capstone = None
     if sizes.capstone_preset:
         say(f"capstone: the {sizes.capstone_preset} preset's own GRPO step, natively and under the AVX2 stand-in")
@@ -626,9 +685,10 @@ def run_bench(sizes: BenchSizes, *, xla: bool = True, progress: bool = True) -> 
         "xla_graphs_hf": xla_graphs.get("hf") if xla_graphs else None,
         "accuracy_vs_seconds": learning["accuracy_vs_seconds"],
         **_real_fields(real),
+        **_gemma4_fields(gemma4),
         **_capstone_fields(capstone),
         "details": {"rollouts": rollouts, "grpo_steps": steps, "xla": xla_graphs, "learning": learning, "real": real,
-                    "capstone": capstone},
+                    "gemma4": gemma4, "capstone": capstone},
         "seconds": round(time.perf_counter() - start, 1),
     }
     say(f"done in {result['seconds']:.0f} s")
@@ -646,6 +706,8 @@ def _real_fields(real: dict[str, Any] | None) -> dict[str, Any]:
         "real_hf_generate_tokens_per_s": roll["hf_generate_tokens_per_s"]["median"],
         "real_rollout_speedup": roll["speedup"]["median"],
         "real_rollout_speedup_spread": [roll["speedup"]["min"], roll["speedup"]["max"]],
+        "real_hf_static_compiled_tokens_per_s": roll["hf_static_compiled_tokens_per_s"]["median"],
+        "real_rollout_speedup_vs_best_hf": roll["speedup_vs_best_hf"]["median"],
         "real_grpo_step_s": step["grpo_step_s"]["median"],
         "real_trl_step_s": step["trl_step_s"]["median"],
         "real_step_time_ratio": step["step_time_ratio"]["median"],
@@ -653,6 +715,16 @@ def _real_fields(real: dict[str, Any] | None) -> dict[str, Any]:
         "real_breakdown": {f"{phase}_s": round(v, 2) for phase, v in step["kit_breakdown_s"].items()},
         "real_zero_std_fraction": {"kit": step["kit_zero_std_fraction"], "trl": step["trl_zero_std_fraction"]},
     }
+
+
+def _gemma4_fields(gemma4: dict[str, Any] | None) -> dict[str, Any]:
+    """The Gemma 4 rows' headline numbers: per row, the kit's rollout over HF `generate` plain and over the faster of
+    HF's two set-ups (medians of paired rounds)."""
+    if not gemma4:
+        return {"gemma4_rollout_speedup": None}
+    return {"gemma4_rollout_speedup": {label: row["speedup"]["median"] for label, row in gemma4.items()},
+            "gemma4_rollout_speedup_vs_best_hf": {label: row["speedup_vs_best_hf"]["median"]
+                                                  for label, row in gemma4.items()}}
 
 
 def _capstone_fields(capstone: dict[str, Any] | None) -> dict[str, Any]:
@@ -665,7 +737,8 @@ def _capstone_fields(capstone: dict[str, Any] | None) -> dict[str, Any]:
             "capstone_breakdown": {v: capstone[v].get("breakdown_s") for v in ("native", "avx2")}}
 
 
-RATIOS = ("sampler_speedup", "step_time_ratio", "real_rollout_speedup", "real_step_time_ratio")
+RATIOS = ("sampler_speedup", "step_time_ratio", "real_rollout_speedup", "real_step_time_ratio",
+          "real_rollout_speedup_vs_best_hf", "gemma4_rollout_speedup", "gemma4_rollout_speedup_vs_best_hf")
 """The ratios one bench run reports (a dict of them per β for step_time_ratio)."""
 
 
@@ -780,17 +853,15 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
     real = d.get("real")
     if real:
         roll, name = real["rollouts"], real["model"]
-        rows.append(
-            f"| **{name}**, LoRA r {real['lora_r']}: rollout tokens/s (median of {real['repeats']}) | "
-            f"{roll['sampler_tokens_per_s']['median']:.0f} | HF generate "
-            f"{roll['hf_generate_tokens_per_s']['median']:.0f} | "
-            f"{roll['speedup']['median']:.2f}× ({roll['speedup']['min']:.2f}–{roll['speedup']['max']:.2f}) | ≥ 2× |"
-        )
+        rows += _rollout_rows(f"**{name}**, LoRA r {real['lora_r']}", roll, real["repeats"])
         rows.append(
             _step_row(
                 f"**{name}**, LoRA r {real['lora_r']}: GRPO step s, β = 0", real["grpo_step"], goal="≤ 26 s; ≤ 0.5"
             )
         )
+    for label, row in (d.get("gemma4") or {}).items():
+        rows += _rollout_rows(f"**{label}** (random weights), LoRA r {real['lora_r'] if real else 8}", row,
+                              len(row["speedup"]["all"]))
     capstone = d.get("capstone")
     for variant, label in (("native", "this CPU"), ("avx2", "AVX2 stand-in (fp32)")):
         if capstone and "step_s" in capstone.get(variant, {}):
@@ -804,6 +875,21 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
             )
         elif capstone:
             rows.append(f"| capstone step s, {label} | failed: see benchmarks.json | | | |")
+    return rows
+
+
+def _rollout_rows(label: str, roll: dict[str, Any], repeats: int) -> list[str]:
+    """A real-sized model's rollout rows: the kit against HF `generate`, then (where it ran) against HF `generate` with
+    its static cache and `torch.compile`, the ratio there over the faster of HF's two in each round."""
+    kit, plain, ratio = roll["sampler_tokens_per_s"], roll["hf_generate_tokens_per_s"], roll["speedup"]
+    rows = [f"| {label}: rollout tokens/s (median of {repeats}) | {kit['median']:.0f} | HF generate "
+            f"{plain['median']:.0f} | {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}) | ≥ 2× |"]
+    if "hf_static_compiled_tokens_per_s" in roll:
+        best, first = roll["speedup_vs_best_hf"], roll.get("hf_compiled_first_rollout_s") or 0
+        rows.append(f"| {label}: against HF's best (static cache + `torch.compile`, first call {first:.0f} s) | "
+                    f"{kit['median']:.0f} | HF generate, static + compiled "
+                    f"{roll['hf_static_compiled_tokens_per_s']['median']:.0f} | {best['median']:.2f}× "
+                    f"({best['min']:.2f}–{best['max']:.2f}) over the faster of HF's two | > 1× |")
     return rows
 
 
