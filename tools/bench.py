@@ -412,7 +412,7 @@ def bench_gemma4(sizes: BenchSizes) -> dict[str, Any]:
         else:
             model = add_lora(random_model(name, layers=sizes.gemma4_layers), lora)
             label = f"{name} shapes, {sizes.gemma4_layers} layers"
-        rows[label] = {"params": sum(p.numel() for p in model.parameters()),
+        rows[label] = {"params": sum(p.numel() for p in model.parameters()), "lora_r": lora.lora_r,
                        **bench_rollouts(model, tokenizer, task, real, variants=False, hf_compiled=True)}
         del model
         gc.collect()
@@ -860,7 +860,7 @@ def _report_rows(result: dict[str, Any]) -> list[str]:
             )
         )
     for label, row in (d.get("gemma4") or {}).items():
-        rows += _rollout_rows(f"**{label}** (random weights), LoRA r {real['lora_r'] if real else 8}", row,
+        rows += _rollout_rows(f"**{label}** (random weights), LoRA r {row['lora_r']}", row,
                               len(row["speedup"]["all"]))
     capstone = d.get("capstone")
     for variant, label in (("native", "this CPU"), ("avx2", "AVX2 stand-in (fp32)")):

@@ -327,6 +327,8 @@ class Constants:
     so how prompts are batched (one row per group, or every row) does not change which kernel runs."""
     packed: dict[int, torch.Tensor | None] = dataclasses.field(default_factory=dict)
     """id(W of a `LinearParts`) → W prepacked, or None where it cannot be (`products.prepack_weight`)."""
+    entries: list[int] = dataclasses.field(default_factory=list)
+    """Each layer's cache entry (`kv_entries`), worked out once per rollout rather than at every decode step."""
 
     @classmethod
     def build(
@@ -363,7 +365,7 @@ class Constants:
                     heads = attn.q_proj.out_features // attn.head_dim
                     qk_scale = torch.stack([scales[id(q_norm)]] * heads + [scales[id(k_norm)]] * kv_heads(attn))
                 fused[id(attn)] = (_stacked(qkv), qk_scale)
-        return cls(scales, tables, linears, fused, fused_mlp, prepack=prepack)
+        return cls(scales, tables, linears, fused, fused_mlp, prepack=prepack, entries=kv_entries(hf.config))
 
     def apply(self, parts: LinearParts, x: torch.Tensor) -> torch.Tensor:
         """`_apply(parts, x)`, through W prepacked where `prepack` is on and x (rows, 1, in) is a decode step's."""
@@ -664,7 +666,7 @@ def forward(hf: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tenso
             bias = attention_bias(key_mask, slots, window, h.dtype)
         inputs[kind] = KindInputs(cos, sin, bias)
     ple = per_layer_inputs(hf, input_ids, h)  # (B, S, layers, P) or None
-    layers, entries = model.layers, kv_entries(cfg)
+    layers, entries = model.layers, consts.entries
     for index in range(cfg.num_hidden_layers):
         layer = layers[index]
         if entries[index] != index and output != "all_logits" and h.shape[1] > 1:
@@ -819,7 +821,7 @@ def packed_completion_hidden(hf: torch.nn.Module, input_ids: torch.Tensor, atten
                                        window, h.dtype))
     ple = per_layer_inputs(hf, pack.tokens, h)  # (M, layers, P) or None
     computed = {}  # layer index → its (k, v), for the KV-shared layers that read them
-    for index, (layer, kind, entry) in enumerate(zip(model.layers[: cfg.num_hidden_layers], kinds, kv_entries(cfg),
+    for index, (layer, kind, entry) in enumerate(zip(model.layers[: cfg.num_hidden_layers], kinds, consts.entries,
                                                      strict=True)):
         attn = layer.self_attn
         q, k, v = _qkv(attn, _norm(layer.input_layernorm, h), *tables[kind], consts)  # (M, heads, D)
