@@ -309,11 +309,15 @@ def cmd_xla_check(args: argparse.Namespace) -> int:
                 f"{report['recompiles_after_warmup']} recompilation(s) after warm-up: {report['recompile_warnings']}")
         if report["cpu_fallback_ops"]:
             why.append(f"ops fell back to the CPU (phase:op → count): {report['cpu_fallback_ops']}")
-        if report["max_abs_diff_vs_eager"] > args.tolerance:
+        if report["max_scaled_diff_vs_eager"] > args.tolerance:
             why.append(
-                f"XLA and eager CPU differ by {report['max_abs_diff_vs_eager']:.3g} > {args.tolerance:g}: "
+                f"XLA and eager CPU differ by {report['max_scaled_diff_vs_eager']:.3g} of max(1, |value|) "
+                f"> {args.tolerance:g}: "
                 f"{report['abs_diff_by_metric']}"
             )
+        if report["update_rel_diff"] > report["update_tolerance"]:
+            why.append(f"XLA's weight update differs from eager's by {report['update_rel_diff']:.3g} of its size "
+                       f"> {report['update_tolerance']:g}")
         print("grpo-kit xla-check: FAILED: " + "; ".join(why), file=sys.stderr)
         return 1
     return 0
@@ -475,7 +479,8 @@ def _xla_check_parser(sub: Any) -> None:
     p.add_argument("--devices", type=int, default=1, help="XLA devices; > 1 runs SPMD over them (CPU: virtual devices)")
     p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="completion length (default 16)")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |XLA − eager| (default 1e-4)")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="largest allowed |XLA − eager| / max(1, |eager|) per metric and step (default 1e-4)")
     p.add_argument("--model", default="tiny-gemma", choices=TINY_MODELS,
                    help="the embedded model the job trains (default tiny-gemma; tiny-gemma-4: Gemma 4's layers)")
     p.add_argument("--json", action="store_true", help="print one JSON line")

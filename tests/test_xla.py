@@ -59,7 +59,8 @@ def test_xla_grpo_20_steps_compiles_a_fixed_set_of_graphs(one_device):
 
 
 def test_xla_matches_eager_cpu(one_device):
-    assert one_device["max_abs_diff_vs_eager"] <= 1e-4, one_device["abs_diff_by_metric"]
+    assert one_device["max_scaled_diff_vs_eager"] <= 1e-4, one_device["abs_diff_by_metric"]
+    assert one_device["update_rel_diff"] <= one_device["update_tolerance"], one_device["update_rel_diff_per_step"]
     # the XLA sampler draws the same tokens as the eager one from the same CPU noise
     assert min(one_device["sampled_token_agreement"]) >= 0.99
 
@@ -80,6 +81,45 @@ def test_spmd_8_devices_matches_1_device(one_device):
     diffs = [abs(a - b) for a, b in zip(r["policy_loss_per_step"], one_device["policy_loss_per_step"], strict=True)]
     assert max(diffs) <= 1e-4
     assert r["reward_mean_per_step"] == one_device["reward_mean_per_step"]
+
+
+def test_gemma4_grpo_on_8_devices_compiles_a_fixed_set_of_graphs_and_matches_eager():
+    """Gemma 4's layers (per-layer inputs, KV sharing, k = v, both head sizes) through 20 GRPO steps under SPMD:
+    nothing compiles after warm-up, nothing falls back, every step agrees with eager from the same state."""
+    r = xla_check("--model", "tiny-gemma-4", "--devices", "8", "--steps", "20")
+    assert r["returncode"] == 0, r
+    assert r["model"] == "tiny-gemma-4" and r["spmd"] and r["steps"] == 20
+    assert r["recompiles_after_warmup"] == 0 and r["cpu_fallback_ops"] == {}
+    assert all(c == 0 for c in r["compiles_per_step"][2:]), r["compiles_per_step"]
+    assert r["max_scaled_diff_vs_eager"] <= 1e-4, r["abs_diff_by_metric"]
+    assert r["update_rel_diff"] <= r["update_tolerance"], r["update_rel_diff_per_step"]
+    assert min(r["sampled_token_agreement"]) >= 0.99
+
+
+def test_the_update_comparison_catches_an_update_computed_differently():
+    """`xla_check` compares each step's weight update from a shared state: the same AdamW step agrees to rounding, one
+    with another learning rate (what a wrong step count or schedule on the device would do) is far over the bar."""
+    from types import SimpleNamespace
+
+    from grpo_kit.eval.xla_check import UPDATE_TOLERANCE, _take_state, _update_rel_diff
+
+    def trainer(lr: float, seed: int) -> SimpleNamespace:
+        params = [torch.nn.Parameter(torch.randn(16, 8, generator=torch.Generator().manual_seed(seed)))]
+        return SimpleNamespace(params=params, optimizer=torch.optim.AdamW(params, lr=lr))
+
+    def step(t: SimpleNamespace) -> None:
+        t.optimizer.zero_grad()
+        (t.params[0] ** 3).sum().backward()
+        t.optimizer.step()
+
+    for other_lr, agrees in ((1e-3, True), (2e-3, False)):
+        reference, other = trainer(1e-3, seed=0), trainer(other_lr, seed=1)
+        for _ in range(3):  # the reference takes the other's weights and moments, then both step
+            start = _take_state(reference, other)
+            assert torch.equal(reference.params[0], other.params[0])
+            step(reference), step(other)
+            diff = _update_rel_diff(start, reference, other)
+        assert (diff <= 1e-6) if agrees else (diff > 50 * UPDATE_TOLERANCE), (other_lr, diff)
 
 
 # ---- in-process checks (conftest touches the XLA device before any CPU backward) ----------------------
