@@ -143,7 +143,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from .train.sft import SFTTrainer
 
     cfg = _config(args, "runs/sft")
-    run_dir = claim(cfg.output_dir, "sft", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
+    run_dir = _claim_on_main(cfg, "sft", args)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="sft", steps=cfg.sft.steps)
     cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg)
     trainer = SFTTrainer(model, tokenizer, task.demonstrations(),
@@ -152,12 +152,25 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
+def _claim_on_main(cfg: RunConfig, kind: str, args: argparse.Namespace) -> Any:
+    """The output directory claimed for the whole command (`rundir.claim`); under torchrun by the main process
+    only, the one that writes (the others get None)."""
+    from .engine.distributed import launched_rank
+
+    return claim(cfg.output_dir, kind, overwrite=args.overwrite) if launched_rank() == 0 else None
+
+
 def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
-    """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object."""
+    """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object. Under
+    torchrun the main process saves, evaluates and prints; the others are done once training is."""
+    from .engine.distributed import finish
     from .eval.evaluation import evaluate
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
+    finish()
+    if not trainer.world.is_main:
+        return 0
     result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     _print(
         {"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"],
@@ -209,7 +222,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.grpo import GRPOTrainer
 
     cfg = _config(args, "runs/grpo")
-    run_dir = claim(cfg.output_dir, "grpo", overwrite=args.overwrite)  # noqa: F841 - held (the lock) while training
+    run_dir = _claim_on_main(cfg, "grpo", args)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="grpo", steps=cfg.grpo.steps)
     # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
     cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg)

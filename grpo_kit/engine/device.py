@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .cpu.products import cpu_bf16_products, cpu_prepacked_products, cpuinfo_field
+from .distributed import launched_size, local_rank
 
 
 class SetupError(RuntimeError):
@@ -155,8 +156,7 @@ def get_device(kind: str | None = None) -> torch.device:
     On a TPU machine without a working torch_xla this raises `SetupError` naming the fix (a TPU preset must
     never train on the host CPU). On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0
     turns that off), so call it before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when
-    asked for with
-    `enable_spmd`."""
+    asked for with `enable_spmd`. Under torchrun a CUDA device is the process's own GPU (`LOCAL_RANK`)."""
     kind = check_device_kind(kind)
     if kind == "auto":
         if tpu_present():
@@ -180,6 +180,12 @@ def get_device(kind: str | None = None) -> torch.device:
         return torch_xla.device()
     if kind == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU")
+    if kind == "cuda" and launched_size() > 1:  # under torchrun: this process's own GPU
+        if local_rank() >= torch.cuda.device_count():
+            raise SetupError(f"torchrun started process {local_rank()} on this machine, but torch sees "
+                             f"{torch.cuda.device_count()} GPU(s): use --nproc-per-node {torch.cuda.device_count()}")
+        torch.cuda.set_device(local_rank())
+        return torch.device("cuda", local_rank())
     return torch.device(kind)
 
 

@@ -28,8 +28,13 @@ class Sampler:
     rows together), and `logprobs(rollout)` → the completions' per-token log-probs and entropies."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: SamplerSettings | None = None, *,
-                 group_size: int = 1, generator: torch.Generator | None = None) -> None:
+                 group_size: int = 1, generator: torch.Generator | None = None,
+                 share: tuple[int, int] = (0, 1)) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.share = share
+        """(index, count): `generate` samples block `index` of `count` equal blocks of the prompts it is given (the
+        data parallel processes of one run, `distributed.World`), with the sampling noise one process would draw
+        for those rows; (0, 1) samples them all."""
         self.settings = settings or SamplerSettings()
         self.group_size, self.generator = group_size, generator
         self.device = next(model.parameters()).device
@@ -41,13 +46,21 @@ class Sampler:
                          else compile_supported(self.device))
 
     def generate(self, prompts: list, *, temperature: float | None = None, top_p: float | None = None) -> Rollout:
-        """`group_size` completions for each of `prompts` (chat messages or strings), rows (len(prompts) × G, …).
+        """`group_size` completions for each of `prompts` (chat messages or strings), rows (len(prompts) × G, …);
+        with a `share` of (i, n), block i of n of them.
         On cpu/cuda the completion columns that are padding in every row are dropped (`Rollout.trimmed`); XLA
         keeps its one fixed shape."""
         s = self.settings
-        ids, mask = self.prompts(prompts)
+        ids, mask = self.prompts(prompts)  # every prompt's rows: one width, whichever block is sampled
+        index, count = self.share
+        if count > 1:
+            if len(prompts) % count:
+                raise ValueError(f"{len(prompts)} prompts do not split over {count} processes: give a multiple of "
+                                 f"{count}")
+            block = slice(index * ids.shape[0] // count, (index + 1) * ids.shape[0] // count)
+            ids, mask = ids[block], mask[block]
         now = replace(s, temperature=s.temperature if temperature is None else temperature,
-                      top_p=s.top_p if top_p is None else top_p, compiled=self.compiled)
+                      top_p=s.top_p if top_p is None else top_p, compiled=self.compiled, noise_block=self.share)
         roll = sample(self.model, ids, mask, now, stop_ids=self.stop_ids, pad_id=self.pad_id, generator=self.generator,
                       group_size=self.group_size)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll

@@ -61,6 +61,10 @@ class Rollout:
         """The first `rows` rows."""
         return Rollout(*(None if (x := getattr(self, f.name)) is None else x[:rows] for f in fields(self)))
 
+    def to(self, device: torch.device) -> Rollout:
+        """The same rollout on `device`."""
+        return Rollout(*(None if (x := getattr(self, f.name)) is None else x.to(device) for f in fields(self)))
+
     def rows(self, index: torch.Tensor) -> Rollout:
         """The rows at `index` (a 1-D tensor of row numbers), in that order."""
         return Rollout(*(None if (x := getattr(self, f.name)) is None else x[index.to(x.device)] for f in fields(self)))
@@ -274,6 +278,10 @@ class SamplerSettings:
     """Log-probs through the packed padding-free forward (Gemma on cpu/cuda: real tokens only)."""
     share_prompt_forward: bool = True
     """Log-probs run each group's prompt once (rows come in groups of `group_size`)."""
+    noise_block: tuple[int, int] = (0, 1)
+    """(index, count): the rows given are block `index` of `count` equal blocks of a batch that several processes
+    sample (`distributed.World`); each draws the whole batch's sampling noise and keeps its block's, so the rows
+    sample what one process would."""
 
 
 @dataclass
@@ -558,11 +566,15 @@ def _say_hf_forward_once(hf: torch.nn.Module) -> None:
                       "times slower)", stacklevel=3)
 
 
-def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """(rows, steps) U(0, 1), drawn on the generator's device (the CPU by default) and sent over once."""
+def _uniforms(rows: int, steps: int, *, generator: torch.Generator | None, device: torch.device,
+              block: tuple[int, int] = (0, 1)) -> torch.Tensor:
+    """(rows, steps) U(0, 1), drawn on the generator's device (the CPU by default) and sent over once. `block`
+    (index, count): draw count × rows rows' and keep block `index`, what one process drawing for all of them gives
+    these rows."""
+    index, count = block
     uniforms = torch.rand(
-        (rows, steps), generator=generator, device=generator.device if generator is not None else device
-    )
+        (rows * count, steps), generator=generator, device=generator.device if generator is not None else device
+    )[index * rows:(index + 1) * rows]
     return shard_batch(uniforms.to(device))
 
 
@@ -608,7 +620,8 @@ def sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
     hf = base_model(model)
     ids, mask = shard_batch(prompt_ids.to(device)), shard_batch(prompt_mask.to(device))
     n = settings.max_new_tokens
-    uniforms = None if settings.greedy else _uniforms(ids.shape[0], n, generator=generator, device=device)
+    uniforms = None if settings.greedy else _uniforms(ids.shape[0], n, generator=generator, device=device,
+                                                      block=settings.noise_block)
     setup = RolloutSetup(
         model=model, hf=hf, ids=ids, mask=mask, max_new_tokens=n, stop=torch.tensor(stop_ids, device=device),
         pad=shard_batch(torch.full((ids.shape[0],), pad_id).to(device)),  # made on the CPU: no graph to compile

@@ -40,6 +40,7 @@ from ..engine.device import (
     memory_stats,
     shard_batch,
 )
+from ..engine.distributed import broadcast, gather
 from ..engine.logprobs import plan_products
 from ..engine.models import ReferencePolicy, is_lora
 from ..engine.sampler import Sampler, SamplerSettings
@@ -48,7 +49,7 @@ from ..engine.sampling import (
     concat_rollouts,
     prompt_tokens,
 )
-from ..validation import check_prompt_dataset
+from ..validation import ConfigError, check_prompt_dataset
 from .config import GRPOConfig
 from .controls import LIVE_SETTINGS, Controls
 from .loop import TrainingLoop
@@ -121,7 +122,12 @@ class GRPOTrainer(TrainingLoop):
         self.difficulty = DifficultyTargeting(cfg.difficulty_key, cfg.seed) if cfg.difficulty_targeting else None
         """With difficulty_targeting: the pass rates per level that decide which drawn prompts a step keeps."""
         self.controls = controls or Controls.from_config(cfg)
+        """Rank 0's are the run's under torchrun: read there at each step and broadcast."""
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
+        if cfg.prompts_per_step % self.world.size:
+            raise ConfigError(f"GRPOConfig.prompts_per_step={cfg.prompts_per_step} does not split over "
+                              f"{self.world.size} processes (torchrun --nproc-per-node): make it a multiple of "
+                              f"{self.world.size}, so that each samples whole groups")
         needs_reference = cfg.beta > 0 or cfg.log_kl or cfg.target_kl is not None or cfg.ema_reference > 0
         self.reference = ReferencePolicy(model) if needs_reference else None
         self.products = plan_products(model, reuse_sampler_head=cfg.reuse_sampler_head, cpu_bf16=cfg.cpu_bf16,
@@ -135,9 +141,10 @@ class GRPOTrainer(TrainingLoop):
             head_moments=self.products.reuse_sampler_head, product_dtype=self.products.rollout_product_dtype,
             padding_free=cfg.padding_free,
             share_prompt_forward=cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0,
-        ), group_size=cfg.group_size, generator=self.generator)
-        """Rollouts and their log-probs (`engine.sampler`): each prompt is prefilled once for its group."""
-        manual_seed(cfg.seed, self.device)
+        ), group_size=cfg.group_size, generator=self.generator, share=(self.world.rank, self.world.size))
+        """Rollouts and their log-probs (`engine.sampler`): each prompt is prefilled once for its group; under
+        torchrun each process samples its block of the prompts."""
+        manual_seed(cfg.seed + self.world.rank, self.device)  # each process's own torch RNG; the run's is `generator`
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
         self.init_from: str | None = None
@@ -146,7 +153,8 @@ class GRPOTrainer(TrainingLoop):
 
     # ---- 1. rollout ---------------------------------------------------------------------------------
     def rollout(self, rows: list[dict[str, Any]], controls: dict[str, Any]) -> Rollout:
-        """G completions for each row's prompt, at the temperature and top-p the controls set now."""
+        """G completions for each row's prompt, at the temperature and top-p the controls set now; under torchrun,
+        of this process's block of the rows (`world.block`)."""
         return self.sampler.generate([r["prompt"] for r in rows], temperature=controls["temperature"],
                                      top_p=controls["top_p"])
 
@@ -195,10 +203,12 @@ class GRPOTrainer(TrainingLoop):
         cfg = self.config
         spec = cfg.loss_spec(epsilon=settings.controls["epsilon"], beta=settings.beta_on_device)
         roll, adv, loss_mask, totals = self._rows_to_run(batch, spec)
-        adv = shard_batch(adv.to(self.device))
         n_run = roll.completion_ids.shape[0]
+        roll, adv, loss_mask = self._my_rows(roll, adv, loss_mask)
+        adv = shard_batch(adv.to(self.device))
         # the last micro-batch is short when groups were left out of the update (its statistics weigh its rows)
-        micro = [slice(s, min(s + cfg.micro_batch_size, n_run)) for s in range(0, n_run, cfg.micro_batch_size)]
+        n_mine = roll.completion_ids.shape[0]
+        micro = [slice(s, min(s + cfg.micro_batch_size, n_mine)) for s in range(0, n_mine, cfg.micro_batch_size)]
         products = self.products.update_product_dtype(self.model)  # bf16 on a CPU with native bf16 (`cpu_bf16`)
 
         def logprobs(model: torch.nn.Module, m: slice, *, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,6 +249,7 @@ class GRPOTrainer(TrainingLoop):
                 clock.lap("optimizer_seconds")
             grad_norms.append(grad_norm)
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + loss_total / cfg.num_iterations
+        sums = self._summed_over_processes(sums)
         sums["grad_norm"] = torch.stack(grad_norms).mean()
         sums["skipped_updates"] = skipped
         return {**sums, **clock.seconds, "trained_fraction": n_run / totals.sequences,
@@ -261,6 +272,28 @@ class GRPOTrainer(TrainingLoop):
         roll = batch.roll.rows(rows).trimmed()
         loss_mask = loss_mask[rows.to(loss_mask.device)][:, : roll.completion_ids.shape[1]]
         return roll, batch.advantages[rows.to(batch.advantages.device)], loss_mask, totals
+
+    def _my_rows(self, roll: Rollout, adv: torch.Tensor,
+                 loss_mask: torch.Tensor) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
+        """This process's block of whole groups of the rows the update runs (all of them in one process)."""
+        if self.world.size == 1:
+            return roll, adv, loss_mask
+        g = self.config.group_size
+        groups = self.world.block(roll.completion_ids.shape[0] // g)
+        index = torch.arange(groups.start * g, groups.stop * g)
+        return roll.rows(index), adv[index.to(adv.device)], loss_mask[index.to(loss_mask.device)]
+
+    def _summed_over_processes(self, sums: dict[str, torch.Tensor | float]) -> dict[str, torch.Tensor | float]:
+        """The update's statistics and loss, each process's share (weighted by its rows over all rows) summed: the
+        whole batch's. A process that ran no rows has none to add."""
+        if self.world.size == 1:
+            return sums
+        totals: dict[str, float] = {}
+        for part in gather(to_host(sums), self.world):
+            for key, value in part.items():
+                if value is not None:
+                    totals[key] = totals.get(key, 0.0) + value
+        return totals
 
     def _rows_with_signal(self, adv: torch.Tensor, counted: torch.Tensor, spec: LossSpec) -> torch.Tensor:
         """(B,) bool: the counted rows the update runs. Where `skip_zero_advantage_groups` applies (cpu/cuda, a loss
@@ -322,7 +355,7 @@ class GRPOTrainer(TrainingLoop):
     def _step_settings(self) -> StepSettings:
         """The live controls read once at the step's start, the warmed-up learning rate applied, β chosen."""
         cfg = self.config
-        controls = self.controls.snapshot()
+        controls = broadcast(self.controls.snapshot(), self.world)  # rank 0's, on every process
         learning_rate = controls["learning_rate"] * (
             min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0)
         for group in self.optimizer.param_groups:
@@ -349,7 +382,7 @@ class GRPOTrainer(TrainingLoop):
             row["level_pass_rates"] = self.difficulty.pass_rates()
         row.update({name: controls[name] for name in LIVE_SETTINGS})  # a column per live setting; then two as applied
         row.update(
-            step=self.step, learning_rate=settings.learning_rate, beta=settings.beta,
+            step=self.step, learning_rate=settings.learning_rate, beta=settings.beta, processes=self.world.size,
             controls_version=controls["version"], reward_weights=dict(zip(result.names, result.weights, strict=True)),
             rollout_seconds=batch.rollout_seconds, reward_seconds=batch.reward_seconds,
             tokens_per_s=float(batch.lengths.sum()) / max(batch.rollout_seconds, 1e-9),
@@ -366,6 +399,8 @@ class GRPOTrainer(TrainingLoop):
             self.reference.ema_update(cfg.ema_reference)
 
     def _save_if_due(self) -> None:
+        if not self.world.is_main:  # rank 0 saves: the weights and optimizer are the same on every process
+            return
         requested = self.controls.consume_save_request()
         if self.checkpoint_path is not None and (self._save_due() or requested):
             self.save(self.checkpoint_path)
@@ -384,9 +419,11 @@ class GRPOTrainer(TrainingLoop):
             t0 = time.perf_counter()
             rows = [self._next_prompt() for _ in range(cfg.prompts_per_step)]
             self.prompts_drawn += len(rows)
-            rolls.append(self.rollout(rows, settings.on_device))  # 1
+            roll = self.rollout(rows, settings.on_device)  # 1
             t1 = time.perf_counter()
-            scored = self.score(rows, rolls[-1], settings.controls)  # 2
+            roll, scored = self._gathered(roll, self.score(rows[self.world.block(len(rows))], roll,
+                                                           settings.controls))  # 2
+            rolls.append(roll)
             results.append(scored.rewards)
             if self.difficulty is not None:
                 outcomes = scored.rewards.per_function[scored.rewards.names.index(cfg.accuracy_reward)].tolist()
@@ -409,6 +446,18 @@ class GRPOTrainer(TrainingLoop):
                           prompts=prompts, lengths=torch.cat(lengths), advantage_rewards=rewards,
                           advantages=self.advantages(rewards), counted=counted, rollouts=len(rolls),  # 3
                           rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
+
+    def _gathered(self, roll: Rollout, scored: Scored) -> tuple[Rollout, Scored]:
+        """Every process's block of a rollout and its scores, joined in rank order: the whole batch, as one process
+        would have sampled it (one process: as given)."""
+        if self.world.size == 1:
+            return roll, scored
+        parts = gather((roll.to(torch.device("cpu")), scored), self.world)
+        joined = concat_rollouts([r for r, _ in parts], self.tokenizer.pad_token_id).to(self.device)
+        return joined, Scored(rewards=_joined_results([s.rewards for _, s in parts]),
+                              texts=[t for _, s in parts for t in s.texts],
+                              prompts=[p for _, s in parts for p in s.prompts],
+                              lengths=torch.cat([s.lengths for _, s in parts]))
 
     def _next_prompt(self) -> dict[str, Any]:
         """The next prompt row: the stream's next, or with difficulty targeting the next one it keeps."""

@@ -6,6 +6,10 @@ step counter, the clip-and-guard optimizer step, the skip guard (stop after `max
 a row), when a checkpoint is due, the resume check (settings that must match the checkpoint), saving and loading
 the shared part of a checkpoint, and the loop itself: progress bar, time limit (`max_seconds`), and one loop per
 model at a time. A trainer adds its algorithm: `train_step()` and what its checkpoints carry beyond these.
+
+Under torchrun (`engine.distributed`) the loop is one of several processes: only the main one claims the output
+directory and writes metrics and checkpoints, the gradients are summed over the processes before each optimizer
+step, and whether to take another step is the main process's decision (its controls, its clock), broadcast.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..engine.device import guarded_optimizer_step
+from ..engine.distributed import broadcast, sum_gradients, world
 from ..validation import ConfigError, check_skipped_in_a_row, check_writable
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .metrics import MetricsLogger
@@ -56,15 +61,20 @@ class TrainingLoop:
         directory and its metrics logger, step 0."""
         self.model, self.config = model, config
         self.device = next(model.parameters()).device
+        self.world = world(self.device)
+        """This run's processes (`engine.distributed`): one, or torchrun's; only the main one writes."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed)
-        check_writable(config.output_dir, f"{type(config).__name__}.output_dir")
-        self.run_dir = claim(config.output_dir, self.kind) if config.output_dir else None
+        """The run's own random stream (prompt order, sampling noise): the same on every process."""
+        writes = bool(config.output_dir) and self.world.is_main
+        if writes:
+            check_writable(config.output_dir, f"{type(config).__name__}.output_dir")
+        self.run_dir = claim(config.output_dir, self.kind) if writes else None
         """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
         self.logger = MetricsLogger(
             self.run_dir.add(self.metrics_file) if self.run_dir else None, resume=resume_metrics,
-            forward=self._reporter(config),
+            forward=self._reporter(config) if self.world.is_main else None,
         )
         self.step = 0
         self.step_seconds: list[float] = []
@@ -98,8 +108,10 @@ class TrainingLoop:
 
     # ---- one step's shared parts --------------------------------------------------------------------
     def _optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clip the gradients to `max_grad_norm` and step the optimizer unless the loss or norm is not finite
-        (`device.guarded_optimizer_step`); returns (grad_norm, skipped: 1 if the step was skipped)."""
+        """Sum the gradients over the processes, clip them to `max_grad_norm` and step the optimizer unless the loss or
+        norm is not finite (`device.guarded_optimizer_step`); returns (grad_norm, skipped: 1 if the step was skipped).
+        `loss` is this process's part; a non-finite gradient anywhere makes the summed norm non-finite everywhere."""
+        sum_gradients(self.params, self.world)  # several processes: each has summed its block of the batch
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
         return grad_norm, guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss)
 
@@ -130,7 +142,10 @@ class TrainingLoop:
     def _save(
         self, path: str | Path, extra: dict[str, Any], *, modules: dict[str, torch.nn.Module] | None = None
     ) -> Path:
-        """Weights (or adapter), optimizer, RNG states, step, `kind`, the seconds trained, and the trainer's `extra`."""
+        """Weights (or adapter), optimizer, RNG states, step, `kind`, the seconds trained, and the trainer's `extra`.
+        Written by the main process only (the others hold the same state); returns the path on every process."""
+        if not self.world.is_main:
+            return Path(path)
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step,
                                extra={"kind": self.kind, "trained_seconds": self.trained_seconds,
@@ -200,12 +215,10 @@ class TrainingLoop:
         step. Holds the model (`exclusive`) and shows a progress bar."""
         t0 = time.perf_counter()
         with self.exclusive():
-            bar = tqdm(total=target, initial=self.step, desc=self.kind.upper(), disable=not progress)
+            bar = tqdm(total=target, initial=self.step, desc=self.kind.upper(),
+                       disable=not progress or not self.world.is_main)
             try:
-                limit = self.trained_seconds_limit  # checked before each step: a run already past it takes none
-                while self.step < target and (limit is None or self.trained_seconds < limit):
-                    if before_step is not None and not before_step():
-                        break
+                while self._another_step(target, t0, before_step):
                     row = self.train_step()
                     bar.update(1)
                     postfix = self._progress_postfix(row)
@@ -213,11 +226,19 @@ class TrainingLoop:
                         bar.set_postfix(postfix)
                     if after_step is not None:
                         after_step(row)
-                    if self.config.max_seconds is not None and time.perf_counter() - t0 > self.config.max_seconds:
-                        break
             finally:
                 bar.close()
         return self.logger.rows
+
+    def _another_step(self, target: int, t0: float, before_step: Callable[[], bool] | None) -> bool:
+        """Whether `_run` takes another step: fewer than `target` done, `trained_seconds_limit` and `max_seconds`
+        (since `t0`) not reached, and `before_step()` (controls: pause, stop) agrees. The main process decides
+        (its clock, its controls) and every process follows."""
+        limit, max_seconds = self.trained_seconds_limit, self.config.max_seconds
+        go = (self.step < target and (limit is None or self.trained_seconds < limit)
+              and (max_seconds is None or time.perf_counter() - t0 <= max_seconds)
+              and (before_step is None or before_step()))
+        return broadcast(go, self.world)
 
     def _progress_postfix(self, row: dict[str, Any]) -> dict[str, str]:
         """What the progress bar shows after a step."""

@@ -19,6 +19,7 @@ from ..data.chat import turn_end
 from ..data.tasks import check_no_overlap
 from ..engine.decoder import final_softcap, supports
 from ..engine.device import data_parallel_size, host_syncs_are_cheap, is_xla, mark_step, shard_batch
+from ..engine.distributed import launched_size, sum_tensors
 from ..engine.logprobs import ForwardOptions, HeadOptions, ProductPlan, completion_logprobs, token_logprobs_and_entropy
 from ..engine.models import base_model
 from ..engine.sampling import bucket_length, position_ids_from_mask, render_prompt
@@ -154,6 +155,9 @@ class SFTTrainer(TrainingLoop):
     def _check_batch_size(self, model: torch.nn.Module, batch_size: int) -> None:
         if len(self.examples) < batch_size:
             raise ValueError(f"SFT: {len(self.examples)} demonstrations, fewer than batch_size={batch_size}")
+        if batch_size < launched_size():
+            raise ConfigError(f"SFTConfig.batch_size={batch_size} gives some of the {launched_size()} processes "
+                              f"(torchrun --nproc-per-node) no rows: make it at least {launched_size()}")
         devices = data_parallel_size() if is_xla(next(model.parameters()).device) else 1
         if batch_size % devices:
             raise ConfigError(
@@ -176,10 +180,10 @@ class SFTTrainer(TrainingLoop):
         batch = self._next_batch()
         stats: dict[str, Any] = {"tokens": 0}
         if batch is not None:
-            loss, tokens = sft_loss(self.model, batch, padding_free=self.config.padding_free is not False,
-                                    products=self.products)
+            loss, tokens = self._loss(batch)
             loss.backward()
             grad_norm, skipped = self._optimizer_step(loss.detach())
+            loss = sum_tensors([loss.detach()], self.world)[0]  # the whole batch's mean
             stats = {"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped}
         self._advance_schedule(1)
         mark_step(self.device)
@@ -192,6 +196,18 @@ class SFTTrainer(TrainingLoop):
         self._count_step_seconds(row["step_seconds"])
         self._count_skipped(row)
         return row
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`sft_loss` of the batch, its completion tokens). Under torchrun each process takes its block of the rows
+        and returns its share of the whole batch's mean (its tokens' sum over all processes' tokens), so the summed
+        gradients are the whole batch's, and the whole batch's token count."""
+        options = {"padding_free": self.config.padding_free is not False, "products": self.products}
+        if self.world.size == 1:
+            return sft_loss(self.model, batch, **options)
+        rows = self.world.block(batch["input_ids"].shape[0])
+        loss, tokens = sft_loss(self.model, {k: v[rows] for k, v in batch.items()}, **options)
+        total = sum_tensors([tokens.detach()], self.world)[0]
+        return loss * tokens / total.clamp(min=1), total
 
     def _batch_metrics(self) -> dict[str, Any]:
         """Metrics of the batch just trained on, beyond the loss (RFT: what was sampled and kept)."""

@@ -1,0 +1,150 @@
+"""Several processes, one run: data parallelism under PyTorch's own launcher, `torchrun`.
+
+`torchrun --nproc-per-node N <command>` starts N copies of the command with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+`MASTER_ADDR` and `MASTER_PORT` set. `world()` joins them into one process group the first time it is asked (nccl
+between GPUs, gloo on CPUs); without torchrun the world is this one process and nothing here communicates.
+
+How the trainers use it (`train.grpo`): every process draws the same prompts and the same sampling noise, samples
+and rewards its own block of the step's groups, and the blocks are gathered, so every process holds the step's whole
+batch and computes the advantages, dynamic sampling and metrics one process would. Each process then runs the
+update's forward and backward on its block of the rows, the loss normalised by the whole batch, and the gradients are
+summed over the processes (`sum_gradients`) before each optimizer step: every process applies the same update to the
+same weights, so weights and optimizer state stay replicated and a checkpoint is one process's copy. The gradients are
+summed by hand rather than by `DistributedDataParallel`, because the kit's forward (`decoder.forward`) runs the
+model's modules without calling the model's `forward`, which DDP's gradient hooks are armed from; the sum is one
+all-reduce of one flat buffer per optimizer step, as DDP does under `no_sync` over micro-batches, without overlapping
+it with the backward. Only the main process (rank 0) writes: the run directory's claim, metrics, checkpoints,
+exports. The live controls are rank 0's, broadcast at each step (`broadcast`).
+
+XLA runs several devices through SPMD within one process (`device.enable_spmd`), not through this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+GROUP_TIMEOUT = timedelta(hours=2)
+"""How long a collective waits for the other processes: long, because rank 0 may be paused by its controls while
+the others wait at the next step's broadcast."""
+
+
+@dataclass(frozen=True)
+class World:
+    """The processes of this run: `size` of them, this one `rank` (0 is the main process, which writes)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    """This process's number on its machine: which GPU it uses."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def block(self, count: int) -> slice:
+        """This process's contiguous block of `count` items split over the processes as evenly as they go (the
+        first `count % size` blocks one longer)."""
+        return slice(self.rank * count // self.size, (self.rank + 1) * count // self.size)
+
+
+def launched_size() -> int:
+    """The number of processes torchrun started (its `WORLD_SIZE`), 1 without torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_rank() -> int:
+    """This process's `RANK` under torchrun (0 is the main process), 0 without torchrun: known before the process
+    group starts."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    """This process's `LOCAL_RANK` under torchrun (which GPU it takes), 0 without torchrun."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def world(device: torch.device | None = None) -> World:
+    """This run's processes. Under torchrun the first call starts the process group: nccl when `device` is a CUDA
+    device, gloo otherwise. Without torchrun: `World()`, one process."""
+    import torch.distributed as dist
+
+    if launched_size() <= 1:
+        return World()
+    if not dist.is_initialized():
+        backend = "nccl" if device is not None and torch.device(device).type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=GROUP_TIMEOUT)
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank())
+
+
+def _device() -> torch.device:
+    """Where collectives' tensors live: this process's GPU under nccl, else the CPU."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gather(value: Any, world: World) -> list[Any]:
+    """Every process's `value` (any picklable object; tensors are sent as they are, so move them to the CPU
+    first), in rank order. One process: `[value]`."""
+    if world.size == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def broadcast(value: Any, world: World) -> Any:
+    """Rank 0's `value` (any picklable object), on every process."""
+    if world.size == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value if world.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sum_tensors(tensors: list[torch.Tensor], world: World) -> list[torch.Tensor]:
+    """Each tensor summed over the processes (one all-reduce of one flat float32 buffer), in its own shape,
+    dtype and device."""
+    if world.size == 1 or not tensors:
+        return tensors
+    import torch.distributed as dist
+
+    flat = torch.cat([t.detach().reshape(-1).to(_device(), torch.float32) for t in tensors])
+    dist.all_reduce(flat)
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start:start + t.numel()].view(t.shape).to(t.device, t.dtype))
+        start += t.numel()
+    return out
+
+
+def sum_gradients(params: list[torch.nn.Parameter], world: World) -> None:
+    """Set each parameter's `.grad` to its sum over the processes. A parameter without a gradient here but with one
+    on another process gets that sum; one without a gradient anywhere keeps None, as it would in one process (the
+    optimizer then leaves it alone)."""
+    if world.size == 1:
+        return
+    has = sum_tensors([torch.tensor([float(p.grad is not None) for p in params])], world)[0]
+    summed = [p for p, n in zip(params, has.tolist(), strict=True) if n > 0]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in summed]
+    for p, g in zip(summed, sum_tensors(grads, world), strict=True):
+        p.grad = g
+
+
+def finish() -> None:
+    """Leave the process group (at the end of a command run under torchrun); nothing without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

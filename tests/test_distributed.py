@@ -1,0 +1,199 @@
+"""Data parallelism under torchrun on the CPU (gloo): two processes train as one would, only rank 0 writes, a run
+whose rank is killed resumes, a run resumes on another number of processes, the controls are rank 0's.
+
+Each run is `python -m torch.distributed.run` (torchrun) around `grpo-kit train` or a short script, one thread per
+process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("torchrun")  # two processes each: not beside each other
+
+# timings differ between runs and processes; everything the training computes must not
+VARYING = ("seconds", "tokens_per_s", "memory_", "xla_", "processes")
+TOLERANCE = 1e-4
+"""Largest |2 processes − 1| / max(1, |value|) of a logged number: the two sum the same terms in another order."""
+CONFIG = "grpo: {steps: 6, save_every: 1, log_completions: 4, beta: 0.04, micro_batch_size: 8}\ntask: {num_test: 8}\n"
+"""16 rows a step in micro-batches of 8: one process runs two, each of two processes one of the same rows. (The
+update's statistics, such as the entropy, are means per micro-batch weighted by rows, so they match where the
+micro-batches hold the same rows; the loss and gradients are normalised by the whole batch either way.)"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_", "CPU_NUM_DEVICES"))}
+    return {**env, "OMP_NUM_THREADS": "1", "GRPO_KIT_DEVICE": "cpu", "USE_TORCH_XLA": "0"}
+
+
+def _torchrun(processes: int, *command: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *command]
+
+
+def _train(processes: int, config: Path, out: Path, *extra: str, command: str = "train") -> list[str]:
+    """`grpo-kit train` (GRPO) or `sft` on the tiny Gemma under torchrun."""
+    return _torchrun(processes, "-m", "grpo_kit.cli", command, "--preset", "cpu-tiny-quick", "--config", str(config),
+                     "--output-dir", str(out), "--quiet", *extra)
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _rows(out: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (out / name).read_text().splitlines()]
+
+
+def _files(out: Path) -> set[str]:
+    return {str(p.relative_to(out)) for p in out.rglob("*")}
+
+
+def _assert_same_rows(rows: list[dict], reference: list[dict]) -> None:
+    assert [r["step"] for r in rows] == [r["step"] for r in reference]
+    for row, ref in zip(rows, reference, strict=True):
+        assert set(row) == set(ref), set(row) ^ set(ref)
+        for key, value in ref.items():
+            if any(part in key for part in VARYING):
+                continue
+            if isinstance(value, float):
+                assert abs(row[key] - value) <= TOLERANCE * max(1.0, abs(value)), (row["step"], key, row[key], value)
+            elif key == "completions":
+                assert [c["completion"] for c in row[key]] == [c["completion"] for c in value], row["step"]
+            elif key != "advantage_hist":
+                assert row[key] == value, (row["step"], key)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The same SFT warm-up in one process and in two, then the same 6-step GRPO run from the first's weights (whose
+    rewards vary, so every step has advantages and a gradient) in one process and in two."""
+    root = tmp_path_factory.mktemp("ddp")
+    sft = root / "sft.yaml"
+    sft.write_text("sft: {log_every: 1}\n")
+    for processes in (1, 2):
+        _run(_train(processes, sft, root / f"sft{processes}", command="sft"))
+    config = root / "settings.yaml"
+    config.write_text(CONFIG)
+    start = ("--init-from", str(root / "sft1" / "checkpoint"))
+    for processes in (1, 2):
+        _run(_train(processes, config, root / f"p{processes}", *start))
+    return {"config": config, "start": start, "one": root / "p1", "two": root / "p2", "sft_one": root / "sft1",
+            "sft_two": root / "sft2"}
+
+
+def test_two_processes_log_the_rows_of_one(runs):
+    """Each process samples its block of the groups with the noise one process would draw for them; the update's
+    gradients are the whole batch's. So two processes log what one does, to float tolerance."""
+    one, two = _rows(runs["one"]), _rows(runs["two"])
+    assert {r["processes"] for r in one} == {1} and {r["processes"] for r in two} == {2}
+    assert len({r["reward_mean"] for r in one}) > 1 and all(r["grad_norm"] > 0 for r in one)  # a run that moves
+    _assert_same_rows(two, one)
+
+
+def test_two_processes_warm_up_as_one(runs):
+    """SFT: each process takes its block of the batch's rows, its loss weighted by its share of the batch's tokens."""
+    one, two = _rows(runs["sft_one"], "sft_metrics.jsonl"), _rows(runs["sft_two"], "sft_metrics.jsonl")
+    assert len({r["loss"] for r in one}) > 1
+    _assert_same_rows(two, one)
+
+
+def test_only_rank_0_writes(runs):
+    """Two processes leave the files one does: one metrics file with one row per step, one checkpoint, one claim."""
+    assert _files(runs["two"]) == _files(runs["one"])
+    assert [r["step"] for r in _rows(runs["two"])] == list(range(1, 7))
+
+
+def _children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in found.read_text().split()] if found.exists() else []
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
+    return int(ranks[0]) if ranks else None
+
+
+def test_a_run_whose_rank_1_is_killed_resumes_to_the_uninterrupted_rows(runs, tmp_path):
+    """SIGKILL of rank 1 mid-run ends the job (torchrun stops the other rank); the same command again resumes from
+    rank 0's last checkpoint to a complete, duplicate-free metrics file equal to the uninterrupted run's."""
+    out = tmp_path / "killed"
+    metrics = out / "metrics.jsonl"
+    job = subprocess.Popen(_train(2, runs["config"], out, *runs["start"]), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=_env())
+    deadline = time.monotonic() + 600
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        assert job.poll() is None and time.monotonic() < deadline, "the run ended or made no progress"
+        time.sleep(0.05)
+    ranks = {_rank_of(pid): pid for pid in _children(job.pid)}
+    os.kill(ranks[1], signal.SIGKILL)
+    assert job.wait(timeout=300) != 0
+    assert len(_rows(out)) < 6, "the run finished before its rank was killed"
+
+    _run(_train(2, runs["config"], out, *runs["start"]))
+    _assert_same_rows(_rows(out), _rows(runs["two"]))
+
+
+def test_a_run_saved_by_two_processes_resumes_in_one(runs, tmp_path):
+    """Weights and optimizer are the same on every process and the batch is the whole step's whatever the number of
+    processes, so a checkpoint of two resumes in one (and the other way) and continues the same run."""
+    short = tmp_path / "short.yaml"
+    short.write_text(CONFIG.replace("steps: 6", "steps: 3"))
+    out = tmp_path / "moved"
+    _run(_train(2, short, out, *runs["start"]))
+    _run(_train(1, runs["config"], out, *runs["start"]))
+    _assert_same_rows(_rows(out), _rows(runs["one"]))
+
+
+CONTROLLED = textwrap.dedent('''
+    import json, sys
+    import torch
+    import grpo_kit as gk
+    from grpo_kit.data.rewards import DEFAULT_REWARDS
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+
+    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
+    cfg = gk.GRPOConfig(steps=6, prompts_per_step=4, group_size=4, micro_batch_size=16, max_new_tokens=16,
+                        output_dir=None, log_completions=0)
+    trainer = gk.GRPOTrainer(model, tok, DEFAULT_REWARDS, gk.ArithmeticTask().prompt_stream(), cfg)
+
+    def steer(trainer, row):
+        if trainer.world.is_main and row["step"] == 2:  # the dashboard lives beside rank 0
+            trainer.controls.update(temperature=0.5, beta=0.1)
+        if trainer.world.is_main and row["step"] == 4:
+            trainer.controls.update(stop_requested=True)
+
+    rows = trainer.train(progress=False, callback=steer)
+    print("ROWS", json.dumps([{k: r[k] for k in ("step", "temperature", "beta", "controls_version")} for r in rows]))
+''')
+
+
+def test_a_control_changed_on_rank_0_reaches_both_ranks_at_the_same_step(tmp_path):
+    script = tmp_path / "controlled.py"
+    script.write_text(CONTROLLED)
+    done = _run(_torchrun(2, "--tee=1", str(script)))
+    per_rank: dict[int, list] = {}
+    for line in done.stdout.splitlines():  # torchrun prefixes each line with its rank: "[default0]:ROWS [...]"
+        prefix, _, text = line.partition("]:")
+        if text.startswith("ROWS "):
+            per_rank[int(prefix.rsplit("default", 1)[1])] = json.loads(text.removeprefix("ROWS "))
+    assert set(per_rank) == {0, 1}, done.stdout[-2000:]
+    assert per_rank[0] == per_rank[1]
+    temperatures = [r["temperature"] for r in per_rank[0]]
+    assert temperatures[0] == temperatures[1] != 0.5 and temperatures[2:] == [0.5, 0.5]  # set after step 2
+    assert [r["beta"] for r in per_rank[0]][2:] == [0.1, 0.1]
+    assert len(per_rank[0]) == 4  # stop asked after step 4: both ranks stopped there
