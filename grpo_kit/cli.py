@@ -54,7 +54,11 @@ def _print(obj: dict[str, Any]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .course.arc import run_demo
+    from .engine.distributed import launched_size
 
+    if launched_size() > 1:
+        raise SystemExit(f"grpo-kit demo runs in one process, not under torchrun ({launched_size()} processes): run "
+                         "`grpo-kit sft`, then `grpo-kit train --init-from RUN/checkpoint` under torchrun")
     cfg = _config(args, "runs/demo")
     if args.time_budget is not None:
         cfg = dataclasses.replace(cfg, time_budget_minutes=args.time_budget)

@@ -227,12 +227,17 @@ class RolloutRounds:
 
             config = CompileConfig()
             config._compile_all_devices = True  # transformers compiles on cuda/xpu/tpu only unless told
-            if self.static_cache is None:
+            if self.static_cache is None:  # this model's first compiled call: compile as a fresh process would
+                torch._dynamo.reset()  # (HF's forwards share one wrapper function, whose compile cache and limit
+                # would otherwise carry the earlier models' entries)
                 self.static_cache = StaticCache(config=self.model.config.get_text_config(decoder=True),
                                                 max_cache_len=self.ids.shape[1] + new_tokens)
             self.static_cache.reset()
             static = {"past_key_values": self.static_cache, "compile_config": config}
-        with seeded_cpu_rng(r):  # seeded per round, and a TRL run around it keeps its own stream
+        # torch's own defaults for dynamo: importing torch_xla (the kit checks for it) turns automatic dynamic shapes
+        # off for the whole process, and HF's compiled forward would then compile once per cache length
+        defaults = {"automatic_dynamic_shapes": True, "specialize_float": False} if compiled else {}
+        with seeded_cpu_rng(r), torch._dynamo.config.patch(**defaults):  # seeded per round (TRL keeps its own)
             out = self.model.generate(input_ids=self.ids, attention_mask=self.mask, do_sample=True, temperature=1.0,
                                       top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                       pad_token_id=self.tokenizer.pad_token_id, **static)
