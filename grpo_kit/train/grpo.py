@@ -399,8 +399,6 @@ class GRPOTrainer(TrainingLoop):
             self.reference.ema_update(cfg.ema_reference)
 
     def _save_if_due(self) -> None:
-        if not self.world.is_main:  # rank 0 saves: the weights and optimizer are the same on every process
-            return
         requested = self.controls.consume_save_request()
         if self.checkpoint_path is not None and (self._save_due() or requested):
             self.save(self.checkpoint_path)
