@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench,math,tracking
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study study-seeded course-times
+.PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study study-seeded course-times scaling
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,11 @@ study-seeded: $(STAMP)
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)
 	$(BIN)/python -m tools bench --quick --report docs
+
+# The scaling model against runs here: 1 vs 2 processes (gloo) and 1 vs 8 virtual XLA devices, the tiny Gemma and
+# Gemma 3 270M (tools/scaling.py, ≈ 20 min on 2 cores, alone); writes docs/scaling.json and docs/scaling.md's tables.
+scaling: $(STAMP)
+	$(BIN)/python -m tools scaling --report docs/scaling.md
 
 # Two quick bench runs in a row and how far each ratio moved between them (the goal: within 15 %).
 bench-twice: $(STAMP)

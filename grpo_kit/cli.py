@@ -363,12 +363,16 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .eval.planner import PlanInput, plan, table
+    from .eval.scaling import predict, speeds_for
 
     if args.table:
         print(table())
         return 0
     inputs = PlanInput(lora=not args.full, **{name: getattr(args, name) for name in PLAN_FLAGS})
     report = plan(inputs)
+    if report["fits"] and speeds_for(inputs.tpu):  # boards with published speeds: the step's time too (a prediction)
+        sized = dataclasses.replace(inputs, micro_batch_size=report["micro_batch_size"])
+        report["predicted"] = predict(sized, checkpointing=report["gradient_checkpointing"])
     _print(report)
     if not report["fits"]:
         print(f"grpo-kit plan: does not fit: {report['advice']}", file=sys.stderr)

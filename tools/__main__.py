@@ -2,6 +2,7 @@
 
 - `study`: does GRPO beat more SFT? Regimes × seeds on Gemma 3 270M (hours; `make study`).
 - `bench`: the kit against HF generate and TRL's GRPOTrainer (`make bench`).
+- `scaling`: the scaling model's predictions against runs on 1 and several devices here (`make scaling`).
 - `smoke`: a real Gemma end to end: LoRA, one SFT and one GRPO step, adapter and merged-export reloads.
 
 They import the package like any user; nothing in the package imports them, and the wheel does not hold them.
@@ -152,11 +153,39 @@ def _smoke_and_bench_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def cmd_scaling(args: argparse.Namespace) -> int:
+    from .scaling import run_scaling, write_report
+
+    if args.predictions_only:
+        result = json.loads(Path(args.from_json).read_text()) if args.from_json else None
+    else:
+        result = run_scaling(progress=not args.quiet)
+        Path(args.json_out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if args.report:
+        print(f"wrote {write_report(result, args.report)}", file=sys.stderr)
+    return 0
+
+
+def _scaling_parser(sub: Any) -> None:
+    p = sub.add_parser("scaling", help="the scaling model against runs here (1 vs 2 processes, 1 vs 8 XLA devices) "
+                       "and its predictions per board (docs/scaling.md)")
+    p.add_argument("--json-out", default="docs/scaling.json", help="where the measured runs go (default "
+                   "docs/scaling.json)")
+    p.add_argument("--report", default=None, help="write the generated tables of this page (docs/scaling.md)")
+    p.add_argument("--predictions-only", action="store_true", help="run nothing: the predictions table, and the "
+                   "measured one from --from-json")
+    p.add_argument("--from-json", default=None, help="with --predictions-only: a scaling.json to report")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_scaling)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools", description="The repository's tools: study, bench, smoke.")
+    parser = argparse.ArgumentParser(prog="python -m tools",
+                                     description="The repository's tools: study, bench, smoke, scaling.")
     sub = parser.add_subparsers(dest="command", required=True)
     _study_parser(sub)
     _smoke_and_bench_parsers(sub)
+    _scaling_parser(sub)
     return parser
 
 

@@ -156,7 +156,8 @@ def get_device(kind: str | None = None) -> torch.device:
     On a TPU machine without a working torch_xla this raises `SetupError` naming the fix (a TPU preset must
     never train on the host CPU). On a TPU this also switches on SPMD over all its devices (GRPO_KIT_SPMD=0
     turns that off), so call it before creating any XLA tensor. On the XLA CPU backend (tests) SPMD is only used when
-    asked for with `enable_spmd`. Under torchrun a CUDA device is the process's own GPU (`LOCAL_RANK`)."""
+    asked for: `enable_spmd`, or GRPO_KIT_SPMD=1 (over CPU_NUM_DEVICES devices). Under torchrun a CUDA device is
+    the process's own GPU (`LOCAL_RANK`)."""
     kind = check_device_kind(kind)
     if kind == "auto":
         if tpu_present():
@@ -175,7 +176,8 @@ def get_device(kind: str | None = None) -> torch.device:
         import torch_xla
 
         enable_compile_cache()  # a real TPU only: re-runs of a notebook skip most compiles
-        if tpu_present() and _MESH is None and os.environ.get("GRPO_KIT_SPMD", "1") != "0":
+        spmd = os.environ.get("GRPO_KIT_SPMD", "")
+        if _MESH is None and (spmd == "1" or (tpu_present() and spmd != "0")):
             enable_spmd()  # one program over every core (also right for a single-core v5e-1)
         return torch_xla.device()
     if kind == "cuda" and not torch.cuda.is_available():

@@ -191,13 +191,23 @@ class Accelerator:
     devices: int
     gib_per_device: float
     bf16: bool = True
+    family: str = ""
+    """The chip (v5e, v6e, t4, cpu, …): what `scaling.SPEEDS` knows it by."""
+
+    @property
+    def tpu(self) -> bool:
+        return self.family.startswith("v")
 
 
 ACCELERATORS: dict[str, Accelerator] = {
-    **{board: Accelerator(f"TPU {board}", n, gib) for board, (n, gib) in TPU_BOARDS.items()},
-    "t4": Accelerator("GPU T4", 1, 15.0, bf16=False),
-    "cpu": Accelerator("CPU (24 GiB)", 1, 24.0, bf16=False),
+    **{board: Accelerator(f"TPU {board}", n, gib, family=board.split("-")[0])
+       for board, (n, gib) in TPU_BOARDS.items()},
+    "t4": Accelerator("GPU T4", 1, 15.0, bf16=False, family="t4"),
+    "cpu": Accelerator("CPU (24 GiB)", 1, 24.0, bf16=False, family="cpu"),
 }
+"""The boards with a preset, a T4 and this kit's CPU. `accelerator` also reads `<one of these>-x<N>` (N of its
+devices: t4-x2 is Kaggle's "GPU T4 × 2", cpu-x2 two processes on one host) and a bigger slice of a TPU family
+(v5e-16, v5e-32: chips of the family's one-chip board)."""
 
 ACTIVATION_COEFFS = {"hidden": 22.0, "intermediate": 4.0, "scores": 2.5}
 XLA_MARGIN = 0.10
@@ -217,9 +227,16 @@ def model_spec(name: str) -> ModelSpec:
 
 def accelerator(name: str) -> Accelerator:
     key = name.lower().removeprefix("tpu-").removeprefix("tpu ")
-    if key not in ACCELERATORS:
-        raise ValueError(f"unknown accelerator {name!r}; known: {sorted(ACCELERATORS)}")
-    return ACCELERATORS[key]
+    if key in ACCELERATORS:
+        return ACCELERATORS[key]
+    base, _, count = key.rpartition("-x") if "-x" in key else key.rpartition("-")
+    one = ACCELERATORS.get(base if "-x" in key else f"{base}-1")
+    if one is None or not count.isdigit() or int(count) < 1:
+        raise ValueError(f"unknown accelerator {name!r}; known: {sorted(ACCELERATORS)}, any of them as <name>-x<N> "
+                         "for N devices (t4-x2), or a TPU slice of a known family (v5e-16)")
+    n = int(count)
+    label = f"{one.name} × {n}" if "-x" in key else f"TPU {key}"
+    return dataclasses.replace(one, name=label, devices=n)
 
 
 TPU_RECIPE: dict[str, Any] = PRESETS["tpu-v2-8-gemma-3-1b"]
@@ -235,7 +252,8 @@ class PlanInput:
     """gemma-3-270m, gemma-3-1b-it, gemma-2-2b-it, gemma-4-e2b-it, gemma-4-e4b-it, tiny-gemma or a directory with
     config.json"""
     tpu: str = "v2-8"
-    """v2-8, v3-8, v5e-1, v5e-8, v6e-1, v6e-8 (also t4, cpu)"""
+    """v2-8, v3-8, v5e-1, v5e-8, v6e-1, v6e-8, a bigger slice (v5e-16), t4, cpu, or any as <name>-x<N> for N devices
+    (t4-x2)"""
     lora: bool = True
     """LoRA (False: full fine-tuning)"""
     lora_r: int = ModelConfig.lora_r
