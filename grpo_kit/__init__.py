@@ -101,6 +101,7 @@ PUBLIC: dict[str, str] = {
     "collate": "train.sft",
     # watching, steering, saving
     "Dashboard": "course.dashboard",
+    "LaunchedRun": "course.launched",
     "control_changes": "course.dashboard",
     "read_jsonl": "train.metrics",
     "export_model": "eval.export",

@@ -121,7 +121,8 @@ def completions_html(row: dict[str, Any]) -> str:
 
 
 class Dashboard:
-    """Live plots and controls for a `GRPOTrainer`.
+    """Live plots and controls for a `GRPOTrainer`, or for a `LaunchedRun` (a run in processes of its own, torchrun's
+    several GPUs among them: the plots read its metrics file, the controls write its controls file).
 
         dash = Dashboard(trainer)
         dash.run(steps=40)     # trains in this cell; the widgets shown above it steer the run as it goes

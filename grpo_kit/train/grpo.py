@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,7 +52,7 @@ from ..engine.sampling import (
 )
 from ..validation import ConfigError, check_prompt_dataset
 from .config import GRPOConfig
-from .controls import LIVE_SETTINGS, Controls
+from .controls import LIVE_SETTINGS, TOKEN_VARIABLE, Controls, controls_path
 from .loop import TrainingLoop
 from .metrics import HIST_EDGES, histogram, to_host
 
@@ -519,11 +520,20 @@ class GRPOTrainer(TrainingLoop):
         """Run until `steps` (default config.steps) total steps, a stop request, or max_seconds.
 
         `callback(trainer, row)` runs after each step; `poll()` runs before each step and while paused (the
-        dashboard's foreground loop processes widget events there). Refused while another loop trains."""
+        dashboard's foreground loop processes widget events there). The main process of a run launched with a
+        controls token (`controls.TOKEN_VARIABLE`) also follows its output directory's controls file there, so a
+        dashboard in another process steers it. Refused while another loop trains."""
+        follow = os.environ.get(TOKEN_VARIABLE) and self.config.output_dir and self.world.is_main
+        watch = [lambda: self.controls.follow_file(controls_path(self.config.output_dir))] if follow else []
+        idle = [*watch, poll] if poll is not None else watch
+
+        def between() -> None:
+            for call in idle:
+                call()
+
         def before_step() -> bool:
-            if poll is not None:
-                poll()
-            self.controls.wait_while_paused(idle=poll)
+            between()
+            self.controls.wait_while_paused(idle=between if idle else None)
             return not self.controls.snapshot()["stop_requested"]
 
         return self._run(self.config.steps if steps is None else steps, progress=progress, before_step=before_step,
