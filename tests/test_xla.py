@@ -143,6 +143,29 @@ def test_move_to_xla_keeps_embeddings_tied_and_gradients_equal(tiny):
     assert torch.allclose(cpu_grad, xla_grad, atol=1e-5)
 
 
+def test_a_checkpoint_of_a_model_on_xla_resumes_on_it(tiny, tmp_path):
+    """The optimizer state is read to the host and the optimizer moves it to each parameter's device (torch.load
+    cannot place a tensor on an XLA device): a run on a TPU resumes."""
+    from grpo_kit.train.checkpoint import load_checkpoint, save_checkpoint
+
+    model, _ = tiny
+    xla = get_device("xla")
+    model = move_model(model, xla)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14]], device=xla)
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    optimizer.step()
+    mark_step(xla)
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, 1)
+    moments = [optimizer.state[p]["exp_avg"].cpu() for p in params]
+    fresh = torch.optim.AdamW(params, lr=1e-3)
+    assert load_checkpoint(tmp_path / "ckpt", model, fresh)["step"] == 1
+    for p, expected in zip(params, moments, strict=True):
+        assert fresh.state[p]["exp_avg"].device.type == "xla"
+        assert torch.equal(fresh.state[p]["exp_avg"].cpu(), expected)
+
+
 def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
     xla = get_device("xla")
     monitor = CompileMonitor()

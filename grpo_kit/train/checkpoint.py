@@ -250,7 +250,6 @@ def load_checkpoint(
     if kind is not None and state.get("kind", kind) != kind:
         raise ValueError(f"{path} is a {state['kind']} checkpoint, not a {kind} one"
                          + (": start GRPO from it with --init-from, not --resume" if kind == "grpo" else ""))
-    device = next(model.parameters()).device
     listed = state["files"]
     needed = ["weights.safetensors", "rng.pt", *(f"{name}.safetensors" for name in modules or {})]
     needed += ["optimizer.pt"] if optimizer is not None else []
@@ -263,7 +262,9 @@ def load_checkpoint(
     for name, module in (modules or {}).items():
         _load_weights(path, name, module)
     if optimizer is not None:
-        optimizer.load_state_dict(_tensors_only(path / "optimizer.pt", device))
+        # read to the host: torch.load cannot place tensors on an XLA device, and the optimizer moves its state to
+        # each parameter's device itself
+        optimizer.load_state_dict(_tensors_only(path / "optimizer.pt"))
     rng = _tensors_only(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_tuples(rng["python"]))
