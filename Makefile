@@ -8,7 +8,7 @@ EXTRAS := xla,notebooks,dev,gemma-offline,bench,math,tracking
 CLASSIC := .venv-classic
 CLASSIC_STAMP := $(CLASSIC)/.installed
 
-.PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study study-seeded course-times scaling
+.PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study study-seeded course-times scaling multihost
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ $(CLASSIC_STAMP): $(STAMP) requirements/colab-frontend.txt scripts/link_venv.py
 test: $(STAMP) $(CLASSIC_STAMP) browser
 	$(BIN)/python -m ruff check grpo_kit tools tests scripts notebooks/install.py
 	OMP_NUM_THREADS=1 GRPO_KIT_QUICK=1 GRPO_KIT_SOLUTIONS=1 $(BIN)/python -m pytest tests --nbmake notebooks \
-	  --nbmake-timeout=600 -m "not bench" -n logical --dist loadgroup --durations=40
+	  --nbmake-timeout=600 -m "not bench and not multihost" -n logical --dist loadgroup --durations=40
 
 # The benchmark's real-model and capstone sections end to end at small sizes (they load Gemma 3 270M five times;
 # `make test` runs the tiny-model parts): run before changing what `make bench` reports.
@@ -90,6 +90,11 @@ study-seeded: $(STAMP)
 # docs/benchmarks.md and its plots, from one quick run, alone (18 minutes on a 2-core Xeon with AMX, 42 on one without, 49 on a 2-core AMD EPYC VM).
 bench: $(STAMP)
 	$(BIN)/python -m tools bench --quick --report docs
+
+# A TPU pod slice's hosts stood in for by two torchrun processes on XLA's CPU devices (tests/test_spmd_hosts.py, its
+# multihost test: ≈ 6 min of XLA compiles on 2 cores): only host 0 writes, a run resumes from its checkpoint on both, the rows of one process.
+multihost: $(STAMP)
+	$(BIN)/python -m pytest tests/test_spmd_hosts.py -m multihost
 
 # The scaling model against runs here: 1 vs 2 processes (gloo) and 1 vs 8 virtual XLA devices, the tiny Gemma and
 # Gemma 3 270M (tools/scaling.py, ≈ 20 min on 2 cores, alone); writes docs/scaling.json and docs/scaling.md's tables.

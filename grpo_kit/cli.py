@@ -54,15 +54,15 @@ def _print(obj: dict[str, Any]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .course.arc import run_demo
-    from .engine.distributed import launched_size
+    from .engine.distributed import finish, launched_rank
 
-    if launched_size() > 1:
-        raise SystemExit(f"grpo-kit demo runs in one process, not under torchrun ({launched_size()} processes): run "
-                         "`grpo-kit sft`, then `grpo-kit train --init-from RUN/checkpoint` under torchrun")
     cfg = _config(args, "runs/demo")
     if args.time_budget is not None:
         cfg = dataclasses.replace(cfg, time_budget_minutes=args.time_budget)
     summary = run_demo(cfg, args.device, progress=not args.quiet, resume=not args.overwrite)
+    finish()
+    if launched_rank() != 0:  # under torchrun the main process reports
+        return 0
     _print({k: v for k, v in summary.items() if k not in ("samples_after_grpo", "plan")})
     print(f"\nWrote {Path(cfg.output_dir).resolve()}/ (summary.json, progress.json, sft/ grpo/ control/, *.png)",
           file=sys.stderr)
@@ -124,7 +124,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None = None,
-           cfg: RunConfig | None = None) -> tuple[RunConfig, Any, Any, Any, Any]:
+           cfg: RunConfig | None = None, device: Any = None) -> tuple[RunConfig, Any, Any, Any, Any]:
     from .data.tasks import make_task
     from .engine.device import get_device, use_cpu_threads
     from .engine.models import load_model
@@ -135,7 +135,7 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
     if init_from:
         refuse_arc_adapter(init_from)  # before the model loads: a minute on a real Gemma
     use_cpu_threads()
-    dev = get_device(args.device)
+    dev = device or get_device(args.device)
     model, tokenizer = load_model(cfg.model, dev)
     if init_from:
         load_checkpoint(init_from, model)
@@ -147,35 +147,50 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from .train.sft import SFTTrainer
 
     cfg = _config(args, "runs/sft")
-    run_dir = _claim_on_main(cfg, "sft", args)  # noqa: F841 - held (the lock) while training
+    dev = _device(args)
+    run_dir = _claim_on_main(cfg, "sft", args, dev)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="sft", steps=cfg.sft.steps)
-    cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg)
+    cfg, _, model, tokenizer, task = _setup(args, "runs/sft", cfg=cfg, device=dev)
     trainer = SFTTrainer(model, tokenizer, task.demonstrations(),
                          dataclasses.replace(cfg.sft, output_dir=cfg.output_dir), resume_metrics=resume is not None)
     _load_resume_point(args, trainer, resume)
     return _train_save_evaluate(args, cfg, trainer, tokenizer, task)
 
 
-def _claim_on_main(cfg: RunConfig, kind: str, args: argparse.Namespace) -> Any:
-    """The output directory claimed for the whole command (`rundir.claim`); under torchrun by the main process
-    only, the one that writes (the others get None)."""
-    from .engine.distributed import launched_rank
+def _device(args: argparse.Namespace) -> Any:
+    """The command's device, chosen before the output directory is claimed: on a pod slice, which host claims it is
+    the XLA runtime's to say."""
+    from .engine.device import get_device, use_cpu_threads
 
-    return claim(cfg.output_dir, kind, overwrite=args.overwrite) if launched_rank() == 0 else None
+    use_cpu_threads()
+    return get_device(args.device)
+
+
+def _claim_on_main(cfg: RunConfig, kind: str, args: argparse.Namespace, device: Any) -> Any:
+    """The output directory claimed for the whole command (`rundir.claim`); under torchrun, or on a pod slice's
+    hosts, by the main process only, the one that writes (the others get None)."""
+    from .engine.distributed import process_rank
+
+    return claim(cfg.output_dir, kind, overwrite=args.overwrite) if process_rank(device) == 0 else None
 
 
 def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any, tokenizer: Any, task: Any) -> int:
     """Shared tail of `sft` and `train`: run, save `output_dir/checkpoint`, evaluate, print one JSON object. Under
-    torchrun the main process saves, evaluates and prints; the others are done once training is."""
+    torchrun the main process saves, evaluates and prints; the others are done once training is. The hosts of one
+    SPMD program (a pod slice) all evaluate, since each of its computations spans them all; the main one prints."""
     from .engine.distributed import finish
     from .eval.evaluation import evaluate
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
+    if trainer.world.splits_batch:
+        finish()
+        if not trainer.world.is_main:
+            return 0
+    result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     finish()
     if not trainer.world.is_main:
         return 0
-    result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     _print(
         {"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"],
          "format_rate": result["format_rate"]}
@@ -226,10 +241,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.grpo import GRPOTrainer
 
     cfg = _config(args, "runs/grpo")
-    run_dir = _claim_on_main(cfg, "grpo", args)  # noqa: F841 - held (the lock) while training
+    dev = _device(args)
+    run_dir = _claim_on_main(cfg, "grpo", args, dev)  # noqa: F841 - held (the lock) while training
     resume = _resume_point(args, cfg, section="grpo", steps=cfg.grpo.steps)
     # the starting weights the run was begun from (so a resumed full fine-tuning rebuilds the same reference)
-    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg)
+    cfg, _, model, tokenizer, task = _setup(args, "runs/grpo", init_from=(resume or {}).get("init_from"), cfg=cfg,
+                                            device=dev)
     grpo_cfg = dataclasses.replace(
         cfg.grpo, output_dir=cfg.output_dir, reward_weights=cfg.grpo.reward_weights or DEFAULT_WEIGHTS
     )

@@ -197,3 +197,53 @@ def test_a_control_changed_on_rank_0_reaches_both_ranks_at_the_same_step(tmp_pat
     assert temperatures[0] == temperatures[1] != 0.5 and temperatures[2:] == [0.5, 0.5]  # set after step 2
     assert [r["beta"] for r in per_rank[0]][2:] == [0.1, 0.1]
     assert len(per_rank[0]) == 4  # stop asked after step 4: both ranks stopped there
+
+
+SEPARATE_DIRS = textwrap.dedent('''
+    import os, sys
+    import torch
+    import grpo_kit as gk
+    from grpo_kit.data.rewards import DEFAULT_REWARDS
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+
+    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
+    # each process its own directory: what two machines without a shared file system would see
+    out = os.path.join(sys.argv[1], "rank" + os.environ["RANK"])
+    cfg = gk.GRPOConfig(steps=1, prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=8, output_dir=out)
+    gk.GRPOTrainer(model, tok, DEFAULT_REWARDS, gk.ArithmeticTask().prompt_stream(), cfg)
+''')
+
+
+def test_processes_that_do_not_share_the_output_directory_are_refused(tmp_path):
+    """A resume reads the checkpoint in every process, so each must see the directory rank 0 writes."""
+    script = tmp_path / "separate.py"
+    script.write_text(SEPARATE_DIRS)
+    done = subprocess.run(_torchrun(2, str(script), str(tmp_path)), capture_output=True, text=True, timeout=600,
+                          env=_env())
+    assert done.returncode != 0
+    assert "process 1 of 2 does not see what process 0 wrote there" in done.stderr
+    assert not (tmp_path / "rank1" / "metrics.jsonl").exists()
+
+
+def test_the_demo_arc_runs_in_two_processes(tmp_path):
+    """`grpo-kit demo` under torchrun with a time budget: each phase's size is the main process's clock's (its plan
+    taken by every process at each save), so both train the same steps and the run ends; the main process alone
+    writes and evaluates, and the directory holds what one process's arc leaves."""
+    config = tmp_path / "arc.yaml"
+    config.write_text("sft: {log_every: 1}\ngrpo: {prompts_per_step: 4, group_size: 4, micro_batch_size: 8, "
+                      "max_new_tokens: 16}\ntask: {num_test: 8}\ncontrol: true\nrft_control: true\n")
+    out = tmp_path / "arc"
+    done = _run(_torchrun(2, "-m", "grpo_kit.cli", "demo", "--preset", "cpu-tiny-quick", "--config", str(config),
+                          "--output-dir", str(out), "--time-budget", "1", "--quiet"))
+    summary = json.loads(done.stdout[done.stdout.index("{\n"):])  # after gloo's own lines
+    for stage in ("base", "sft", "grpo", "control", "rft"):
+        assert 0.0 <= summary[f"{stage}_accuracy"] <= 1.0, stage
+    assert summary["grpo_steps"] >= 2 and summary["control_steps"] >= 1 and summary["rft_steps"] >= 1
+    grpo_rows = _rows(out / "grpo")
+    assert [r["step"] for r in grpo_rows] == list(range(1, summary["grpo_steps"] + 1))
+    assert {r["processes"] for r in grpo_rows} == {2}
+    assert {"progress.json", "summary.json", "sft", "grpo", "control", "rft", "reward_curve.png",
+            "accuracy.png"} <= {p.name for p in out.iterdir()}
+    plan = json.loads((out / "progress.json").read_text())["plan"]
+    assert {"sft_steps", "grpo_steps", "control_steps", "rft_steps"} <= set(plan)  # every phase sized by the clock

@@ -25,6 +25,7 @@ from ..algo.difficulty import DifficultyTargeting
 from ..data.rewards import DEFAULT_REWARDS, DEFAULT_WEIGHTS, RewardFunc
 from ..data.tasks import make_task
 from ..engine.device import get_device, use_cpu_threads
+from ..engine.distributed import broadcast, world
 from ..engine.models import is_lora, load_model, merge_and_restart_lora
 from ..eval.evaluation import Batching, evaluate, sampled_scores
 from ..train.checkpoint import load_checkpoint, save_checkpoint, write_whole
@@ -56,7 +57,11 @@ class Arc:
     """One run of the arc in `cfg.output_dir`. Phases: `evaluate("base")`, `sft()`, `evaluate("sft")`, `grpo()`,
     `evaluate("grpo")`, `control()`, `evaluate("control")`, `rft()`, `evaluate("rft")`, then `summary()`; `run()`
     does them all (the controls where the config asks for them). A phase
-    already recorded in progress.json returns its record; `resume=False` starts the directory over."""
+    already recorded in progress.json returns its record; `resume=False` starts the directory over.
+
+    Under torchrun every process runs every phase (its trainers split each batch, `engine.distributed`); the main
+    process alone claims the directory, writes, and evaluates, and its records (each phase's results and the time
+    budget's plan, sized by its clock) are every process's at each save, so all train the same steps."""
 
     def __init__(self, cfg: RunConfig, device: str | torch.device | None = None, *, progress: bool = True,
                  resume: bool = True, rewards: Sequence[RewardFunc] | None = None) -> None:
@@ -80,9 +85,11 @@ class Arc:
         except DataError:  # your data without worked solutions: GRPO starts from the base model
             self.has_solutions = False
         """Whether the task has worked solutions: without them SFT and the SFT control are skipped."""
-        self.records = self._open(resume)
         use_cpu_threads()
         self.device = get_device(device)
+        self.world = world(self.device)
+        """The run's processes (one, or torchrun's): the main one writes and evaluates."""
+        self.records = self._open(resume)
         t0 = time.perf_counter()
         self.model, self.tokenizer = load_model(cfg.model, self.device)
         self.records.setdefault("load", {"seconds": time.perf_counter() - t0})
@@ -111,11 +118,13 @@ class Arc:
     def _open(self, resume: bool) -> dict[str, Any]:
         settings = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str))
         settings["model"].pop("hf_token", None)
-        self.run_dir = claim(self.out, "arc", overwrite=not resume)
-        """The output directory, claimed: a directory holding files the arc did not write is refused (unless
-        resume=False, which writes beside them), and starting over removes only the arc's own files."""
-        for name in ARC_ENTRIES + self._controls():  # a clash is found before any work
+        self.run_dir = claim(self.out, "arc", overwrite=not resume) if self.world.is_main else None
+        """The output directory, claimed (by the main process): a directory holding files the arc did not write is
+        refused (unless resume=False, which writes beside them), and starting over removes only the arc's own
+        files."""
+        for name in ARC_ENTRIES + self._controls() if self.run_dir else ():  # a clash is found before any work
             self.run_dir.add(name)
+        broadcast(None, self.world)  # the others read progress.json once the main process has claimed the directory
         if self.record_path.exists():
             records = json.loads(self.record_path.read_text())
             # a setting the recorded run lacks counts as unset: a field added since, at its default None, is no change
@@ -129,8 +138,13 @@ class Arc:
         return {"settings": settings, "phases": {}, "plan": {}}
 
     def _save(self) -> None:
-        # the temporary file inside the kit's folder: a crash leaves nothing of its own beside the user's files
-        write_whole(self.record_path, json.dumps(self.records, indent=2), tmp=self.out / MARK / "progress.json.tmp")
+        """Every process takes the main process's records (in place: a phase holds on to its plan), which the main
+        process writes to progress.json."""
+        _take(self.records, broadcast(self.records, self.world))
+        if self.world.is_main:
+            # the temporary file inside the kit's folder: a crash leaves nothing of its own beside the user's files
+            write_whole(self.record_path, json.dumps(self.records, indent=2),
+                        tmp=self.out / MARK / "progress.json.tmp")
 
     def done(self, phase: str) -> dict[str, Any] | None:
         """The record of a finished phase (`base_eval`, `sft`, `sft_eval`, `grpo`, …), or None."""
@@ -140,7 +154,7 @@ class Arc:
         """Record `phase` as finished with `record` (its results; `seconds` counts against the time budget)."""
         self.records["phases"][phase] = record
         self._save()
-        return record
+        return self.records["phases"][phase]
 
     # -- weights -----------------------------------------------------------------------------------------------
     def hold(self, stage: str) -> None:
@@ -209,6 +223,8 @@ class Arc:
         if stage == Stage.SFT and skipped and base and not self.cfg.eval_pass_k:  # the same weights, already measured
             return self.finish("sft_eval", {**base, "seconds": 0.0, "greedy_seconds": 0.0, "same_as": Stage.BASE})
         self.hold(stage)
+        if not self.world.is_main:  # the main process evaluates; its record is taken at finish
+            return self.finish(f"{stage}_eval", {})
         t0 = time.perf_counter()
         g = self.cfg.grpo
         batching = Batching(size=self.cfg.eval_batch_size, prompt_bucket=g.prompt_bucket)
@@ -233,9 +249,10 @@ class Arc:
             DifficultyTargeting(self.cfg.grpo.difficulty_key).level(next(self.task.prompt_stream()))
         self.hold(Stage.BASE)
         if not self.has_solutions:  # nothing to imitate: the base model's weights stand in for the SFT model's
-            run = claim(self.out / Stage.SFT, "sft")
-            record_entry(run, self.out / Stage.SFT / "final")
-            save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"})
+            if self.world.is_main:
+                run = claim(self.out / Stage.SFT, "sft")
+                record_entry(run, self.out / Stage.SFT / "final")
+                save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"})
             self.holds = Stage.SFT
             return self.finish(Stage.SFT, {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
         plan = self.records["plan"]
@@ -316,7 +333,7 @@ class Arc:
                                    started=t0, step=trainer.step)
         if self.cfg.time_budget_minutes:  # and a deadline: steps slower than the probe's stop at GRPO's share
             trainer.trained_seconds_limit = plan["grpo_seconds"]  # in training time: a pause does not count
-        if not trainer.controls.snapshot()["stop_requested"]:  # a stop pressed during the first steps ends the phase
+        if not self._stopped(trainer):  # a stop pressed during the first steps ends the phase
             run(plan.get("grpo_steps", self.cfg.grpo.steps))
             if self.cfg.time_budget_minutes:
                 self._fill_grpo_share(trainer, run)
@@ -333,13 +350,17 @@ class Arc:
         resumed run takes the same number; the deadline still holds). Not after a stop or the deadline."""
         plan = self.records["plan"]
         if "grpo_more_steps" not in plan:
-            if trainer.step < plan["grpo_steps"] or trainer.controls.snapshot()["stop_requested"]:
+            if trainer.step < plan["grpo_steps"] or self._stopped(trainer):
                 return
             median = statistics.median(row["step_seconds"] for row in trainer.logger.rows)  # GRPO logs every step
             plan["grpo_more_steps"] = max(0, math.floor((plan["grpo_seconds"] - trainer.trained_seconds) / median))
             self._save()
         if plan["grpo_more_steps"]:
             run(plan["grpo_steps"] + plan["grpo_more_steps"])
+
+    def _stopped(self, trainer: GRPOTrainer) -> bool:
+        """Whether the main process's controls ask for a stop."""
+        return broadcast(trainer.controls.snapshot()["stop_requested"], self.world)
 
     def control(self) -> dict[str, Any]:
         """The control: SFT continued from the SFT model on the same demonstrations (a new warm-up and cosine
@@ -501,6 +522,8 @@ class Arc:
         summary["plan"] = self.records["plan"]
         if record := phases.get("grpo_eval"):
             summary["samples_after_grpo"] = record["samples"]
+        if not self.world.is_main:
+            return summary
         rows = read_jsonl(self.out / Stage.GRPO / "metrics.jsonl")
         if rows:
             plot_rewards(rows, self.out / "reward_curve.png")
@@ -510,6 +533,17 @@ class Arc:
         plot_sharpening(summary, self.out / "sharpening.png")
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def _take(mine: dict[str, Any], main: dict[str, Any]) -> None:
+    """Make `mine` equal to `main`, nested dicts updated in place."""
+    for key in set(mine) - set(main):
+        del mine[key]
+    for key, value in main.items():
+        if isinstance(value, dict) and isinstance(mine.get(key), dict):
+            _take(mine[key], value)
+        else:
+            mine[key] = value
 
 
 def _paired(first: list[bool], second: list[bool]) -> dict[str, int]:

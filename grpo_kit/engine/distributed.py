@@ -16,7 +16,11 @@ all-reduce of one flat buffer per optimizer step, as DDP does under `no_sync` ov
 it with the backward. Only the main process (rank 0) writes: the run directory's claim, metrics, checkpoints,
 exports. The live controls are rank 0's, broadcast at each step (`broadcast`).
 
-XLA runs several devices through SPMD within one process (`device.enable_spmd`), not through this module.
+XLA runs the devices of one host through SPMD within one process (`device.enable_spmd`). A TPU pod slice of several
+hosts runs one process per host, all in one SPMD program over the slice's devices: there every process runs the
+whole batch's program (the program splits it over the devices), so the processes split nothing here
+(`World.splits_batch` False) and differ only in who writes (process 0) and whose controls and decisions count
+(broadcast, as above). `SPMD_HOSTS_VARIABLE` makes torchrun's processes stand in for such hosts on one machine.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from typing import Any
 
 import torch
 
+SPMD_HOSTS_VARIABLE = "GRPO_KIT_SPMD_HOSTS"
+"""Set to 1 under torchrun with an XLA device: the processes are taken as the hosts of one SPMD program (each runs the
+whole batch; only rank 0 writes), the way a pod slice's hosts are. A stand-in for a pod where torch_xla cannot join
+the processes into one runtime (its CPU client has no coordinator), so each computes the same program alone."""
 GROUP_TIMEOUT = timedelta(hours=2)
 """How long a collective waits for the other processes: long, because rank 0 may be paused by its controls while
 the others wait at the next step's broadcast."""
@@ -41,10 +49,19 @@ class World:
     size: int = 1
     local_rank: int = 0
     """This process's number on its machine: which GPU it uses."""
+    splits_batch: bool = True
+    """The processes split each batch between them (torchrun's data parallelism). False: the hosts of one SPMD
+    program, each of which runs the whole batch."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def batch_world(self) -> World:
+        """The processes a batch is split over: this world, or this process alone where one SPMD program spans the
+        processes."""
+        return self if self.splits_batch else World()
 
     def block(self, count: int) -> slice:
         """This process's contiguous block of `count` items split over the processes as evenly as they go (the
@@ -63,6 +80,16 @@ def launched_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def process_rank(device: torch.device) -> int:
+    """This process's number in its run (0 writes), known before the trainer joins the processes: torchrun's `RANK`,
+    else, on XLA, this host's index in the runtime (a pod slice's hosts; 0 on one host)."""
+    if launched_size() > 1 or torch.device(device).type != "xla":
+        return launched_rank()
+    import torch_xla.runtime as xr
+
+    return xr.process_index()
+
+
 def local_rank() -> int:
     """This process's `LOCAL_RANK` under torchrun (which GPU it takes), 0 without torchrun."""
     return int(os.environ.get("LOCAL_RANK", "0"))
@@ -73,12 +100,40 @@ def world(device: torch.device | None = None) -> World:
     device, gloo otherwise. Without torchrun: `World()`, one process."""
     import torch.distributed as dist
 
+    hosts = _spmd_hosts(device)
+    if hosts is not None:
+        return hosts
     if launched_size() <= 1:
         return World()
     if not dist.is_initialized():
         backend = "nccl" if device is not None and torch.device(device).type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=GROUP_TIMEOUT)
     return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank())
+
+
+def _spmd_hosts(device: torch.device | None) -> World | None:
+    """The hosts of one SPMD program over several of them (a pod slice's, or torchrun's processes standing in for
+    them), joined for the collectives of picklable values (gloo); None where this process's SPMD program is its own."""
+    import torch.distributed as dist
+
+    if device is None or torch.device(device).type != "xla":
+        return None
+    import torch_xla.runtime as xr
+
+    if xr.process_count() > 1:  # a pod slice: torch_xla's rendezvous finds the other hosts
+        if not dist.is_initialized():
+            import torch_xla.distributed.xla_backend  # noqa: F401 - registers the xla:// rendezvous
+
+            dist.init_process_group("gloo", init_method="xla://", timeout=GROUP_TIMEOUT)
+        return World(rank=xr.process_index(), size=xr.process_count(), splits_batch=False)
+    if launched_size() > 1 and os.environ.get(SPMD_HOSTS_VARIABLE) == "1":
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
+        return World(rank=dist.get_rank(), size=dist.get_world_size(), splits_batch=False)
+    if launched_size() > 1:
+        raise RuntimeError(f"torchrun started {launched_size()} processes on an XLA device: a TPU host's chips are one "
+                         "SPMD program in one process (run the command without torchrun); torchrun is for GPUs")
+    return None
 
 
 def _device() -> torch.device:

@@ -125,7 +125,7 @@ class GRPOTrainer(TrainingLoop):
         self.controls = controls or Controls.from_config(cfg)
         """Rank 0's are the run's under torchrun: read there at each step and broadcast."""
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
-        if cfg.prompts_per_step % self.world.size:
+        if cfg.prompts_per_step % self.world.batch_world.size:
             raise ConfigError(f"GRPOConfig.prompts_per_step={cfg.prompts_per_step} does not split over "
                               f"{self.world.size} processes (torchrun --nproc-per-node): make it a multiple of "
                               f"{self.world.size}, so that each samples whole groups")
@@ -142,10 +142,12 @@ class GRPOTrainer(TrainingLoop):
             head_moments=self.products.reuse_sampler_head, product_dtype=self.products.rollout_product_dtype,
             padding_free=cfg.padding_free,
             share_prompt_forward=cfg.share_prompt_forward and cfg.micro_batch_size % cfg.group_size == 0,
-        ), group_size=cfg.group_size, generator=self.generator, share=(self.world.rank, self.world.size))
+        ), group_size=cfg.group_size, generator=self.generator,
+            share=(self.world.batch_world.rank, self.world.batch_world.size))
         """Rollouts and their log-probs (`engine.sampler`): each prompt is prefilled once for its group; under
         torchrun each process samples its block of the prompts."""
-        manual_seed(cfg.seed + self.world.rank, self.device)  # each process's own torch RNG; the run's is `generator`
+        # each process's own torch RNG (the run's is `generator`); one SPMD program's hosts share theirs
+        manual_seed(cfg.seed + self.world.batch_world.rank, self.device)
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
         self.init_from: str | None = None
@@ -277,20 +279,20 @@ class GRPOTrainer(TrainingLoop):
     def _my_rows(self, roll: Rollout, adv: torch.Tensor,
                  loss_mask: torch.Tensor) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
         """This process's block of whole groups of the rows the update runs (all of them in one process)."""
-        if self.world.size == 1:
+        if self.world.batch_world.size == 1:
             return roll, adv, loss_mask
         g = self.config.group_size
-        groups = self.world.block(roll.completion_ids.shape[0] // g)
+        groups = self.world.batch_world.block(roll.completion_ids.shape[0] // g)
         index = torch.arange(groups.start * g, groups.stop * g)
         return roll.rows(index), adv[index.to(adv.device)], loss_mask[index.to(loss_mask.device)]
 
     def _summed_over_processes(self, sums: dict[str, torch.Tensor | float]) -> dict[str, torch.Tensor | float]:
         """The update's statistics and loss, each process's share (weighted by its rows over all rows) summed: the
         whole batch's. A process that ran no rows has none to add."""
-        if self.world.size == 1:
+        if self.world.batch_world.size == 1:
             return sums
         totals: dict[str, float] = {}
-        for part in gather(to_host(sums), self.world):
+        for part in gather(to_host(sums), self.world.batch_world):
             for key, value in part.items():
                 if value is not None:
                     totals[key] = totals.get(key, 0.0) + value
@@ -420,7 +422,7 @@ class GRPOTrainer(TrainingLoop):
             self.prompts_drawn += len(rows)
             roll = self.rollout(rows, settings.on_device)  # 1
             t1 = time.perf_counter()
-            roll, scored = self._gathered(roll, self.score(rows[self.world.block(len(rows))], roll,
+            roll, scored = self._gathered(roll, self.score(rows[self.world.batch_world.block(len(rows))], roll,
                                                            settings.controls))  # 2
             rolls.append(roll)
             results.append(scored.rewards)
@@ -449,9 +451,9 @@ class GRPOTrainer(TrainingLoop):
     def _gathered(self, roll: Rollout, scored: Scored) -> tuple[Rollout, Scored]:
         """Every process's block of a rollout and its scores, joined in rank order: the whole batch, as one process
         would have sampled it (one process: as given)."""
-        if self.world.size == 1:
+        if self.world.batch_world.size == 1:
             return roll, scored
-        parts = gather((roll.to(torch.device("cpu")), scored), self.world)
+        parts = gather((roll.to(torch.device("cpu")), scored), self.world.batch_world)
         joined = concat_rollouts([r for r, _ in parts], self.tokenizer.pad_token_id).to(self.device)
         return joined, Scored(rewards=_joined_results([s.rewards for _, s in parts]),
                               texts=[t for _, s in parts for t in s.texts],

@@ -27,11 +27,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ..engine.device import guarded_optimizer_step
-from ..engine.distributed import broadcast, sum_gradients, world
+from ..engine.distributed import broadcast, gather, sum_gradients, world
+from ..engine.models import is_lora
 from ..validation import ConfigError, check_skipped_in_a_row, check_writable
 from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .metrics import MetricsLogger
-from .rundir import claim, record_entry
+from .rundir import MARK, claim, record_entry
 
 # The models a training loop holds right now, with the (trainer, thread) holding each: a second loop — another
 # dashboard, a background thread, a re-run cell's new trainer on the same model — would interleave optimizer steps.
@@ -62,7 +63,12 @@ class TrainingLoop:
         self.model, self.config = model, config
         self.device = next(model.parameters()).device
         self.world = world(self.device)
-        """This run's processes (`engine.distributed`): one, or torchrun's; only the main one writes."""
+        """This run's processes (`engine.distributed`): one, torchrun's or a pod slice's hosts; only the main one
+        writes."""
+        if not self.world.splits_batch and not is_lora(model):
+            raise ConfigError(f"full fine-tuning over a pod slice's {self.world.size} hosts: its weights would be "
+                              "sharded over every host's chips, and the kit's checkpoints and exports read each tensor "
+                              "on one host; use LoRA on a pod slice (ModelConfig.lora), or one host's board")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -72,6 +78,8 @@ class TrainingLoop:
             check_writable(config.output_dir, f"{type(config).__name__}.output_dir")
         self.run_dir = claim(config.output_dir, self.kind) if writes else None
         """The output directory, claimed: what the trainer writes there is recorded, a second process is refused."""
+        if config.output_dir and self.world.size > 1:
+            self._check_shared(Path(config.output_dir))
         self.logger = MetricsLogger(
             self.run_dir.add(self.metrics_file) if self.run_dir else None, resume=resume_metrics,
             forward=self._reporter(config) if self.world.is_main else None,
@@ -90,6 +98,17 @@ class TrainingLoop:
         self.checkpoint_notes: dict[str, Any] = {}
         """What this trainer's checkpoints say about their weights beyond the config (the arc notes `adapter_over`:
         an adapter trained over another model than the preset's)."""
+
+    def _check_shared(self, output_dir: Path) -> None:
+        """Every process must see the output directory the main process claimed (a resume reads its checkpoint in
+        every process): on several machines, one directory they all mount."""
+        broadcast(None, self.world)  # the main process has claimed it by now
+        seen = gather((output_dir / MARK / "run.json").exists(), self.world)
+        blind = [rank for rank, ok in enumerate(seen) if not ok]
+        if blind:
+            raise RuntimeError(f"output_dir {output_dir}: process {blind[0]} of {self.world.size} does not see what "
+                               "process 0 wrote there; on several machines (a pod slice's hosts) make it one "
+                               "directory every machine mounts (a shared file system)")
 
     def _reporter(self, config: Any) -> Callable[[dict[str, Any]], None] | None:
         """Where each metrics row goes besides the metrics file: the trackers `config.report_to` names."""
@@ -111,7 +130,7 @@ class TrainingLoop:
         """Sum the gradients over the processes, clip them to `max_grad_norm` and step the optimizer unless the loss or
         norm is not finite (`device.guarded_optimizer_step`); returns (grad_norm, skipped: 1 if the step was skipped).
         `loss` is this process's part; a non-finite gradient anywhere makes the summed norm non-finite everywhere."""
-        sum_gradients(self.params, self.world)  # several processes: each has summed its block of the batch
+        sum_gradients(self.params, self.world.batch_world)  # processes that split the batch: each has summed its block
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
         return grad_norm, guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss)
 

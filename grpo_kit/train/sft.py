@@ -183,7 +183,7 @@ class SFTTrainer(TrainingLoop):
             loss, tokens = self._loss(batch)
             loss.backward()
             grad_norm, skipped = self._optimizer_step(loss.detach())
-            loss = sum_tensors([loss.detach()], self.world)[0]  # the whole batch's mean
+            loss = sum_tensors([loss.detach()], self.world.batch_world)[0]  # the whole batch's mean
             stats = {"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "skipped_updates": skipped}
         self._advance_schedule(1)
         mark_step(self.device)
@@ -202,11 +202,11 @@ class SFTTrainer(TrainingLoop):
         and returns its share of the whole batch's mean (its tokens' sum over all processes' tokens), so the summed
         gradients are the whole batch's, and the whole batch's token count."""
         options = {"padding_free": self.config.padding_free is not False, "products": self.products}
-        if self.world.size == 1:
+        if self.world.batch_world.size == 1:
             return sft_loss(self.model, batch, **options)
-        rows = self.world.block(batch["input_ids"].shape[0])
+        rows = self.world.batch_world.block(batch["input_ids"].shape[0])
         loss, tokens = sft_loss(self.model, {k: v[rows] for k, v in batch.items()}, **options)
-        total = sum_tensors([tokens.detach()], self.world)[0]
+        total = sum_tensors([tokens.detach()], self.world.batch_world)[0]
         return loss * tokens / total.clamp(min=1), total
 
     def _batch_metrics(self) -> dict[str, Any]:
