@@ -96,8 +96,9 @@ bench: $(STAMP)
 multihost: $(STAMP)
 	$(BIN)/python -m pytest tests/test_spmd_hosts.py -m multihost
 
-# The scaling model against runs here: 1 vs 2 processes (gloo) and 1 vs 8 virtual XLA devices, the tiny Gemma and
-# Gemma 3 270M (tools/scaling.py, ≈ 20 min on 2 cores, alone); writes docs/scaling.json and docs/scaling.md's tables.
+# The scaling model against runs here: 1 vs 2 processes (gloo; the tiny Gemma and Gemma 3 270M) and 1 vs 8 virtual
+# XLA devices (the tiny Gemma) (tools/scaling.py, ≈ 15 min on 2 cores, alone); writes docs/scaling.json and the
+# tables of docs/scaling.md.
 scaling: $(STAMP)
 	$(BIN)/python -m tools scaling --report docs/scaling.md
 
