@@ -69,7 +69,7 @@ def test_cli_has_the_subcommands():
     assert commands == {"demo", "sft", "train", "eval", "export", "score", "leaderboard", "plan", "xla-check"}
     from tools.__main__ import build_parser as tools_parser  # the repository's tools: python -m tools
 
-    assert set(tools_parser()._subparsers._group_actions[0].choices) == {"study", "bench", "smoke"}
+    assert set(tools_parser()._subparsers._group_actions[0].choices) == {"study", "bench", "smoke", "scaling"}
 
 
 def test_cli_quick_sft_train_eval(tmp_path, capsys):
