@@ -22,9 +22,9 @@ as on one, and the update is what data parallelism shortens. Devices that share 
 virtual CPU devices) share its FLOP/s and bandwidth: each gets F / N and B / N, so the compute terms stay and the
 weight read grows N-fold.
 
-An estimate from published speeds and two efficiencies: treat ±25 % as its error where it was checked, and more
-where it was not (docs/scaling.md says which is which). `predict` gives the per-phase seconds; `speeds` the numbers
-per accelerator.
+An estimate from published speeds and two efficiencies, with no per-op costs beyond the decode step's fixed one:
+docs/scaling.md sets it beside measured runs and says where it misses. `predict` gives the per-phase seconds,
+`SPEEDS` the numbers per chip family, `scaling_table` a row per board.
 """
 
 from __future__ import annotations
