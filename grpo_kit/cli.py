@@ -126,7 +126,6 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None = None,
            cfg: RunConfig | None = None, device: Any = None) -> tuple[RunConfig, Any, Any, Any, Any]:
     from .data.tasks import make_task
-    from .engine.device import get_device, use_cpu_threads
     from .engine.models import load_model
     from .train.checkpoint import load_checkpoint, refuse_arc_adapter
 
@@ -134,8 +133,7 @@ def _setup(args: argparse.Namespace, default_out: str, *, init_from: str | None 
     init_from = init_from or getattr(args, "init_from", None)
     if init_from:
         refuse_arc_adapter(init_from)  # before the model loads: a minute on a real Gemma
-    use_cpu_threads()
-    dev = device or get_device(args.device)
+    dev = device or _device(args)
     model, tokenizer = load_model(cfg.model, dev)
     if init_from:
         load_checkpoint(init_from, model)
@@ -183,13 +181,11 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any,
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
-    if trainer.world.splits_batch:
-        finish()
-        if not trainer.world.is_main:
-            return 0
-    result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
+    world = trainer.world
+    if world.is_main or not world.splits_batch:
+        result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     finish()
-    if not trainer.world.is_main:
+    if not world.is_main:
         return 0
     _print(
         {"checkpoint": str(ckpt), "steps": trainer.step, "accuracy": result["accuracy"],

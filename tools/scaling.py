@@ -38,22 +38,27 @@ class Model:
     preset: str
     plan_name: str
     """Its name for the planner."""
-    grpo: str
-    """The runs' `grpo:` settings (YAML flow mapping)."""
+    steps: int
     prompts_per_step: int
     group_size: int
-    max_new_tokens: int
+    micro_batch_size: int
+    beta: float
     prompt_length: int
     """Prompt tokens after the chat template, about (the task's prompts are short arithmetic or word problems)."""
+    max_new_tokens: int = 24
+
+    def grpo_settings(self) -> str:
+        """The runs' `grpo:` settings (a YAML flow mapping); no checkpoints while timing."""
+        return (f"{{steps: {self.steps}, prompts_per_step: {self.prompts_per_step}, group_size: {self.group_size}, "
+                f"max_new_tokens: {self.max_new_tokens}, micro_batch_size: {self.micro_batch_size}, beta: {self.beta}, "
+                "save_every: 0, save_every_seconds: 100000}")
 
 
 MODELS = {
-    "tiny": Model("tiny", "cpu-tiny-quick", "tiny-gemma",
-                  "{steps: 7, prompts_per_step: 8, group_size: 4, max_new_tokens: 24, micro_batch_size: 16, "
-                  "beta: 0.04, save_every: 0, save_every_seconds: 100000}", 8, 4, 24, 24),
-    "270m": Model("270m", "cpu-gemma-270m", "gemma-3-270m",
-                  "{steps: 5, prompts_per_step: 4, group_size: 4, max_new_tokens: 24, micro_batch_size: 8, "
-                  "beta: 0.0, save_every: 0, save_every_seconds: 100000}", 4, 4, 24, 64),
+    "tiny": Model("tiny", "cpu-tiny-quick", "tiny-gemma", steps=7, prompts_per_step=8, group_size=4,
+                  micro_batch_size=16, beta=0.04, prompt_length=24),
+    "270m": Model("270m", "cpu-gemma-270m", "gemma-3-270m", steps=5, prompts_per_step=4, group_size=4,
+                  micro_batch_size=8, beta=0.0, prompt_length=64),
 }
 RUNS = (("tiny", "eager", (1, 2)), ("tiny", "xla", (1, 8)), ("270m", "eager", (1, 2)))
 """(model, backend, device counts): the first count calibrates, the others are predicted. Gemma 3 270M has no XLA
@@ -63,7 +68,7 @@ of its head), and its graphs take minutes each to compile on 2 cores."""
 
 def _command(model: Model, backend: str, devices: int, out: Path) -> tuple[list[str], dict[str, str]]:
     config = out.parent / f"{out.name}.yaml"
-    config.write_text(f"grpo: {model.grpo}\ntask: {{num_test: 8}}\nsft: {{steps: 1}}\n")
+    config.write_text(f"grpo: {model.grpo_settings()}\ntask: {{num_test: 8}}\nsft: {{steps: 1}}\n")
     train = ["-m", "grpo_kit.cli", "train", "--preset", model.preset, "--config", str(config), "--output-dir",
              str(out), "--quiet"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_", "CPU_NUM_DEVICES", "GRPO_KIT"))}
@@ -121,7 +126,7 @@ def _plan_input(model: Model, devices: int, dtype_bytes: int) -> PlanInput:
     return PlanInput(model=model.plan_name, tpu=f"cpu-x{devices}", lora=True, prompts_per_step=model.prompts_per_step,
                      group_size=model.group_size, prompt_length=model.prompt_length,
                      max_new_tokens=model.max_new_tokens, micro_batch_size=model.prompts_per_step * model.group_size,
-                     beta=0.04 if "beta: 0.04" in model.grpo else 0.0, dtype_bytes=dtype_bytes, lora_r=8)
+                     beta=model.beta, dtype_bytes=dtype_bytes, lora_r=8)
 
 
 def calibrate(model: Model, one: dict[str, Any], *, bandwidth: float, dtype_bytes: int) -> Speeds:

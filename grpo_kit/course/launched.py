@@ -154,14 +154,14 @@ class LaunchedRun:
         path = self.output_dir / "metrics.jsonl"
         if not path.exists():
             return [], offset
-        data = path.read_bytes()
-        if len(data) < offset:
-            offset = 0
+        with path.open("rb") as f:  # only what was written since the last look
+            if f.seek(0, os.SEEK_END) < offset:
+                offset = 0
+            f.seek(offset)
+            data = f.read()
         end = data.rfind(b"\n") + 1
-        if end <= offset:
-            return [], offset
-        rows = [json.loads(line) for line in data[offset:end].decode().splitlines() if line.strip()]
-        return rows, end
+        rows = [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]
+        return rows, offset + end
 
     def _last_log_line(self) -> str:
         try:

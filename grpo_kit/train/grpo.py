@@ -125,10 +125,11 @@ class GRPOTrainer(TrainingLoop):
         self.controls = controls or Controls.from_config(cfg)
         """Rank 0's are the run's under torchrun: read there at each step and broadcast."""
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
-        if cfg.prompts_per_step % self.world.batch_world.size:
+        splits = self.world.batch_world.size
+        if cfg.prompts_per_step % splits:
             raise ConfigError(f"GRPOConfig.prompts_per_step={cfg.prompts_per_step} does not split over "
-                              f"{self.world.size} processes (torchrun --nproc-per-node): make it a multiple of "
-                              f"{self.world.size}, so that each samples whole groups")
+                              f"{splits} processes (torchrun --nproc-per-node): make it a multiple of "
+                              f"{splits}, so that each samples whole groups")
         needs_reference = cfg.beta > 0 or cfg.log_kl or cfg.target_kl is not None or cfg.ema_reference > 0
         self.reference = ReferencePolicy(model) if needs_reference else None
         self.products = plan_products(model, reuse_sampler_head=cfg.reuse_sampler_head, cpu_bf16=cfg.cpu_bf16,
