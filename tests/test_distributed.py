@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.xdist_group("torchrun")  # two processes each: not beside each other
 
@@ -247,3 +248,47 @@ def test_the_demo_arc_runs_in_two_processes(tmp_path):
             "accuracy.png"} <= {p.name for p in out.iterdir()}
     plan = json.loads((out / "progress.json").read_text())["plan"]
     assert {"sft_steps", "grpo_steps", "control_steps", "rft_steps"} <= set(plan)  # every phase sized by the clock
+
+
+RFT_STEPS = textwrap.dedent('''
+    import json, sys
+    import torch
+    import grpo_kit as gk
+    import grpo_kit.train.rft as rft
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+
+    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
+    model.load_state_dict(torch.load(sys.argv[1]))
+    task = gk.ArithmeticTask()
+    rows = list(task.test_set())
+    # the verifier accepts the first completion of each step's first prompt only: one row for two processes
+    first = {rows[0]["answer"], rows[2]["answer"]}
+    assert not first & {rows[1]["answer"], rows[3]["answer"]}
+    rft.correctness_reward = lambda prompts, texts, answer=None, **_: [
+        1.0 if i == 0 and a in first else 0.0 for i, a in enumerate(answer)]
+    cfg = gk.RFTConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=40, max_length=128, warmup_steps=0,
+                       learning_rate=1e-3, log_every=1, output_dir=None)
+    trained = rft.RFTTrainer(model, tok, iter(rows), cfg).train(progress=False)
+    keys = ("step", "accepted", "sampled_accuracy", "loss", "grad_norm", "tokens")
+    print("ROWS", json.dumps([{k: r.get(k) for k in keys} for r in trained]))
+''')
+
+
+def test_an_rft_step_that_keeps_fewer_rows_than_processes_is_the_step_of_one(sft_state, tmp_path):
+    """RFT under torchrun: each process samples its block of the prompts and all train on what they kept together;
+    a step that keeps a single completion leaves one of two processes no row, and still takes one process's step."""
+    weights, script = tmp_path / "sft.pt", tmp_path / "rft.py"
+    torch.save(sft_state, weights)
+    script.write_text(RFT_STEPS)
+    logged = {}
+    for processes in (1, 2):
+        done = _run(_torchrun(processes, "--tee=1", str(script), str(weights)))
+        logged[processes] = [json.loads(line.partition("ROWS ")[2]) for line in done.stdout.splitlines()
+                             if "]:ROWS " in line]
+    assert len(logged[1]) == 1 and len(logged[2]) == 2 and logged[2][0] == logged[2][1]  # both ranks log the same
+    one, two = logged[1][0], logged[2][0]
+    assert [r["accepted"] for r in one] == [1, 1] and all(r["loss"] > 0 for r in one)
+    for row, ref in zip(two, one, strict=True):
+        for key, value in ref.items():
+            assert abs(row[key] - value) <= TOLERANCE * max(1.0, abs(value)), (row["step"], key, row[key], value)

@@ -5,6 +5,9 @@ the completions the verifier accepts (finished, `correctness_reward` = 1, each t
 SFT step on them (`sft.sft_loss`, the same loop, schedule and checkpoints as `SFTTrainer`). A step whose samples are
 all wrong trains on nothing. It is the control that asks whether a gain is GRPO's or only learning from the verifier
 (RAFT, arXiv 2504.11343); the arc runs it for as long as GRPO trained (`RunConfig.rft_control`).
+
+Under torchrun each process samples and checks its block of the prompts, and every process takes its block of the
+rows all of them kept (`SFTTrainer._loss`): the step one process would take.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import torch
 
 from ..data.rewards import correctness_reward
 from ..engine.device import host_syncs_are_cheap, padded_rows, shard_batch
+from ..engine.distributed import gather
 from ..engine.sampler import Sampler, SamplerSettings
+from ..validation import ConfigError
 from .config import RFTConfig, RolloutSettings, RunConfig
 from .sft import SFTTrainer, collate, encode_demonstrations
 
@@ -80,23 +85,31 @@ class RFTTrainer(SFTTrainer):
         self.prompts = iter(prompts)
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
-        cfg = self.config
+        cfg, splits = self.config, self.world.batch_world
+        if cfg.prompts_per_step % splits.size:
+            raise ConfigError(f"RFTConfig.prompts_per_step={cfg.prompts_per_step} does not split over {splits.size} "
+                              f"processes (torchrun --nproc-per-node): make it a multiple of {splits.size}")
         self.sampler = Sampler(model, tokenizer, SamplerSettings(
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, prompt_bucket=cfg.prompt_bucket,
-        ), group_size=cfg.group_size, generator=self.generator)
-        """Samples as GRPO's sampler does on this device (compiled where GRPO's is: `engine.sampler`)."""
+        ), group_size=cfg.group_size, generator=self.generator, share=(splits.rank, splits.size))
+        """Samples as GRPO's sampler does on this device (compiled where GRPO's is: `engine.sampler`); under torchrun
+        this process's block of the prompts."""
         self._last = {"sampled_accuracy": 0.0, "accepted": 0}
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
         cfg = self.config
         rows = [next(self.prompts) for _ in range(cfg.prompts_per_step)]
         self.prompts_drawn += len(rows)
-        roll = self.sampler.generate([r["prompt"] for r in rows])
+        roll = self.sampler.generate([r["prompt"] for r in rows])  # this process's block of them
+        block = rows[self.world.batch_world.block(len(rows))]
         texts, _, _ = roll.decoded(self.tokenizer)
-        answers = [row["answer"] for row in rows for _ in range(cfg.group_size)]
+        answers = [row["answer"] for row in block for _ in range(cfg.group_size)]
         right = correctness_reward([None] * len(texts), texts, answer=answers)
-        kept = accepted_completions(rows, texts, finished=(~roll.truncated.cpu()).tolist(), right=right,
+        kept = accepted_completions(block, texts, finished=(~roll.truncated.cpu()).tolist(), right=right,
                                     group_size=cfg.group_size)
+        if self.world.batch_world.size > 1:  # every process trains on what all kept, in rank order
+            parts = gather((kept, right), self.world.batch_world)
+            kept, right = [k for p, _ in parts for k in p], [r for _, part in parts for r in part]
         self._last = {"sampled_accuracy": sum(right) / len(right), "accepted": len(kept)}
         if not kept:
             return None

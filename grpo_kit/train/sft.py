@@ -200,12 +200,17 @@ class SFTTrainer(TrainingLoop):
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(`sft_loss` of the batch, its completion tokens). Under torchrun each process takes its block of the rows
         and returns its share of the whole batch's mean (its tokens' sum over all processes' tokens), so the summed
-        gradients are the whole batch's, and the whole batch's token count."""
+        gradients are the whole batch's, and the whole batch's token count. A process whose block is empty (a batch
+        of fewer rows than processes) returns a zero share with no gradient."""
         options = {"padding_free": self.config.padding_free is not False, "products": self.products}
         if self.world.batch_world.size == 1:
             return sft_loss(self.model, batch, **options)
         rows = self.world.batch_world.block(batch["input_ids"].shape[0])
-        loss, tokens = sft_loss(self.model, {k: v[rows] for k, v in batch.items()}, **options)
+        if rows.stop > rows.start:
+            loss, tokens = sft_loss(self.model, {k: v[rows] for k, v in batch.items()}, **options)
+        else:  # fewer rows than processes (RFT can keep a single completion): none here, but join the sums
+            tokens = torch.zeros((), device=batch["input_ids"].device)
+            loss = tokens.clone().requires_grad_()
         total = sum_tensors([tokens.detach()], self.world.batch_world)[0]
         return loss * tokens / total.clamp(min=1), total
 
