@@ -177,13 +177,15 @@ def _train_save_evaluate(args: argparse.Namespace, cfg: RunConfig, trainer: Any,
     torchrun the main process saves, evaluates and prints; the others are done once training is. The hosts of one
     SPMD program (a pod slice) all evaluate, since each of its computations spans them all; the main one prints."""
     from .engine.distributed import finish
+    from .engine.sharding import gathered
     from .eval.evaluation import evaluate
 
     trainer.train(progress=not args.quiet)
     ckpt = trainer.save(Path(cfg.output_dir) / "checkpoint")
     world = trainer.world
-    if world.is_main or not world.splits_batch:
-        result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
+    with gathered(trainer.model):  # weights sharded over the processes: whole on each (every process gathers)
+        if world.is_main or not world.splits_batch:
+            result = evaluate(trainer.model, tokenizer, task.test_set(), max_new_tokens=cfg.grpo.max_new_tokens)
     finish()
     if not world.is_main:
         return 0

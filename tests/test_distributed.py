@@ -17,6 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
+from grpo_kit.data.rewards import DEFAULT_REWARDS
+from grpo_kit.data.tasks import ArithmeticTask
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import load_model
+from grpo_kit.train.checkpoint import save_checkpoint
+from grpo_kit.train.config import GRPOConfig
+from grpo_kit.train.grpo import GRPOTrainer
 
 pytestmark = pytest.mark.xdist_group("torchrun")  # two processes each: not beside each other
 
@@ -83,22 +92,27 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     sft.write_text("sft: {log_every: 1}\n")
     for processes in (1, 2):
         _run(_train(processes, sft, root / f"sft{processes}", command="sft"))
-    config = root / "settings.yaml"
+    config, whole = root / "settings.yaml", root / "whole.yaml"
     config.write_text(CONFIG)
+    whole.write_text(CONFIG + "model: {shard_weights: false}\n")
     start = ("--init-from", str(root / "sft1" / "checkpoint"))
     for processes in (1, 2):
         _run(_train(processes, config, root / f"p{processes}", *start))
+    _run(_train(2, whole, root / "p2-whole", *start))
     return {"config": config, "start": start, "one": root / "p1", "two": root / "p2", "sft_one": root / "sft1",
-            "sft_two": root / "sft2"}
+            "sft_two": root / "sft2", "two_whole": root / "p2-whole"}
 
 
 def test_two_processes_log_the_rows_of_one(runs):
     """Each process samples its block of the groups with the noise one process would draw for them; the update's
-    gradients are the whole batch's. So two processes log what one does, to float tolerance."""
+    gradients are the whole batch's. So two processes log what one does, to float tolerance: with the weights sharded
+    over them (full fine-tuning's default, FSDP2) and with a whole copy in each (`shard_weights: false`, the way LoRA
+    runs: the kit's own forward and one all-reduce of the gradients)."""
     one, two = _rows(runs["one"]), _rows(runs["two"])
     assert {r["processes"] for r in one} == {1} and {r["processes"] for r in two} == {2}
     assert len({r["reward_mean"] for r in one}) > 1 and all(r["grad_norm"] > 0 for r in one)  # a run that moves
     _assert_same_rows(two, one)
+    _assert_same_rows(_rows(runs["two_whole"]), one)
 
 
 def test_two_processes_warm_up_as_one(runs):
@@ -149,8 +163,9 @@ def test_a_run_whose_rank_1_is_killed_resumes_to_the_uninterrupted_rows(runs, tm
 
 
 def test_a_run_saved_by_two_processes_resumes_in_one(runs, tmp_path):
-    """Weights and optimizer are the same on every process and the batch is the whole step's whatever the number of
-    processes, so a checkpoint of two resumes in one (and the other way) and continues the same run."""
+    """A checkpoint holds the whole weights and optimizer state (gathered from the processes' shards) and the batch
+    is the whole step's whatever the number of processes, so a checkpoint of two resumes in one (and the other way)
+    and continues the same run."""
     short = tmp_path / "short.yaml"
     short.write_text(CONFIG.replace("steps: 6", "steps: 3"))
     out = tmp_path / "moved"
@@ -257,9 +272,11 @@ RFT_STEPS = textwrap.dedent('''
     import grpo_kit.train.rft as rft
     from grpo_kit.engine.model_config import ModelConfig
     from grpo_kit.engine.models import load_model
+    from grpo_kit.train.checkpoint import load_checkpoint
 
+    # full fine-tuning: under torchrun the weights are sharded over the processes
     model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
-    model.load_state_dict(torch.load(sys.argv[1]))
+    load_checkpoint(sys.argv[1], model)
     task = gk.ArithmeticTask()
     rows = list(task.test_set())
     # the verifier accepts the first completion of each step's first prompt only: one row for two processes
@@ -278,8 +295,10 @@ RFT_STEPS = textwrap.dedent('''
 def test_an_rft_step_that_keeps_fewer_rows_than_processes_is_the_step_of_one(sft_state, tmp_path):
     """RFT under torchrun: each process samples its block of the prompts and all train on what they kept together;
     a step that keeps a single completion leaves one of two processes no row, and still takes one process's step."""
-    weights, script = tmp_path / "sft.pt", tmp_path / "rft.py"
-    torch.save(sft_state, weights)
+    weights, script = tmp_path / "sft", tmp_path / "rft.py"
+    model, _ = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
+    model.load_state_dict(sft_state)
+    save_checkpoint(weights, model, None, 0)
     script.write_text(RFT_STEPS)
     logged = {}
     for processes in (1, 2):
@@ -292,3 +311,65 @@ def test_an_rft_step_that_keeps_fewer_rows_than_processes_is_the_step_of_one(sft
     for row, ref in zip(two, one, strict=True):
         for key, value in ref.items():
             assert abs(row[key] - value) <= TOLERANCE * max(1.0, abs(value)), (row["step"], key, row[key], value)
+
+
+SHARDED = textwrap.dedent('''
+    import json, sys
+    import torch
+    import grpo_kit as gk
+    from grpo_kit.data.rewards import DEFAULT_REWARDS
+    from grpo_kit.engine.model_config import ModelConfig
+    from grpo_kit.engine.models import load_model
+
+    def local(t):  # this process's part of a tensor (its shard of a sharded one)
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32", shard_weights=sys.argv[2] == "1"),
+                            torch.device("cpu"))
+    cfg = gk.GRPOConfig(steps=2, prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=16, beta=0.04,
+                        ema_reference=0.5, output_dir=sys.argv[1], save_every=1, log_completions=0)
+    trainer = gk.GRPOTrainer(model, tok, DEFAULT_REWARDS, gk.ArithmeticTask().prompt_stream(), cfg)
+    trainer.train(progress=False)
+    moments = [v for state in trainer.optimizer.state.values() for k, v in state.items() if k.startswith("exp_avg")]
+    print("SIZES", json.dumps({
+        "total": sum(p.numel() for p in model.parameters()),
+        "weights": sum(local(p).numel() for p in model.parameters()),
+        "moments": sum(local(v).numel() for v in moments),
+        "reference": sum(local(p).numel() for p in trainer.reference.frozen.parameters()),
+    }))
+''')
+
+
+def _sizes(out: Path, *, sharded: bool) -> dict[int, dict]:
+    script = out.parent / "sharded.py"
+    script.write_text(SHARDED)
+    done = _run(_torchrun(2, "--tee=1", str(script), str(out), "1" if sharded else "0"))
+    return {int(line.partition("default")[2].partition("]")[0]): json.loads(line.partition("SIZES ")[2])
+            for line in done.stdout.splitlines() if "]:SIZES " in line}
+
+
+def test_sharded_weights_hold_half_the_weights_moments_and_reference_in_each_process(tmp_path):
+    """Full fine-tuning over two processes: each holds its half of the weights, AdamW's two moments and the frozen
+    reference (FSDP2's shards: every tensor split along its first dimension, rounded up), where with
+    `shard_weights: false` each holds them all; the checkpoint holds them whole (an EMA reference included) and
+    continues in one process."""
+    sharded, whole = _sizes(tmp_path / "sharded", sharded=True), _sizes(tmp_path / "whole", sharded=False)
+    assert set(sharded) == set(whole) == {0, 1}
+    total = whole[0]["total"]
+    for rank in (0, 1):
+        assert whole[rank] == {"total": total, "weights": total, "moments": 2 * total, "reference": total}
+        half = sharded[rank]
+        assert half["total"] == total
+        assert total / 2 - 1000 <= half["weights"] <= total / 2 + 1000, half  # a row of padding per tensor at most
+        assert half["weights"] == half["reference"] and half["moments"] == 2 * half["weights"]
+    assert sharded[0]["weights"] + sharded[1]["weights"] >= total
+    saved = load_file(str(tmp_path / "sharded" / "checkpoint" / "weights.safetensors"))
+    assert sum(t.numel() for t in saved.values()) == sum(
+        t.numel() for t in load_file(str(tmp_path / "whole" / "checkpoint" / "weights.safetensors")).values())
+    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
+    cfg = GRPOConfig(steps=3, prompts_per_step=4, group_size=4, micro_batch_size=8, max_new_tokens=16, beta=0.04,
+                     ema_reference=0.5, output_dir=str(tmp_path / "sharded"), log_completions=0)
+    trainer = GRPOTrainer(model, tok, DEFAULT_REWARDS, ArithmeticTask().prompt_stream(), cfg, resume_metrics=True)
+    trainer.load(tmp_path / "sharded" / "checkpoint")
+    assert trainer.step == 2 and len(trainer.optimizer.state) == len(list(model.parameters()))
+    assert [r["step"] for r in trainer.train(progress=False)] == [1, 2, 3]

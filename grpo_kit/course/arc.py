@@ -27,6 +27,7 @@ from ..data.tasks import make_task
 from ..engine.device import get_device, use_cpu_threads
 from ..engine.distributed import broadcast, world
 from ..engine.models import is_lora, load_model, merge_and_restart_lora
+from ..engine.sharding import gathered
 from ..eval.evaluation import Batching, evaluate, sampled_scores
 from ..train.checkpoint import load_checkpoint, save_checkpoint, write_whole
 from ..train.config import RunConfig
@@ -223,8 +224,12 @@ class Arc:
         if stage == Stage.SFT and skipped and base and not self.cfg.eval_pass_k:  # the same weights, already measured
             return self.finish("sft_eval", {**base, "seconds": 0.0, "greedy_seconds": 0.0, "same_as": Stage.BASE})
         self.hold(stage)
-        if not self.world.is_main:  # the main process evaluates; its record is taken at finish
-            return self.finish(f"{stage}_eval", {})
+        with gathered(self.model):  # weights sharded over processes: whole on each while the main one evaluates
+            record = self._measure(stage) if self.world.is_main else {}  # the others take its record at finish
+        return self.finish(f"{stage}_eval", record)
+
+    def _measure(self, stage: str) -> dict[str, Any]:
+        """`evaluate`'s numbers for the model as it is now."""
         t0 = time.perf_counter()
         g = self.cfg.grpo
         batching = Batching(size=self.cfg.eval_batch_size, prompt_bucket=g.prompt_bucket)
@@ -238,7 +243,7 @@ class Arc:
                                          max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                                          batching=batching, seed=g.seed))
         record["seconds"] = time.perf_counter() - t0
-        return self.finish(f"{stage}_eval", record)
+        return record
 
     def sft(self) -> dict[str, Any]:
         """SFT on the task's demonstrations from the base model: `sft.steps` steps, or with a time budget and an

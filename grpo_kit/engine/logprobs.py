@@ -17,7 +17,7 @@ import functools
 import torch
 from transformers import DynamicCache
 
-from . import decoder
+from . import decoder, sharding
 from .cpu.products import product_dtype
 from .decoder import position_ids_from_mask
 from .device import activation_checkpoint, data_parallel_size, host_syncs_are_cheap, is_xla
@@ -268,14 +268,20 @@ def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     - `padding_free` (Gemma on cpu/cuda): `packed_logprobs` — the real tokens only.
     - `group_size` G > 1: `_shared_prompt_hidden` runs each prompt once and repeats its keys and values for its G
       completions — B/G·P + B·N positions instead of B·(P + N). Gradients flow back through the repeat.
-    - otherwise, or under gradient checkpointing (HF drops the cache inside its layers): the plain forward.
+    - otherwise, or under gradient checkpointing (HF drops the cache inside its layers): the plain forward; with
+      weights sharded over processes, the model's own (`sharding.last_hidden_state`).
     """
     hf = base_model(model)
     checkpointing = hf.training and _checkpointing(hf)
-    if forward.padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing:
+    sharded = sharding.is_sharded(hf)  # weights sharded over processes: the model's own forward gathers each layer
+    if (forward.padding_free and decoder.supports(hf) and host_syncs_are_cheap(input_ids.device) and not checkpointing
+            and not sharded):
         return packed_logprobs(hf, input_ids, attention_mask, prompt_len, temperature=temperature, forward=forward,
                                head=head, sampled=sampled)
-    if forward.group_size > 1 and not checkpointing:
+    if sharded:
+        hidden = sharding.last_hidden_state(hf, input_ids, attention_mask, position_ids_from_mask(attention_mask))
+        hidden = hidden[:, prompt_len - 1 : -1, :]
+    elif forward.group_size > 1 and not checkpointing:
         hidden = _shared_prompt_hidden(hf, input_ids, attention_mask, prompt_len, forward.group_size)
     else:
         # use_cache=False also avoids Gemma 3's sliding-window cache, which crashes on XLA

@@ -44,6 +44,11 @@ class ModelConfig:
     E2B then fits a T4's 15 GiB in float32 (`grpo-kit plan --ple-on-host`). The table is frozen; the rows are cast
     after the lookup, and its scale (√256 = 16 on E2B and E4B) is exact in any dtype, so the numbers are the GPU's.
     Ignored for models without the table; refused on a TPU, whose compiled steps cannot stop for a host lookup."""
+    shard_weights: bool | None = None
+    """Under torchrun with full fine-tuning: each process holds 1/N of the weights, gradients and AdamW moments
+    (FSDP2, `engine.sharding`), what lets a model that does not fit one GPU train on several (Gemma 3 1B on Kaggle's
+    T4 × 2). None = shard whenever full fine-tuning runs on several processes; False keeps a whole copy per process
+    (the update then runs the kit's own forward, faster, where it fits). LoRA is never sharded."""
     hf_token: str | None = field(default=None, repr=False)
     """Hugging Face token for gated Gemma checkpoints; None reads HF_TOKEN or the Colab secret."""
 

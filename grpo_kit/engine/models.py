@@ -21,7 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from ..data.answer_format import TAGS
 from ..data.chat import GEMMA4_CHAT_TEMPLATE, GEMMA4_TOKENS, GEMMA_CHAT_TEMPLATE, ensure_chat_template
+from . import sharding
 from .device import enable_activation_checkpointing, is_xla, move_model, resolve_dtype, seeded_cpu_rng, shard_parameters
+from .distributed import launched_size, world
 from .hub import MODEL_SHAPES, TINY_MODELS, resolve_model
 from .model_config import ModelConfig
 
@@ -125,7 +127,20 @@ def load_model(cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module,
     with _ple_kept_on_host(model, device, keep=cfg.ple_on_host):
         model = move_model(model, device, dtype)
     shard_parameters(model)  # FSDP-style under SPMD with full fine-tuning; a no-op otherwise
+    _shard_over_processes(model, cfg, device)
     return model, tokenizer
+
+
+def _shard_over_processes(model: torch.nn.Module, cfg: ModelConfig, device: torch.device) -> None:
+    """Under torchrun, full fine-tuning's weights sharded over the processes (`ModelConfig.shard_weights`)."""
+    if launched_size() <= 1:
+        return
+    processes = world(device)
+    if sharding.wanted(model, processes, setting=cfg.shard_weights):
+        if cfg.ple_on_host:
+            raise ValueError("ModelConfig.ple_on_host with weights sharded over processes: the table would be sharded "
+                             "too; use LoRA, or shard_weights: false")
+        sharding.shard(model, sharding.mesh(processes, device))
 
 
 def random_model(name: str, *, layers: int, kv_shared_layers: int = 0, seed: int = 0,
@@ -254,13 +269,16 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class ReferencePolicy:
-    """π_ref for the KL term: the same model with the LoRA adapter disabled (no second copy), or a frozen
-    copy of the initial weights under full fine-tuning. Optional EMA: ref ← (1 − α)·ref + α·policy."""
+    """π_ref for the KL term: the same model with the LoRA adapter disabled (no second copy), or a frozen copy of
+    the initial weights under full fine-tuning (sharded as the policy is, `sharding`). Optional EMA:
+    ref ← (1 − α)·ref + α·policy."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.policy = model
         self.frozen: torch.nn.Module | None = None
-        if not is_lora(model):
+        if sharding.is_sharded(model):
+            self.frozen = sharding.frozen_copy(model)
+        elif not is_lora(model):
             self.frozen = copy.deepcopy(model).eval()
             self.frozen.requires_grad_(False)
             move_model(self.frozen, next(model.parameters()).device)
@@ -278,6 +296,9 @@ class ReferencePolicy:
     def ema_update(self, alpha: float) -> None:
         if self.frozen is None:
             raise ValueError("EMA reference updates need full fine-tuning (under LoRA the reference is the base model)")
+        if sharding.is_sharded(self.frozen):
+            sharding.lerp_shards(self.frozen, self.policy, alpha)
+            return
         for ref_p, p in zip(self.frozen.parameters(), self.policy.parameters(), strict=True):
             ref_p.lerp_(p.detach(), alpha)
 

@@ -21,6 +21,7 @@ from ..data.chat import stop_token_ids
 from .device import compile_supported, host_syncs_are_cheap
 from .logprobs import ForwardOptions, HeadOptions, completion_logprobs
 from .sampling import GroupPrompts, Rollout, SampledHead, SamplerSettings, sample
+from .sharding import gathered
 
 
 class Sampler:
@@ -61,8 +62,9 @@ class Sampler:
             ids, mask = ids[block], mask[block]
         now = replace(s, temperature=s.temperature if temperature is None else temperature,
                       top_p=s.top_p if top_p is None else top_p, compiled=self.compiled, noise_block=self.share)
-        roll = sample(self.model, ids, mask, now, stop_ids=self.stop_ids, pad_id=self.pad_id, generator=self.generator,
-                      group_size=self.group_size)
+        with gathered(self.model):  # weights sharded over processes: whole while sampling (`sharding`)
+            roll = sample(self.model, ids, mask, now, stop_ids=self.stop_ids, pad_id=self.pad_id,
+                          generator=self.generator, group_size=self.group_size)
         return roll.trimmed() if host_syncs_are_cheap(self.device) else roll
 
     def logprobs(self, rollout: Rollout, rows: slice = slice(None), *, model: torch.nn.Module | None = None,

@@ -23,11 +23,15 @@ import torch
 
 from ..data.chat import ensure_chat_template, stop_token_ids
 from ..engine.models import base_model, is_lora
+from ..engine.sharding import is_sharded
 from ..train.rundir import MARK, RunDirError, claim, owned_files
 
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A CPU copy of `model` with any LoRA adapter merged into its weights (the trained model is left as is)."""
+    if is_sharded(model):
+        raise ValueError("this model's weights are sharded over torchrun's processes: export its checkpoint instead "
+                         "(grpo-kit export --checkpoint <output_dir>/checkpoint), which holds them whole")
     clone = copy.deepcopy(model).to("cpu")
     if is_lora(clone):
         clone = clone.merge_and_unload()

@@ -17,12 +17,14 @@ Per device, in bytes (n = devices sharing the batch, b = bytes per weight elemen
     kv cache     R · T · L · 2 · K · d · b        R = rollout rows per device (prompts × group / n); Gemma 4:
                                                   Σ over the layers that store keys and values of 2 · K_l · d_l
     rollout      R · V · 4 · 3                    the last position's logits while sampling
+    gathered     P_base · b · (1 − 1/n)           full fine-tuning over n > 1 GPUs (torchrun): the rollout samples
+                                                  on whole weights, the other processes' shards gathered
     prefill      R · P · (4h + 3i + 2·H·T) · b    one layer's transient tensors during the prompt forward
     qkv stacked  L · (H + 2K) · d · h · b         each layer's q, k and v weights stacked for the rollout's
                                                   one-matmul projection (decoder.Constants), rebuilt per rollout
 
     peak = weights + trainable + gradients + optimizer + reference + fsdp gather
-           + max(training: activations + logits,  rollout: kv cache + rollout + prefill + qkv stacked)
+           + max(training: activations + logits,  rollout: kv cache + rollout + prefill + qkv stacked + gathered)
            + 10 % margin
 
 The activation coefficients (c_h = 22, c_i = 4, c_a = 2.5: Gemma's four RMSNorms per layer, q/k norms,
@@ -318,11 +320,14 @@ def estimate(p: PlanInput, micro_batch: int, checkpointing: bool) -> dict[str, f
         * (4 * spec.hidden + 3 * max(spec.layer_intermediate(i) for i in range(spec.layers)) + 2 * spec.heads * seq)
         * b,
         "qkv_stacked": spec.qkv_elements * b,
+        # torchrun's processes sample on whole weights: the shards of the others gathered (`engine.sharding`)
+        "rollout_gathered_weights": on_device * b * (1 - 1 / n) if (not p.lora and n > 1 and not acc.tpu) else 0.0,
     }
     persistent = sum(
         out[k] for k in ("weights", "trainable_fp32", "gradients", "optimizer", "reference", "fsdp_gathered_layer"))
     out["training_phase"] = out["activations"] + out["logits"]
-    out["rollout_phase"] = out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"] + out["qkv_stacked"]
+    out["rollout_phase"] = (out["kv_cache"] + out["rollout_logits"] + out["prefill_transient"] + out["qkv_stacked"]
+                            + out["rollout_gathered_weights"])
     peak = persistent + max(out["training_phase"], out["rollout_phase"])
     out["margin"] = XLA_MARGIN * peak
     out["total"] = peak + out["margin"]

@@ -13,8 +13,9 @@ e_f and e_b the shares of them the kit reaches, o a fixed cost per decode step (
                 reference forward when β > 0
     allreduce = 2 · (N − 1) / N · G / L                          ring all-reduce of G = the trainable gradients'
                 bytes (fp32) over links of L bytes/s per device
-    sharded   full fine-tuning over N > 1 XLA devices shards the weights FSDP-style: each forward and backward
-              gathers them, (T_c + 3) · (N − 1) / N · P · b / L more (the decode gathers them at every step)
+    sharded   full fine-tuning over N > 1 devices shards the weights FSDP-style: each forward and backward
+              gathers them, (T_c + 3) · (N − 1) / N · P · b / L more on XLA devices (the decode gathers them at every
+              step), (1 + 3) · (N − 1) / N · P · b / L under torchrun (`engine.sharding`: once per rollout)
 
 Splitting the batch over more devices divides the compute terms by N but not the weight read: a decode step reads
 every weight on every device however few rows it holds, so a rollout at small batches stays as long on N devices
@@ -120,7 +121,8 @@ def predict(p: PlanInput, *, speeds: Speeds | None = None, completion_tokens: fl
     trainable = spec.lora_params(p.lora_r, p.lora_targets) if p.lora else spec.params
     ring = 2 * (n - 1) / n
     allreduce = ring * trainable * 4 / speeds.link
-    gather = (steps + 3) * (n - 1) / n * spec.params * b / speeds.link if (not p.lora and n > 1 and acc.tpu) else 0.0
+    gathers = steps + 3 if acc.tpu else 4  # torchrun's processes gather the weights once per rollout (`sharding`)
+    gather = gathers * (n - 1) / n * spec.params * b / speeds.link if (not p.lora and n > 1) else 0.0
     rollout = prefill + decode
     parts = {"rollout": rollout, "update": update, "communication": allreduce + gather}
     return {

@@ -17,11 +17,14 @@ import re
 import secrets
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from ..engine import sharding
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -32,6 +35,31 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+@dataclass
+class WholeStates:
+    """A sharded model's checkpoint state gathered whole on the main process (`engine.sharding`; empty on the
+    others): what `save_checkpoint` writes in place of reading the model and optimizer itself."""
+
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    modules: dict[str, dict[str, torch.Tensor]]
+
+
+def whole_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 modules: dict[str, torch.nn.Module] | None = None) -> WholeStates:
+    """The sharded `model`'s weights, `optimizer`'s state and each of `modules`' weights, gathered on the main process
+    in an unsharded run's layout. Every process must call it."""
+    def tied_once(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tied = getattr(getattr(module, "config", None), "tie_word_embeddings", False)
+        return {k: v for k, v in state.items() if not (tied and "lm_head" in k)}
+
+    return WholeStates(
+        weights=tied_once(model, sharding.full_weights(model)),
+        optimizer=sharding.full_optimizer_state(model, optimizer) if optimizer is not None else None,
+        modules={name: tied_once(m, sharding.full_weights(m)) for name, m in (modules or {}).items()},
+    )
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -118,10 +146,12 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
     modules: dict[str, torch.nn.Module] | None = None,
+    whole: WholeStates | None = None,
 ) -> Path:
     """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle),
     `<name>.safetensors` for each of `modules` (state that cannot be rebuilt from the base, e.g. an EMA
-    reference policy), and state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory,
+    reference policy), and state.json (step, `extra`, the SHA-256 of every file); a sharded model's weights and
+    optimizer state from `whole` (`whole_states`) instead of from the model. Written to a temporary directory,
     fsynced, then swapped
     in: a valid checkpoint exists at every instant (during the swap the previous one sits at `.<name>.old`, where
     `load_checkpoint` finds it)."""
@@ -137,7 +167,7 @@ def save_checkpoint(
     tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        _write_files(tmp, model, optimizer, generator=generator, modules=modules or {})
+        _write_files(tmp, whole or _states(model, optimizer, modules or {}), generator=generator)
         files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(
             json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
@@ -160,14 +190,20 @@ def save_checkpoint(
     return path
 
 
-def _write_files(tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
-                 generator: torch.Generator | None, modules: dict[str, torch.nn.Module]) -> None:
+def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+            modules: dict[str, torch.nn.Module]) -> WholeStates:
+    """What a checkpoint of an unsharded model holds, read from it."""
+    return WholeStates(weights=_weights(model), optimizer=optimizer.state_dict() if optimizer is not None else None,
+                       modules={name: _weights(module) for name, module in modules.items()})
+
+
+def _write_files(tmp: Path, states: WholeStates, *, generator: torch.Generator | None) -> None:
     """A checkpoint's files but state.json, into the temporary directory `tmp`."""
-    save_file(_weights(model), str(tmp / "weights.safetensors"))
-    for name, module in modules.items():
-        save_file(_weights(module), str(tmp / f"{name}.safetensors"))
-    if optimizer is not None:
-        torch.save(_to_cpu(optimizer.state_dict()), tmp / "optimizer.pt")
+    save_file({k: v.detach().cpu().contiguous() for k, v in states.weights.items()}, str(tmp / "weights.safetensors"))
+    for name, weights in states.modules.items():
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / f"{name}.safetensors"))
+    if states.optimizer is not None:
+        torch.save(_to_cpu(states.optimizer), tmp / "optimizer.pt")
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if generator is not None:
         rng["generator"] = generator.get_state()
@@ -264,7 +300,11 @@ def load_checkpoint(
     if optimizer is not None:
         # read to the host: torch.load cannot place tensors on an XLA device, and the optimizer moves its state to
         # each parameter's device itself
-        optimizer.load_state_dict(_tensors_only(path / "optimizer.pt"))
+        saved = _tensors_only(path / "optimizer.pt")
+        if sharding.is_sharded(model):
+            sharding.load_full_optimizer_state(model, optimizer, saved)
+        else:
+            optimizer.load_state_dict(saved)
     rng = _tensors_only(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_tuples(rng["python"]))
@@ -275,8 +315,10 @@ def load_checkpoint(
 
 def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
     """`path/<name>.safetensors` into `model` (into its adapter under LoRA), refusing weights that do not fit."""
-    device = next(model.parameters()).device
-    weights = {k: v.to(device) for k, v in load_file(str(path / f"{name}.safetensors")).items()}
+    weights = load_file(str(path / f"{name}.safetensors"))
+    if not sharding.is_sharded(model):  # sharded: each process copies its shard from the host
+        device = next(model.parameters()).device
+        weights = {k: v.to(device) for k, v in weights.items()}
     if hasattr(model, "peft_config"):
         from peft import set_peft_model_state_dict
 
@@ -285,7 +327,10 @@ def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
             raise ValueError(f"checkpoint {path}: {name} does not match the LoRA model: unexpected "
                              f"{result.unexpected_keys[:5]} (full weights given to a LoRA model?)")
         return
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if sharding.is_sharded(model):  # each process keeps its shard of the whole weights
+        missing, unexpected = sharding.load_full_weights(model, weights)
+    else:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if "lm_head" not in m]
     if missing or unexpected:
         raise ValueError(

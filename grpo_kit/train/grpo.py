@@ -50,6 +50,7 @@ from ..engine.sampling import (
     concat_rollouts,
     prompt_tokens,
 )
+from ..engine.sharding import is_sharded
 from ..validation import ConfigError, check_prompt_dataset
 from .config import GRPOConfig
 from .controls import LIVE_SETTINGS, TOKEN_VARIABLE, Controls, controls_path
@@ -208,7 +209,7 @@ class GRPOTrainer(TrainingLoop):
         spec = cfg.loss_spec(epsilon=settings.controls["epsilon"], beta=settings.beta_on_device)
         roll, adv, loss_mask, totals = self._rows_to_run(batch, spec)
         n_run = roll.completion_ids.shape[0]
-        roll, adv, loss_mask = self._my_rows(roll, adv, loss_mask)
+        roll, adv, loss_mask, n_real = self._my_rows(roll, adv, loss_mask)
         adv = shard_batch(adv.to(self.device))
         # the last micro-batch is short when groups were left out of the update (its statistics weigh its rows)
         n_mine = roll.completion_ids.shape[0]
@@ -244,7 +245,7 @@ class GRPOTrainer(TrainingLoop):
                     loss.backward()
                     clock.lap("backward_seconds")
                     loss_total = loss_total + loss.detach()
-                    share = (m.stop - m.start) / n_run / cfg.num_iterations
+                    share = (min(m.stop, n_real) - min(m.start, n_real)) / n_run / cfg.num_iterations
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
                 grad_norm, skipped_now = self._optimizer_step(loss_total)
@@ -278,14 +279,25 @@ class GRPOTrainer(TrainingLoop):
         return roll, batch.advantages[rows.to(batch.advantages.device)], loss_mask, totals
 
     def _my_rows(self, roll: Rollout, adv: torch.Tensor,
-                 loss_mask: torch.Tensor) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
-        """This process's block of whole groups of the rows the update runs (all of them in one process)."""
+                 loss_mask: torch.Tensor) -> tuple[Rollout, torch.Tensor, torch.Tensor, int]:
+        """This process's block of whole groups of the rows the update runs (all of them in one process), and how many
+        of them are real. With sharded weights every process runs as many rows as the largest block (each forward
+        gathers every layer from all of them, `engine.sharding`): a shorter block is topped up with copies of the
+        first group that weigh nothing (advantage 0, loss mask 0)."""
         if self.world.batch_world.size == 1:
-            return roll, adv, loss_mask
-        g = self.config.group_size
-        groups = self.world.batch_world.block(roll.completion_ids.shape[0] // g)
+            return roll, adv, loss_mask, roll.completion_ids.shape[0]
+        g, size = self.config.group_size, self.world.batch_world.size
+        count = roll.completion_ids.shape[0] // g
+        groups = self.world.batch_world.block(count)
         index = torch.arange(groups.start * g, groups.stop * g)
-        return roll.rows(index), adv[index.to(adv.device)], loss_mask[index.to(loss_mask.device)]
+        real = index.numel()
+        if is_sharded(self.model):
+            index = torch.cat([index, torch.arange(g).repeat(-(-count // size) - real // g)])
+        adv, loss_mask = adv[index.to(adv.device)], loss_mask[index.to(loss_mask.device)]
+        if index.numel() > real:
+            adv, loss_mask = adv.clone(), loss_mask.clone()
+            adv[real:], loss_mask[real:] = 0, 0
+        return roll.rows(index), adv, loss_mask, real
 
     def _summed_over_processes(self, sums: dict[str, torch.Tensor | float]) -> dict[str, torch.Tensor | float]:
         """The update's statistics and loss, each process's share (weighted by its rows over all rows) summed: the
@@ -404,7 +416,7 @@ class GRPOTrainer(TrainingLoop):
 
     def _save_if_due(self) -> None:
         requested = self.controls.consume_save_request()
-        if self.checkpoint_path is not None and (self._save_due() or requested):
+        if self.checkpoint_path is not None and self._save_due(requested=requested):
             self.save(self.checkpoint_path)
         elif requested:
             warnings.warn("save requested, but GRPOConfig.output_dir is None: nothing was saved", stacklevel=2)

@@ -29,8 +29,9 @@ from tqdm.auto import tqdm
 from ..engine.device import guarded_optimizer_step
 from ..engine.distributed import broadcast, gather, sum_gradients, world
 from ..engine.models import is_lora
+from ..engine.sharding import is_sharded
 from ..validation import ConfigError, check_skipped_in_a_row, check_writable
-from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint, whole_states
 from .metrics import MetricsLogger
 from .rundir import MARK, claim, record_entry
 
@@ -130,8 +131,11 @@ class TrainingLoop:
         """Sum the gradients over the processes, clip them to `max_grad_norm` and step the optimizer unless the loss or
         norm is not finite (`device.guarded_optimizer_step`); returns (grad_norm, skipped: 1 if the step was skipped).
         `loss` is this process's part; a non-finite gradient anywhere makes the summed norm non-finite everywhere."""
-        sum_gradients(self.params, self.world.batch_world)  # processes that split the batch: each has summed its block
+        if not is_sharded(self.model):  # sharded weights: their backward has summed each gradient shard already
+            sum_gradients(self.params, self.world.batch_world)  # each process has summed its block of the batch
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every process's shards (a DTensor)
+            grad_norm = grad_norm.full_tensor()
         return grad_norm, guarded_optimizer_step(self.optimizer, self.params, grad_norm=grad_norm, loss=loss)
 
     def _count_step_seconds(self, seconds: float) -> None:
@@ -146,11 +150,13 @@ class TrainingLoop:
         check_skipped_in_a_row(self._skipped_in_a_row, self.config.max_skipped_steps, row=row,
                                setting=f"{type(self.config).__name__}.max_skipped_steps")
 
-    def _save_due(self) -> bool:
-        """A checkpoint is due: every `save_every` steps, or `save_every_seconds` after the last save."""
+    def _save_due(self, *, requested: bool = False) -> bool:
+        """A checkpoint is due: every `save_every` steps, or `save_every_seconds` after the last save, or `requested`.
+        The main process decides (its clock) and every process follows: with sharded weights each takes part."""
         cfg = self.config
-        return bool(cfg.save_every and self.step % cfg.save_every == 0) or (
+        due = requested or bool(cfg.save_every and self.step % cfg.save_every == 0) or (
             cfg.save_every_seconds is not None and time.monotonic() - self._last_save >= cfg.save_every_seconds)
+        return broadcast(due, self.world)
 
     @property
     def checkpoint_path(self) -> Path | None:
@@ -162,14 +168,16 @@ class TrainingLoop:
         self, path: str | Path, extra: dict[str, Any], *, modules: dict[str, torch.nn.Module] | None = None
     ) -> Path:
         """Weights (or adapter), optimizer, RNG states, step, `kind`, the seconds trained, and the trainer's `extra`.
-        Written by the main process only (the others hold the same state); returns the path on every process."""
+        Written by the main process only (the others hold the same state, or with sharded weights their shards, which
+        every process gathers to it first); returns the path on every process."""
+        whole = whole_states(self.model, self.optimizer, modules) if is_sharded(self.model) else None
         if not self.world.is_main:
             return Path(path)
         record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step,
                                extra={"kind": self.kind, "trained_seconds": self.trained_seconds,
                                       **self.checkpoint_notes, **extra},
-                               generator=self.generator, modules=modules)
+                               generator=self.generator, modules=modules, whole=whole)
         self._last_save = time.monotonic()
         return path
 

@@ -23,6 +23,7 @@ from ..engine.distributed import launched_size, sum_tensors
 from ..engine.logprobs import ForwardOptions, HeadOptions, ProductPlan, completion_logprobs, token_logprobs_and_entropy
 from ..engine.models import base_model
 from ..engine.sampling import bucket_length, position_ids_from_mask, render_prompt
+from ..engine.sharding import is_sharded, last_hidden_state
 from ..validation import ConfigError, DataError, prompt_problem
 from .config import FineTuneSettings, SFTConfig
 from .loop import TrainingLoop
@@ -100,7 +101,8 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
     The same loss up to float order, and bf16 rounding with `products`."""
     hf = base_model(model)
     ids, attn = batch["input_ids"], batch["attention_mask"]
-    if padding_free and supports(hf) and host_syncs_are_cheap(ids.device):
+    sharded = is_sharded(hf)  # weights sharded over processes: the model's own forward gathers each layer
+    if padding_free and supports(hf) and host_syncs_are_cheap(ids.device) and not sharded:
         ids, attn, prompt_len = split_prompts(batch)
         logp, _ = completion_logprobs(model, ids, attn, prompt_len,
                                       forward=ForwardOptions(padding_free=True, product_dtype=products),
@@ -108,9 +110,12 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, completi
         mask = attn[:, prompt_len:].to(logp.dtype)
         tokens = mask.sum()
         return -(logp * mask).sum() / tokens.clamp(min=1), tokens
-    hidden = hf.model(
-        input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False
-    ).last_hidden_state
+    if sharded:
+        hidden = last_hidden_state(hf, ids, attn, position_ids_from_mask(attn))
+    else:
+        hidden = hf.model(
+            input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False
+        ).last_hidden_state
     hidden, targets, mask = hidden[:, :-1], ids[:, 1:], batch["target_mask"]
     if completion_only_head is None:
         completion_only_head = hidden.device.type != "xla"
@@ -201,16 +206,17 @@ class SFTTrainer(TrainingLoop):
         """(`sft_loss` of the batch, its completion tokens). Under torchrun each process takes its block of the rows
         and returns its share of the whole batch's mean (its tokens' sum over all processes' tokens), so the summed
         gradients are the whole batch's, and the whole batch's token count. A process whose block is empty (a batch
-        of fewer rows than processes) returns a zero share with no gradient."""
+        of fewer rows than processes) returns a zero share and a zero gradient."""
         options = {"padding_free": self.config.padding_free is not False, "products": self.products}
         if self.world.batch_world.size == 1:
             return sft_loss(self.model, batch, **options)
         rows = self.world.batch_world.block(batch["input_ids"].shape[0])
         if rows.stop > rows.start:
             loss, tokens = sft_loss(self.model, {k: v[rows] for k, v in batch.items()}, **options)
-        else:  # fewer rows than processes (RFT can keep a single completion): none here, but join the sums
-            tokens = torch.zeros((), device=batch["input_ids"].device)
-            loss = tokens.clone().requires_grad_()
+        else:  # fewer rows than processes (RFT can keep a single completion): a row that weighs nothing, since with
+            # sharded weights every process must run the forward and backward (each gathers every layer)
+            loss, tokens = sft_loss(self.model, {k: v[:1] for k, v in batch.items()}, **options)
+            loss, tokens = loss * 0, tokens * 0
         total = sum_tensors([tokens.detach()], self.world.batch_world)[0]
         return loss * tokens / total.clamp(min=1), total
 
