@@ -99,24 +99,31 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for processes in (1, 2):
         _run(_train(processes, config, root / f"p{processes}", *start))
     _run(_train(2, whole, root / "p2-whole", *start))
-    return {"config": config, "start": start, "one": root / "p1", "two": root / "p2", "sft_one": root / "sft1",
-            "sft_two": root / "sft2", "two_whole": root / "p2-whole"}
+    return {"config": config, "whole": whole, "start": start, "one": root / "p1", "two": root / "p2",
+            "sft_one": root / "sft1", "sft_two": root / "sft2", "two_whole": root / "p2-whole"}
 
 
 def test_two_processes_log_the_rows_of_one(runs):
     """Each process samples its block of the groups with the noise one process would draw for them; the update's
-    gradients are the whole batch's. So two processes log what one does, to float tolerance: with the weights sharded
-    over them (full fine-tuning's default, FSDP2) and with a whole copy in each (`shard_weights: false`, the way LoRA
-    runs: the kit's own forward and one all-reduce of the gradients)."""
-    one, two = _rows(runs["one"]), _rows(runs["two"])
-    assert {r["processes"] for r in one} == {1} and {r["processes"] for r in two} == {2}
+    gradients are the whole batch's. So two processes log what one does, to float tolerance.
+
+    With a whole copy of the weights in each process (`shard_weights: false`, the way LoRA runs: the kit's own forward
+    and one all-reduce of the gradients) the two compute what one does in the same order, and all six steps match.
+    With the weights sharded (full fine-tuning's default, FSDP2) the update runs the model's own forward and the
+    gradient norm is summed over shards: the same numbers up to rounding, and AdamW's first steps turn rounding in
+    gradients that nearly cancel into weight differences of up to the learning rate, which after a step can change
+    a sampled token. So the sharded run is held to one process's first step, sampled from the same weights."""
+    one, two, sharded = _rows(runs["one"]), _rows(runs["two_whole"]), _rows(runs["two"])
+    assert {r["processes"] for r in one} == {1} and {r["processes"] for r in two + sharded} == {2}
     assert len({r["reward_mean"] for r in one}) > 1 and all(r["grad_norm"] > 0 for r in one)  # a run that moves
     _assert_same_rows(two, one)
-    _assert_same_rows(_rows(runs["two_whole"]), one)
+    _assert_same_rows(sharded[:1], one[:1])
+    assert [r["step"] for r in sharded] == [r["step"] for r in one]
 
 
 def test_two_processes_warm_up_as_one(runs):
-    """SFT: each process takes its block of the batch's rows, its loss weighted by its share of the batch's tokens."""
+    """SFT: each process takes its block of the batch's rows, its loss weighted by its share of the batch's tokens
+    (here with the weights sharded: no sampling, so rounding stays rounding)."""
     one, two = _rows(runs["sft_one"], "sft_metrics.jsonl"), _rows(runs["sft_two"], "sft_metrics.jsonl")
     assert len({r["loss"] for r in one}) > 1
     _assert_same_rows(two, one)
@@ -163,12 +170,12 @@ def test_a_run_whose_rank_1_is_killed_resumes_to_the_uninterrupted_rows(runs, tm
 
 
 def test_a_run_saved_by_two_processes_resumes_in_one(runs, tmp_path):
-    """A checkpoint holds the whole weights and optimizer state (gathered from the processes' shards) and the batch
-    is the whole step's whatever the number of processes, so a checkpoint of two resumes in one (and the other way)
-    and continues the same run."""
+    """A checkpoint holds the whole weights and optimizer state (one process's copy; a sharded run's gathered whole,
+    as the sharding test checks) and the batch is the whole step's whatever the number of processes, so a checkpoint
+    of two resumes in one (and the other way) and continues the same run."""
     short = tmp_path / "short.yaml"
-    short.write_text(CONFIG.replace("steps: 6", "steps: 3"))
     out = tmp_path / "moved"
+    short.write_text(runs["whole"].read_text().replace("steps: 6", "steps: 3"))
     _run(_train(2, short, out, *runs["start"]))
     _run(_train(1, runs["config"], out, *runs["start"]))
     _assert_same_rows(_rows(out), _rows(runs["one"]))
@@ -274,8 +281,9 @@ RFT_STEPS = textwrap.dedent('''
     from grpo_kit.engine.models import load_model
     from grpo_kit.train.checkpoint import load_checkpoint
 
-    # full fine-tuning: under torchrun the weights are sharded over the processes
-    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
+    # full fine-tuning: under torchrun the weights are sharded over the processes unless argv[2] is 0
+    model, tok = load_model(ModelConfig(name="tiny-gemma", dtype="float32", shard_weights=sys.argv[2] == "1"),
+                            torch.device("cpu"))
     load_checkpoint(sys.argv[1], model)
     task = gk.ArithmeticTask()
     rows = list(task.test_set())
@@ -294,23 +302,28 @@ RFT_STEPS = textwrap.dedent('''
 
 def test_an_rft_step_that_keeps_fewer_rows_than_processes_is_the_step_of_one(sft_state, tmp_path):
     """RFT under torchrun: each process samples its block of the prompts and all train on what they kept together;
-    a step that keeps a single completion leaves one of two processes no row, and still takes one process's step."""
+    a step that keeps a single completion leaves one of two processes no row, and still takes one process's step:
+    both steps with a whole copy of the weights in each process, the first with sharded weights (after it, rounding
+    may change what is sampled: see `test_two_processes_log_the_rows_of_one`)."""
     weights, script = tmp_path / "sft", tmp_path / "rft.py"
     model, _ = load_model(ModelConfig(name="tiny-gemma", dtype="float32"), torch.device("cpu"))
     model.load_state_dict(sft_state)
     save_checkpoint(weights, model, None, 0)
     script.write_text(RFT_STEPS)
     logged = {}
-    for processes in (1, 2):
-        done = _run(_torchrun(processes, "--tee=1", str(script), str(weights)))
-        logged[processes] = [json.loads(line.partition("ROWS ")[2]) for line in done.stdout.splitlines()
-                             if "]:ROWS " in line]
-    assert len(logged[1]) == 1 and len(logged[2]) == 2 and logged[2][0] == logged[2][1]  # both ranks log the same
-    one, two = logged[1][0], logged[2][0]
+    for processes, sharded in ((1, "1"), (2, "0"), (2, "1")):
+        done = _run(_torchrun(processes, "--tee=1", str(script), str(weights), sharded))
+        logged[processes, sharded] = [json.loads(line.partition("ROWS ")[2]) for line in done.stdout.splitlines()
+                                      if "]:ROWS " in line]
+    assert [len(rows) for rows in logged.values()] == [1, 2, 2]
+    assert all(rows[0] == rows[1] for rows in list(logged.values())[1:])  # both ranks log the same
+    one = logged[1, "1"][0]
     assert [r["accepted"] for r in one] == [1, 1] and all(r["loss"] > 0 for r in one)
-    for row, ref in zip(two, one, strict=True):
-        for key, value in ref.items():
-            assert abs(row[key] - value) <= TOLERANCE * max(1.0, abs(value)), (row["step"], key, row[key], value)
+    for two, steps in ((logged[2, "0"][0], 2), (logged[2, "1"][0], 1)):
+        assert len(two) == 2 and [r["accepted"] for r in two[:steps]] == [1] * steps
+        for row, ref in zip(two[:steps], one[:steps], strict=True):
+            for key, value in ref.items():
+                assert abs(row[key] - value) <= TOLERANCE * max(1.0, abs(value)), (row["step"], key, row[key], value)
 
 
 SHARDED = textwrap.dedent('''
