@@ -68,7 +68,10 @@ of its head), and its graphs take minutes each to compile on 2 cores."""
 
 def _command(model: Model, backend: str, devices: int, out: Path) -> tuple[list[str], dict[str, str]]:
     config = out.parent / f"{out.name}.yaml"
-    config.write_text(f"grpo: {model.grpo_settings()}\ntask: {{num_test: 8}}\nsft: {{steps: 1}}\n")
+    # a whole copy of the weights per process: the data parallelism the model predicts (the tiny Gemma is fully
+    # fine-tuned, which torchrun would otherwise shard: engine/sharding.py)
+    config.write_text(f"grpo: {model.grpo_settings()}\ntask: {{num_test: 8}}\nsft: {{steps: 1}}\n"
+                      "model: {shard_weights: false}\n")
     train = ["-m", "grpo_kit.cli", "train", "--preset", model.preset, "--config", str(config), "--output-dir",
              str(out), "--quiet"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_", "CPU_NUM_DEVICES", "GRPO_KIT"))}
