@@ -331,6 +331,7 @@ SHARDED = textwrap.dedent('''
     import torch
     import grpo_kit as gk
     from grpo_kit.data.rewards import DEFAULT_REWARDS
+    from grpo_kit.engine.decoder import supports
     from grpo_kit.engine.model_config import ModelConfig
     from grpo_kit.engine.models import load_model
 
@@ -345,6 +346,7 @@ SHARDED = textwrap.dedent('''
     trainer.train(progress=False)
     moments = [v for state in trainer.optimizer.state.values() for k, v in state.items() if k.startswith("exp_avg")]
     print("SIZES", json.dumps({
+        "lean": supports(model),  # the kit's own decoder samples the sharded layers
         "total": sum(p.numel() for p in model.parameters()),
         "weights": sum(local(p).numel() for p in model.parameters()),
         "moments": sum(local(v).numel() for v in moments),
@@ -370,7 +372,9 @@ def test_sharded_weights_hold_half_the_weights_moments_and_reference_in_each_pro
     assert set(sharded) == set(whole) == {0, 1}
     total = whole[0]["total"]
     for rank in (0, 1):
-        assert whole[rank] == {"total": total, "weights": total, "moments": 2 * total, "reference": total}
+        assert whole[rank] == {"lean": True, "total": total, "weights": total, "moments": 2 * total,
+                               "reference": total}
+        assert sharded[rank]["lean"]
         half = sharded[rank]
         assert half["total"] == total
         assert total / 2 - 1000 <= half["weights"] <= total / 2 + 1000, half  # a row of padding per tensor at most

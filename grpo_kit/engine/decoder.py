@@ -54,7 +54,9 @@ def supports(hf: torch.nn.Module) -> bool:
     layers = getattr(getattr(hf, "model", None), "layers", None)
     cfg = getattr(hf, "config", None)
     return (
-        layers is not None and len(layers) > 0 and type(layers[0]).__name__ in GEMMA_LAYERS and hasattr(hf, "lm_head")
+        layers is not None and len(layers) > 0 and hasattr(hf, "lm_head")
+        # FSDP2's sharded layers (`sharding`) are subclasses of the model's own
+        and any(c.__name__ in GEMMA_LAYERS for c in type(layers[0]).__mro__)
         and not getattr(cfg, "enable_moe_block", False)
         and getattr(cfg, "use_bidirectional_attention", None) in (None, False, "vision"))  # "vision": image tokens only
 
