@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ..validation import ConfigError
+
 SPMD_HOSTS_VARIABLE = "GRPO_KIT_SPMD_HOSTS"
 """Set to 1 under torchrun with an XLA device: the processes are taken as the hosts of one SPMD program (each runs the
 whole batch; only rank 0 writes), the way a pod slice's hosts are. A stand-in for a pod where torch_xla cannot join
@@ -67,6 +69,14 @@ class World:
         """This process's contiguous block of `count` items split over the processes as evenly as they go (the
         first `count % size` blocks one longer)."""
         return slice(self.rank * count // self.size, (self.rank + 1) * count // self.size)
+
+
+def check_whole_groups(prompts_per_step: int, world: World, *, setting: str) -> None:
+    """Refuse (ConfigError naming `setting`) a step's `prompts_per_step` prompts that do not split into equal blocks
+    over `world`'s processes: each samples whole groups of its block."""
+    if prompts_per_step % world.size:
+        raise ConfigError(f"{setting}={prompts_per_step} does not split over {world.size} processes (torchrun "
+                          f"--nproc-per-node): make it a multiple of {world.size}, so that each samples whole groups")
 
 
 def launched_size() -> int:

@@ -2,8 +2,8 @@
 FSDP2 (`torch.distributed.fsdp.fully_shard`) over each decoder layer and over the model (embeddings, final norm and
 the LM head tied to them), along one mesh of all the processes.
 
-Per process that is (weights + gradients + two moments) / N instead of all of it — Gemma 3 1B in fp32 on a 15 GiB
-T4: 16 GiB replicated, 8 sharded over two (`grpo-kit plan --accelerator t4-x2`). What the kit does around it:
+Per process that is (weights + gradients + two moments + a frozen reference) / N instead of all of it
+(`grpo-kit plan --tpu t4-x2 --full`; docs/scaling.md). What the kit does around it:
 
 - The sampler decodes token by token through the kit's own forward (`decoder.forward`), which reads each layer's
   weights itself rather than calling the layer's `forward`, where FSDP2 gathers a layer. So a rollout runs inside
@@ -185,9 +185,7 @@ def frozen_copy(hf: torch.nn.Module) -> torch.nn.Module:
     """A frozen copy of the sharded `hf`, sharded the same way (FSDP2 modules cannot be deep-copied): the same class
     built on the meta device, sharded along the same mesh, given memory, then this process's shards and the buffers
     copied in. No communication."""
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = next(c for c in type(hf).__mro__ if not issubclass(c, FSDPModule))
+    cls = next(c for c in type(hf).__mro__ if not issubclass(c, _fsdp_module()))
     first = next(hf.parameters())
     with torch.device("meta"):
         copy = cls(hf.config).to(first.dtype)

@@ -75,7 +75,7 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                 continue
             seen.add(tensor.data_ptr())
             state[name] = tensor
-    return {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    return state
 
 
 TMP_PREFIX = ".tmp-"

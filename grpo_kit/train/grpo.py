@@ -41,7 +41,7 @@ from ..engine.device import (
     memory_stats,
     shard_batch,
 )
-from ..engine.distributed import broadcast, gather
+from ..engine.distributed import broadcast, check_whole_groups, gather
 from ..engine.logprobs import plan_products
 from ..engine.models import ReferencePolicy, is_lora
 from ..engine.sampler import Sampler, SamplerSettings
@@ -51,7 +51,7 @@ from ..engine.sampling import (
     prompt_tokens,
 )
 from ..engine.sharding import is_sharded
-from ..validation import ConfigError, check_prompt_dataset
+from ..validation import check_prompt_dataset
 from .config import GRPOConfig
 from .controls import LIVE_SETTINGS, TOKEN_VARIABLE, Controls, controls_path
 from .loop import TrainingLoop
@@ -126,11 +126,7 @@ class GRPOTrainer(TrainingLoop):
         self.controls = controls or Controls.from_config(cfg)
         """Rank 0's are the run's under torchrun: read there at each step and broadcast."""
         self._start_loop(model, cfg, resume_metrics=resume_metrics)
-        splits = self.world.batch_world.size
-        if cfg.prompts_per_step % splits:
-            raise ConfigError(f"GRPOConfig.prompts_per_step={cfg.prompts_per_step} does not split over "
-                              f"{splits} processes (torchrun --nproc-per-node): make it a multiple of "
-                              f"{splits}, so that each samples whole groups")
+        check_whole_groups(cfg.prompts_per_step, self.world.batch_world, setting="GRPOConfig.prompts_per_step")
         needs_reference = cfg.beta > 0 or cfg.log_kl or cfg.target_kl is not None or cfg.ema_reference > 0
         self.reference = ReferencePolicy(model) if needs_reference else None
         self.products = plan_products(model, reuse_sampler_head=cfg.reuse_sampler_head, cpu_bf16=cfg.cpu_bf16,

@@ -21,9 +21,8 @@ import torch
 
 from ..data.rewards import correctness_reward
 from ..engine.device import host_syncs_are_cheap, padded_rows, shard_batch
-from ..engine.distributed import gather
+from ..engine.distributed import check_whole_groups, gather
 from ..engine.sampler import Sampler, SamplerSettings
-from ..validation import ConfigError
 from .config import RFTConfig, RolloutSettings, RunConfig
 from .sft import SFTTrainer, collate, encode_demonstrations
 
@@ -86,9 +85,7 @@ class RFTTrainer(SFTTrainer):
         self.prompts_drawn = 0
         """Prompts taken from the stream so far (a resumed run skips as many)."""
         cfg, splits = self.config, self.world.batch_world
-        if cfg.prompts_per_step % splits.size:
-            raise ConfigError(f"RFTConfig.prompts_per_step={cfg.prompts_per_step} does not split over {splits.size} "
-                              f"processes (torchrun --nproc-per-node): make it a multiple of {splits.size}")
+        check_whole_groups(cfg.prompts_per_step, splits, setting="RFTConfig.prompts_per_step")
         self.sampler = Sampler(model, tokenizer, SamplerSettings(
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, prompt_bucket=cfg.prompt_bucket,
         ), group_size=cfg.group_size, generator=self.generator, share=(splits.rank, splits.size))
