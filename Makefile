@@ -10,10 +10,15 @@ CLASSIC_STAMP := $(CLASSIC)/.installed
 
 .PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study study-seeded course-times scaling multihost
 
+# torch's CUDA wheels are large downloads, and a registry connection that drops mid-file has failed a fresh install:
+# pip resumes a broken download, and the whole install is tried again (finished wheels stay in pip's cache).
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e ".[$(EXTRAS)]"
+	for attempt in 1 2 3; do \
+	  $(BIN)/python -m pip install --quiet --resume-retries 20 -c requirements/lock.txt -e ".[$(EXTRAS)]" && break; \
+	  [ $$attempt = 3 ] && exit 1; echo "pip install failed (attempt $$attempt of 3): trying again"; sleep 30; \
+	done
 	touch $@
 
 setup: $(STAMP)
