@@ -166,6 +166,49 @@ def test_a_checkpoint_of_a_model_on_xla_resumes_on_it(tiny, tmp_path):
         assert torch.equal(fresh.state[p]["exp_avg"].cpu(), expected)
 
 
+RESUME_ON_MESH = """
+import json, sys, torch
+from grpo_kit.engine.device import enable_spmd, get_device
+enable_spmd(2)
+import torch_xla
+from grpo_kit.engine.model_config import ModelConfig
+from grpo_kit.engine.models import load_model
+from grpo_kit.train.checkpoint import load_checkpoint, save_checkpoint
+
+xla = get_device("xla")
+model = load_model(ModelConfig(lora=False, dtype="float32"), xla)[0]
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model(input_ids=torch.tensor([[2, 40, 41, 42]], device=xla)).logits.sum().backward()
+optimizer.step()
+torch_xla.sync(wait=True)
+save_checkpoint(sys.argv[1], model, optimizer, 1)
+spec = torch_xla._XLAC._get_xla_sharding_spec
+split = [name for name, p in model.named_parameters() if "devices=[2,1]" in spec(p)]
+fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
+load_checkpoint(sys.argv[1], model, fresh)
+params = dict(model.named_parameters())
+print(json.dumps({"split": split, "after": {name: spec(params[name]) for name in split},
+                  "moments": {name: spec(fresh.state[params[name]]["exp_avg"]) for name in split}}))
+"""
+
+
+def test_a_checkpoint_loaded_on_an_spmd_mesh_keeps_the_weights_and_moments_split():
+    """Loading copies the host's weights into the model, which left every weight whole on every device (XLA takes the
+    host copy's placement): a resumed full fine-tuning, or one started from an SFT checkpoint, held the whole model,
+    its gradients and its moments on each chip. They are split over the mesh again, as before the save."""
+    import tempfile
+
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-c", RESUME_ON_MESH, f"{tmp}/checkpoint"], capture_output=True,
+                              text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report["split"]) >= 10
+    assert all("devices=[2,1]" in spec for spec in report["after"].values()), report["after"]
+    assert all("devices=[2,1]" in spec for spec in report["moments"].values()), report["moments"]
+
+
 def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
     xla = get_device("xla")
     monitor = CompileMonitor()

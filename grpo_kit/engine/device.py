@@ -432,12 +432,34 @@ def shard_parameters(model: torch.nn.Module) -> int:
         return 0
     import torch_xla.distributed.spmd as xs
 
-    n, sharded = _MESH.size(), 0
+    sharded = 0
     for p in model.parameters():
-        if p.requires_grad and is_xla(p.device) and p.dim() == 2 and p.shape[0] % n == 0 and n > 1:
+        if _splits(p):
             xs.mark_sharding(p, _MESH, ("data", None))
             sharded += 1
     return sharded
+
+
+def _splits(p: torch.Tensor) -> bool:
+    """`shard_parameters` splits this parameter over the mesh (a trainable XLA matrix whose rows divide evenly)."""
+    n = _MESH.size()
+    return p.requires_grad and is_xla(p.device) and p.dim() == 2 and p.shape[0] % n == 0 and n > 1
+
+
+def reshard_after_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Split `model`'s weights over the mesh again, and `optimizer`'s moments like their weights, after values were
+    loaded into them from the host (a checkpoint): `load_state_dict` replaces an XLA tensor's data with the host copy,
+    which is replicated on every device, so full fine-tuning would otherwise hold whole weights, gradients and moments
+    on every chip from then on (and compile other programs than the run it resumes). A no-op without SPMD."""
+    if _MESH is None:
+        return
+    import torch_xla.distributed.spmd as xs
+
+    shard_parameters(model)
+    for p, state in (optimizer.state.items() if optimizer is not None else ()):
+        for value in state.values():
+            if _splits(p) and isinstance(value, torch.Tensor) and value.shape == p.shape:
+                xs.mark_sharding(value, _MESH, ("data", None))
 
 
 # ---- the compile monitor ----------------------------------------------------------------------------------

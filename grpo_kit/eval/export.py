@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..data.chat import ensure_chat_template, stop_token_ids
+from ..engine.distributed import world
 from ..engine.models import base_model, is_lora
 from ..engine.sharding import is_sharded
 from ..train.rundir import MARK, RunDirError, claim, owned_files
@@ -29,14 +30,21 @@ from ..train.rundir import MARK, RunDirError, claim, owned_files
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A CPU copy of `model` with any LoRA adapter merged into its weights (the trained model is left as is)."""
-    if is_sharded(model):
-        raise ValueError("this model's weights are sharded over torchrun's processes: export its checkpoint instead "
-                         "(grpo-kit export --checkpoint <output_dir>/checkpoint), which holds them whole")
+    if is_sharded(model) or _over_hosts(model):
+        where = "torchrun's processes" if is_sharded(model) else "a pod slice's hosts"
+        raise ValueError(f"this model's weights are sharded over {where}: export its checkpoint instead (grpo-kit "
+                         "export --checkpoint <output_dir>/checkpoint), which one machine reads whole")
     clone = copy.deepcopy(model).to("cpu")
     if is_lora(clone):
         clone = clone.merge_and_unload()
     clone.tie_weights()  # moving between devices can untie Gemma's embeddings and lm_head
     return clone.eval()
+
+
+def _over_hosts(model: torch.nn.Module) -> bool:
+    """`model` is fully fine-tuned over a pod slice's hosts, whose chips each hold a shard no host can gather."""
+    device = next(model.parameters()).device
+    return device.type == "xla" and not is_lora(model) and world(device).size > 1
 
 
 LICENSES = {"gemma": "Gemma", "apache-2.0": "Apache 2.0"}

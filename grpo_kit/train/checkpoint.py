@@ -3,6 +3,11 @@
 A checkpoint is a directory written under a temporary name, fsynced and swapped into place, so a crash mid-save
 never leaves a half-written checkpoint where a resume would find it; loading verifies every file's checksum and
 reads tensor files with `weights_only=True`, so a checkpoint from elsewhere cannot run code.
+
+Full fine-tuning over a TPU pod slice's hosts holds each weight split over every host's chips, which no host can
+gather: there every host writes the shards its chips hold into the checkpoint's `sharded/` folder
+(`torch.distributed.checkpoint` with torch_xla's SPMD planner) and the main host writes the rest. Such a checkpoint
+loads shard by shard on the hosts of a pod, and whole on one machine (a resume in one process, `grpo-kit export`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import secrets
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..engine import sharding
+from ..engine.device import reshard_after_load
+from ..engine.distributed import World, broadcast
+from ..engine.models import is_lora
+
+SHARDED = "sharded"
+"""The folder of a checkpoint written over a pod slice's hosts (`spans_hosts`) that holds its weights, optimizer
+state and modules as `torch.distributed.checkpoint` files: `weights/<name>`, `optimizer/<index>/<field>` (the
+optimizer's state in `optimizer.state_dict()`'s numbering; its settings stay in optimizer.pt) and `<module>/<name>`."""
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -51,15 +65,24 @@ def whole_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                  modules: dict[str, torch.nn.Module] | None = None) -> WholeStates:
     """The sharded `model`'s weights, `optimizer`'s state and each of `modules`' weights, gathered on the main process
     in an unsharded run's layout. Every process must call it."""
-    def tied_once(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        tied = getattr(getattr(module, "config", None), "tie_word_embeddings", False)
-        return {k: v for k, v in state.items() if not (tied and "lm_head" in k)}
-
     return WholeStates(
-        weights=tied_once(model, sharding.full_weights(model)),
+        weights=_tied_once(model, sharding.full_weights(model)),
         optimizer=sharding.full_optimizer_state(model, optimizer) if optimizer is not None else None,
-        modules={name: tied_once(m, sharding.full_weights(m)) for name, m in (modules or {}).items()},
+        modules={name: _tied_once(m, sharding.full_weights(m)) for name, m in (modules or {}).items()},
     )
+
+
+def _tied_once(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the LM head when `module` ties it to the embeddings (stored once, as the embeddings)."""
+    tied = getattr(getattr(module, "config", None), "tie_word_embeddings", False)
+    return {k: v for k, v in state.items() if not (tied and "lm_head" in k)}
+
+
+def spans_hosts(model: torch.nn.Module, world: World) -> bool:
+    """`model` is fully fine-tuned by the hosts of one SPMD program (a pod slice): its trainable weights are split over
+    every host's chips, so its checkpoints are written by every host (`SHARDED`). LoRA's adapter is replicated on
+    every chip, and the main host writes it alone."""
+    return world.size > 1 and not world.splits_batch and not is_lora(model)
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -147,15 +170,30 @@ def save_checkpoint(
     generator: torch.Generator | None = None,
     modules: dict[str, torch.nn.Module] | None = None,
     whole: WholeStates | None = None,
+    world: World | None = None,
 ) -> Path:
     """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle),
     `<name>.safetensors` for each of `modules` (state that cannot be rebuilt from the base, e.g. an EMA
     reference policy), and state.json (step, `extra`, the SHA-256 of every file); a sharded model's weights and
     optimizer state from `whole` (`whole_states`) instead of from the model. Written to a temporary directory,
-    fsynced, then swapped
-    in: a valid checkpoint exists at every instant (during the swap the previous one sits at `.<name>.old`, where
-    `load_checkpoint` finds it)."""
+    fsynced, then swapped in: a valid checkpoint exists at every instant (during the swap the previous one sits at
+    `.<name>.old`, where `load_checkpoint` finds it). With the `world` of a pod slice's hosts and full fine-tuning
+    (`spans_hosts`), every host must call it, and the tensors go to `sharded/`."""
     path = Path(path)
+    record = {"step": step, **(extra or {})}
+    if world is not None and spans_hosts(model, world):
+        return _save_over_hosts(path, model, optimizer, record, generator=generator, modules=modules or {},
+                                world=world)
+    tmp = _temporary(path)
+    _write_and_swap(path, tmp, record,
+                    write=lambda: _write_files(tmp, whole or _states(model, optimizer, modules or {}),
+                                               generator=generator))
+    return path
+
+
+def _temporary(path: Path) -> Path:
+    """A new temporary directory beside `path` to write its checkpoint into, after refusing a `path` that is not a
+    checkpoint and removing what killed saves of this checkpoint left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if (path.exists() or path.is_symlink()) and not _is_checkpoint(path):
         raise FileExistsError(f"{path} exists and is not a grpo_kit checkpoint: choose another path (the kit replaces "
@@ -166,14 +204,18 @@ def save_checkpoint(
             shutil.rmtree(leftover, ignore_errors=True)
     tmp = path.parent / f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
+    return tmp
+
+
+def _write_and_swap(path: Path, tmp: Path, record: dict[str, Any], *, write: Callable[[], None]) -> None:
+    """`write()` the files into `tmp`, add state.json (`record` and the SHA-256 of every file, those in folders
+    too), fsync them all, then swap `tmp` in at `path`. A failure removes `tmp` and raises `CheckpointSaveError`."""
     try:
-        _write_files(tmp, whole or _states(model, optimizer, modules or {}), generator=generator)
-        files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        (tmp / "state.json").write_text(
-            json.dumps({"step": step, **(extra or {}), "files": files}, indent=2, default=str))
-        for f in tmp.iterdir():
+        write()
+        files = {f.relative_to(tmp).as_posix(): _sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        (tmp / "state.json").write_text(json.dumps({**record, "files": files}, indent=2, default=str))
+        for f in [*tmp.rglob("*"), tmp]:
             _fsync(f)
-        _fsync(tmp)
     except Exception as e:  # noqa: BLE001 - safetensors, torch.save and the OS each raise their own type on a full disk
         shutil.rmtree(tmp, ignore_errors=True)
         raise _save_error(path, e) from e
@@ -187,7 +229,63 @@ def save_checkpoint(
     os.replace(tmp, path)
     _fsync(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def _save_over_hosts(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     record: dict[str, Any], *, generator: torch.Generator | None,
+                     modules: dict[str, torch.nn.Module], world: World) -> Path:
+    """A checkpoint of full fine-tuning over a pod slice's hosts (`spans_hosts`), written by all of them: the main host
+    makes the temporary directory (in the output directory every host mounts), every host writes its chips' shards
+    into its `sharded/` folder, and the main host adds the RNG states, the optimizer's settings and state.json and
+    swaps it in. Every host must call it; a failure on any host raises on all of them."""
+    import torch.distributed.checkpoint as dcp
+    import torch_xla
+    from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
+
+    tmp = _on_main(world, lambda: _temporary(path))
+    torch_xla.sync(wait=True)  # the planner reads each tensor's shards, which must not be still computing
+    try:
+        with warnings.catch_warnings():  # torch_xla's planner predates an argument torch's storage layer now passes
+            warnings.filterwarnings("ignore", message=".*set_up_planner has been updated")
+            dcp.save(_sharded_entries(model, optimizer, modules), storage_writer=dcp.FileSystemWriter(tmp / SHARDED),
+                     planner=SPMDSavePlanner())
+    except Exception as e:  # noqa: BLE001 - the storage layer re-raises every host's error as one CheckpointException
+        if world.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise _save_error(path, e) from e
+    settings = {"state": {}, "param_groups": optimizer.state_dict()["param_groups"]} if optimizer is not None else None
+    states = WholeStates(weights={}, optimizer=settings, modules={})
+    _on_main(world, lambda: _write_and_swap(path, tmp, record,
+                                            write=lambda: _write_files(tmp, states, generator=generator)))
     return path
+
+
+def _on_main(world: World, work: Callable[[], Any]) -> Any:
+    """`work()` on the main process, its result on every process; an error there is raised on every process (the
+    main one's own, a `CheckpointSaveError` naming it elsewhere), so no process waits for one that stopped."""
+    result, error = None, None
+    if world.is_main:
+        try:
+            result = work()
+        except Exception as e:  # noqa: BLE001 - whatever stopped the main process stops every process
+            error = e
+    ok, value = broadcast((error is None, result if error is None else f"{type(error).__name__}: {error}"), world)
+    if error is not None:
+        raise error
+    if not ok:
+        raise CheckpointSaveError(errno.EIO, f"the main process could not save the checkpoint: {value}")
+    return value
+
+
+def _sharded_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     modules: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """What `SHARDED` holds, by its names there: the live tensors (each host's chips hold their shards)."""
+    entries = {f"weights/{k}": v for k, v in _tied_once(model, model.state_dict()).items()}
+    for index, state in (optimizer.state_dict()["state"] if optimizer is not None else {}).items():
+        entries.update({f"optimizer/{index}/{field}": value for field, value in state.items()})
+    for name, module in modules.items():
+        entries.update({f"{name}/{k}": v for k, v in _tied_once(module, module.state_dict()).items()})
+    return entries
 
 
 def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -199,7 +297,9 @@ def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
 
 def _write_files(tmp: Path, states: WholeStates, *, generator: torch.Generator | None) -> None:
     """A checkpoint's files but state.json, into the temporary directory `tmp`."""
-    save_file({k: v.detach().cpu().contiguous() for k, v in states.weights.items()}, str(tmp / "weights.safetensors"))
+    if states.weights:  # none over a pod's hosts: they are in `SHARDED`
+        save_file({k: v.detach().cpu().contiguous() for k, v in states.weights.items()},
+                  str(tmp / "weights.safetensors"))
     for name, weights in states.modules.items():
         save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / f"{name}.safetensors"))
     if states.optimizer is not None:
@@ -286,14 +386,21 @@ def load_checkpoint(
     if kind is not None and state.get("kind", kind) != kind:
         raise ValueError(f"{path} is a {state['kind']} checkpoint, not a {kind} one"
                          + (": start GRPO from it with --init-from, not --resume" if kind == "grpo" else ""))
-    listed = state["files"]
-    needed = ["weights.safetensors", "rng.pt", *(f"{name}.safetensors" for name in modules or {})]
+    listed, over_hosts = state["files"], (path / SHARDED).is_dir()
+    needed = ["rng.pt"] + ([f"{SHARDED}/.metadata"] if over_hosts else
+                           ["weights.safetensors", *(f"{name}.safetensors" for name in modules or {})])
     needed += ["optimizer.pt"] if optimizer is not None else []
     unlisted = [name for name in needed if name not in listed]
     if unlisted:
         hint = ("; it was saved without optimizer state: start from its weights with --init-from instead of resuming"
                 if unlisted == ["optimizer.pt"] else " (saved with other settings?)")
         raise ValueError(f"checkpoint {path} has no {', '.join(unlisted)}{hint}")
+    if over_hosts and optimizer is not None and _reads_shards(model) and not optimizer.state:
+        # the shards are read into the optimizer's own state, which a step makes (before the weights are loaded: the
+        # step moves them)
+        from torch_xla.experimental.distributed_checkpoint import prime_optimizer
+
+        prime_optimizer(optimizer).zero_grad(set_to_none=True)
     _load_weights(path, "weights", model)
     for name, module in (modules or {}).items():
         _load_weights(path, name, module)
@@ -301,10 +408,13 @@ def load_checkpoint(
         # read to the host: torch.load cannot place tensors on an XLA device, and the optimizer moves its state to
         # each parameter's device itself
         saved = _tensors_only(path / "optimizer.pt")
+        if over_hosts:
+            saved["state"] = _sharded_optimizer_state(path, model, optimizer)
         if sharding.is_sharded(model):
             sharding.load_full_optimizer_state(model, optimizer, saved)
         else:
             optimizer.load_state_dict(saved)
+    reshard_after_load(model, optimizer)
     rng = _tensors_only(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_tuples(rng["python"]))
@@ -314,8 +424,13 @@ def load_checkpoint(
 
 
 def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
-    """`path/<name>.safetensors` into `model` (into its adapter under LoRA), refusing weights that do not fit."""
-    weights = load_file(str(path / f"{name}.safetensors"))
+    """`path/<name>.safetensors` (or `<name>/` in `SHARDED`) into `model` (into its adapter under LoRA), refusing
+    weights that do not fit."""
+    if (path / SHARDED).is_dir():
+        live = _tied_once(model, model.state_dict()) if _reads_shards(model) else None
+        weights = _read_sharded(path, name, live)
+    else:
+        weights = load_file(str(path / f"{name}.safetensors"))
     if not sharding.is_sharded(model):  # sharded: each process copies its shard from the host
         device = next(model.parameters()).device
         weights = {k: v.to(device) for k, v in weights.items()}
@@ -335,6 +450,53 @@ def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {path}: {name} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _reads_shards(model: torch.nn.Module) -> bool:
+    """A checkpoint's `SHARDED` tensors are read shard by shard into `model`'s own tensors (its weights are on XLA,
+    where SPMD places them; every process of the program must then read together), not whole on the host."""
+    return not is_lora(model) and next(model.parameters()).device.type == "xla"
+
+
+def _read_sharded(path: Path, prefix: str, live: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The tensors named `<prefix>/<name>` in the checkpoint's `SHARDED` folder, by `<name>`: read into `live`'s
+    tensors of those names (each host reads its chips' shards) when given, else whole on the host."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    folder = path / SHARDED
+    saved = {key[len(prefix) + 1:]: meta for key, meta in
+             dcp.FileSystemReader(folder).read_metadata().state_dict_metadata.items() if key.startswith(f"{prefix}/")}
+    planner, alone = None, True
+    if live is None:
+        target = {name: torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in saved.items()}
+    else:
+        from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
+
+        unexpected = sorted(saved.keys() - live.keys())
+        if unexpected:
+            raise ValueError(f"checkpoint {path}: {prefix} does not match the model: unexpected {unexpected[:5]}")
+        target = {name: tensor for name, tensor in live.items() if name in saved}  # the model's check names the missing
+        planner, alone = SPMDLoadPlanner(), not dist.is_initialized()
+    with warnings.catch_warnings():  # reading in one process is meant: torch's storage layer warns that it assumes it
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({f"{prefix}/{k}": v for k, v in target.items()}, storage_reader=dcp.FileSystemReader(folder),
+                 planner=planner, no_dist=alone)
+    return target
+
+
+def _sharded_optimizer_state(path: Path, model: torch.nn.Module,
+                             optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
+    """The optimizer's state from the checkpoint's `SHARDED` folder, in `optimizer.state_dict()`'s numbering."""
+    live = None
+    if _reads_shards(model):
+        live = {f"{index}/{field}": value for index, state in optimizer.state_dict()["state"].items()
+                for field, value in state.items()}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in _read_sharded(path, "optimizer", live).items():
+        index, field = key.split("/")
+        state.setdefault(int(index), {})[field] = value
+    return state
 
 
 def _as_tuples(value: Any) -> Any:

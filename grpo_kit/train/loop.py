@@ -28,10 +28,9 @@ from tqdm.auto import tqdm
 
 from ..engine.device import guarded_optimizer_step
 from ..engine.distributed import broadcast, gather, sum_gradients, world
-from ..engine.models import is_lora
 from ..engine.sharding import is_sharded
 from ..validation import ConfigError, check_skipped_in_a_row, check_writable
-from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint, whole_states
+from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint, spans_hosts, whole_states
 from .metrics import MetricsLogger
 from .rundir import MARK, claim, record_entry
 
@@ -66,10 +65,6 @@ class TrainingLoop:
         self.world = world(self.device)
         """This run's processes (`engine.distributed`): one, torchrun's or a pod slice's hosts; only the main one
         writes."""
-        if not self.world.splits_batch and not is_lora(model):
-            raise ConfigError(f"full fine-tuning over a pod slice's {self.world.size} hosts: its weights would be "
-                              "sharded over every host's chips, and the kit's checkpoints and exports read each tensor "
-                              "on one host; use LoRA on a pod slice (ModelConfig.lora), or one host's board")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -168,16 +163,18 @@ class TrainingLoop:
         self, path: str | Path, extra: dict[str, Any], *, modules: dict[str, torch.nn.Module] | None = None
     ) -> Path:
         """Weights (or adapter), optimizer, RNG states, step, `kind`, the seconds trained, and the trainer's `extra`.
-        Written by the main process only (the others hold the same state, or with sharded weights their shards, which
-        every process gathers to it first); returns the path on every process."""
+        Written by the main process (the others hold the same state, or with sharded weights their shards, which
+        every process gathers to it first), or with full fine-tuning over a pod slice's hosts by every host, each
+        its chips' shards (`checkpoint.spans_hosts`); returns the path on every process."""
         whole = whole_states(self.model, self.optimizer, modules) if is_sharded(self.model) else None
-        if not self.world.is_main:
+        if not self.world.is_main and not spans_hosts(self.model, self.world):
             return Path(path)
-        record_entry(self.run_dir, path)
+        if self.world.is_main:
+            record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step,
                                extra={"kind": self.kind, "trained_seconds": self.trained_seconds,
                                       **self.checkpoint_notes, **extra},
-                               generator=self.generator, modules=modules, whole=whole)
+                               generator=self.generator, modules=modules, whole=whole, world=self.world)
         self._last_save = time.monotonic()
         return path
 
