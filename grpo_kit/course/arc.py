@@ -257,7 +257,8 @@ class Arc:
             if self.world.is_main:
                 run = claim(self.out / Stage.SFT, "sft")
                 record_entry(run, self.out / Stage.SFT / "final")
-                save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"})
+            # every process: sharded weights are gathered to the main one, which writes
+            save_checkpoint(self.out / "sft" / "final", self.model, None, 0, extra={"kind": "sft"}, world=self.world)
             self.holds = Stage.SFT
             return self.finish(Stage.SFT, {"steps": 0, "seconds": 0.0, "skipped": "the task has no worked solutions"})
         plan = self.records["plan"]

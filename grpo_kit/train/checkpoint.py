@@ -53,8 +53,8 @@ def _to_cpu(obj: Any) -> Any:
 
 @dataclass
 class WholeStates:
-    """A sharded model's checkpoint state gathered whole on the main process (`engine.sharding`; empty on the
-    others): what `save_checkpoint` writes in place of reading the model and optimizer itself."""
+    """What a checkpoint holds, gathered whole on the main process for a sharded model (`engine.sharding`; empty on
+    the others)."""
 
     weights: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
@@ -169,21 +169,25 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
     modules: dict[str, torch.nn.Module] | None = None,
-    whole: WholeStates | None = None,
     world: World | None = None,
 ) -> Path:
     """Write `path/`: weights.safetensors, optimizer.pt and rng.pt (tensors, loaded back without pickle),
     `<name>.safetensors` for each of `modules` (state that cannot be rebuilt from the base, e.g. an EMA
-    reference policy), and state.json (step, `extra`, the SHA-256 of every file); a sharded model's weights and
-    optimizer state from `whole` (`whole_states`) instead of from the model. Written to a temporary directory,
+    reference policy), and state.json (step, `extra`, the SHA-256 of every file). Written to a temporary directory,
     fsynced, then swapped in: a valid checkpoint exists at every instant (during the swap the previous one sits at
-    `.<name>.old`, where `load_checkpoint` finds it). With the `world` of a pod slice's hosts and full fine-tuning
-    (`spans_hosts`), every host must call it, and the tensors go to `sharded/`."""
-    path = Path(path)
+    `.<name>.old`, where `load_checkpoint` finds it). Returns `path`.
+
+    With the `world` of several processes every one of them calls it, and the main one writes: a sharded model's
+    weights and optimizer state are first gathered to it whole (`engine.sharding`), and with full fine-tuning over a
+    pod slice's hosts (`spans_hosts`) every host writes its chips' shards of the tensors into `sharded/`."""
+    path, world = Path(path), world or World()
     record = {"step": step, **(extra or {})}
-    if world is not None and spans_hosts(model, world):
+    if spans_hosts(model, world):
         return _save_over_hosts(path, model, optimizer, record, generator=generator, modules=modules or {},
                                 world=world)
+    whole = whole_states(model, optimizer, modules) if sharding.is_sharded(model) else None
+    if not world.is_main:
+        return path
     tmp = _temporary(path)
     _write_and_swap(path, tmp, record,
                     write=lambda: _write_files(tmp, whole or _states(model, optimizer, modules or {}),

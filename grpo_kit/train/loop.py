@@ -30,7 +30,7 @@ from ..engine.device import guarded_optimizer_step
 from ..engine.distributed import broadcast, gather, sum_gradients, world
 from ..engine.sharding import is_sharded
 from ..validation import ConfigError, check_skipped_in_a_row, check_writable
-from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint, spans_hosts, whole_states
+from .checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from .metrics import MetricsLogger
 from .rundir import MARK, claim, record_entry
 
@@ -166,15 +166,12 @@ class TrainingLoop:
         Written by the main process (the others hold the same state, or with sharded weights their shards, which
         every process gathers to it first), or with full fine-tuning over a pod slice's hosts by every host, each
         its chips' shards (`checkpoint.spans_hosts`); returns the path on every process."""
-        whole = whole_states(self.model, self.optimizer, modules) if is_sharded(self.model) else None
-        if not self.world.is_main and not spans_hosts(self.model, self.world):
-            return Path(path)
         if self.world.is_main:
             record_entry(self.run_dir, path)
         path = save_checkpoint(path, self.model, self.optimizer, self.step,
                                extra={"kind": self.kind, "trained_seconds": self.trained_seconds,
                                       **self.checkpoint_notes, **extra},
-                               generator=self.generator, modules=modules, whole=whole, world=self.world)
+                               generator=self.generator, modules=modules, world=self.world)
         self._last_save = time.monotonic()
         return path
 
