@@ -185,13 +185,19 @@ try:
     refused = None
 except OSError as e:
     refused = f"{type(e).__name__}: {e}"
+try:
+    from grpo_kit.eval.export import merged_copy
+    merged_copy(model)
+    export_refused = None
+except ValueError as e:
+    export_refused = str(e)
 with torch.no_grad():  # forget everything, then read it back shard by shard on both hosts
     for p in model.parameters():
         p.zero_()
 fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
 state = load_checkpoint(out / "checkpoint", model, fresh)
 torch_xla.sync()
-print(json.dumps({"rank": hosts.rank, "refused": refused, "step": state["step"],
+print(json.dumps({"rank": hosts.rank, "refused": refused, "export_refused": export_refused, "step": state["step"],
                   "reloaded": {k: v.cpu().tolist() for k, v in list(model.state_dict().items())[:2]},
                   "exp_avg": fresh.state_dict()["state"][0]["exp_avg"].cpu().tolist()}))
 finish()
@@ -200,7 +206,8 @@ finish()
 
 def test_checkpoints_of_full_fine_tuning_over_hosts_hold_each_shard_once_and_read_back_anywhere(tmp_path):
     """The hosts of one SPMD program write a full fine-tuning checkpoint together (each its chips' shards), read it
-    back on the hosts, and one CPU reads it whole; a save the main host cannot make fails on every host."""
+    back on the hosts, and one CPU reads it whole; a save the main host cannot make fails on every host, and exporting
+    the in-memory model is refused with the command that exports the checkpoint."""
     from grpo_kit.engine.model_config import ModelConfig
     from grpo_kit.engine.models import load_model
     from grpo_kit.train.checkpoint import load_checkpoint
@@ -220,6 +227,7 @@ def test_checkpoints_of_full_fine_tuning_over_hosts_hold_each_shard_once_and_rea
         reports[0]["refused"]
     assert reports[1]["refused"].startswith("CheckpointSaveError: the main process could not save")
     for report in reports:  # both hosts read back what was saved
+        assert report["export_refused"].startswith("this model's weights are sharded over a pod slice's hosts")
         assert report["step"] == 3
         for name, values in report["reloaded"].items():
             assert torch.equal(torch.tensor(values), expected[name]), name

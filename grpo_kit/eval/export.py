@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..data.chat import ensure_chat_template, stop_token_ids
+from ..engine.device import is_xla
 from ..engine.distributed import world
 from ..engine.models import base_model, is_lora
 from ..engine.sharding import is_sharded
@@ -44,7 +45,7 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
 def _over_hosts(model: torch.nn.Module) -> bool:
     """`model` is fully fine-tuned over a pod slice's hosts, whose chips each hold a shard no host can gather."""
     device = next(model.parameters()).device
-    return device.type == "xla" and not is_lora(model) and world(device).size > 1
+    return is_xla(device) and not is_lora(model) and world(device).size > 1
 
 
 LICENSES = {"gemma": "Gemma", "apache-2.0": "Apache 2.0"}

@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..engine import sharding
-from ..engine.device import reshard_after_load
+from ..engine.device import is_xla, reshard_after_load
 from ..engine.distributed import World, broadcast
 from ..engine.models import is_lora
 
@@ -459,7 +459,7 @@ def _load_weights(path: Path, name: str, model: torch.nn.Module) -> None:
 def _reads_shards(model: torch.nn.Module) -> bool:
     """A checkpoint's `SHARDED` tensors are read shard by shard into `model`'s own tensors (its weights are on XLA,
     where SPMD places them; every process of the program must then read together), not whole on the host."""
-    return not is_lora(model) and next(model.parameters()).device.type == "xla"
+    return not is_lora(model) and is_xla(next(model.parameters()).device)
 
 
 def _read_sharded(path: Path, prefix: str, live: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
