@@ -19,8 +19,9 @@ exports. The live controls are rank 0's, broadcast at each step (`broadcast`).
 XLA runs the devices of one host through SPMD within one process (`device.enable_spmd`). A TPU pod slice of several
 hosts runs one process per host, all in one SPMD program over the slice's devices: there every process runs the
 whole batch's program (the program splits it over the devices), so the processes split nothing here
-(`World.splits_batch` False) and differ only in who writes (process 0) and whose controls and decisions count
-(broadcast, as above). `SPMD_HOSTS_VARIABLE` makes torchrun's processes stand in for such hosts on one machine.
+(`World.splits_batch` False) and differ only in who writes (process 0; with full fine-tuning every host also writes
+its chips' shards of each checkpoint, `train.checkpoint`) and whose controls and decisions count (broadcast, as
+above). `SPMD_HOSTS_VARIABLE` makes torchrun's processes stand in for such hosts on one machine.
 """
 
 from __future__ import annotations
