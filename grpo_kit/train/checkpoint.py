@@ -285,11 +285,18 @@ def _sharded_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
                      modules: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
     """What `SHARDED` holds, by its names there: the live tensors (each host's chips hold their shards)."""
     entries = {f"weights/{k}": v for k, v in _tied_once(model, model.state_dict()).items()}
-    for index, state in (optimizer.state_dict()["state"] if optimizer is not None else {}).items():
-        entries.update({f"optimizer/{index}/{field}": value for field, value in state.items()})
+    if optimizer is not None:
+        entries.update({f"optimizer/{key}": value for key, value in _flat_optimizer_state(optimizer).items()})
     for name, module in modules.items():
         entries.update({f"{name}/{k}": v for k, v in _tied_once(module, module.state_dict()).items()})
     return entries
+
+
+def _flat_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The optimizer's state tensors by `<index>/<field>` (`optimizer.state_dict()`'s numbering), as `SHARDED` names
+    them under `optimizer/`."""
+    return {f"{index}/{field}": value for index, state in optimizer.state_dict()["state"].items()
+            for field, value in state.items()}
 
 
 def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -492,10 +499,7 @@ def _read_sharded(path: Path, prefix: str, live: dict[str, torch.Tensor] | None)
 def _sharded_optimizer_state(path: Path, model: torch.nn.Module,
                              optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
     """The optimizer's state from the checkpoint's `SHARDED` folder, in `optimizer.state_dict()`'s numbering."""
-    live = None
-    if _reads_shards(model):
-        live = {f"{index}/{field}": value for index, state in optimizer.state_dict()["state"].items()
-                for field, value in state.items()}
+    live = _flat_optimizer_state(optimizer) if _reads_shards(model) else None
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in _read_sharded(path, "optimizer", live).items():
         index, field = key.split("/")
