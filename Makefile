@@ -11,13 +11,19 @@ CLASSIC_STAMP := $(CLASSIC)/.installed
 .PHONY: demo test setup browser bench bench-test bench-twice lint clean platforms faults release study study-seeded course-times scaling multihost
 
 # torch's CUDA wheels are large downloads, and a registry connection that drops mid-file has failed a fresh install:
-# pip resumes a broken download, and the whole install is tried again (finished wheels stay in pip's cache).
+# pip resumes a broken download, and the whole install is tried again (finished wheels stay in pip's cache). A file
+# cut at the same byte on every try (a cache on the way holding it cut short) is fetched afresh past that cache and
+# checked against the index's sha256 by scripts/refetch_wheel.py, with pip's messages from the failed try.
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	for attempt in 1 2 3; do \
-	  $(BIN)/python -m pip install --quiet --resume-retries 20 -c requirements/lock.txt -e ".[$(EXTRAS)]" && break; \
-	  [ $$attempt = 3 ] && exit 1; echo "pip install failed (attempt $$attempt of 3): trying again"; sleep 30; \
+	  installed=yes; $(BIN)/python -m pip install --quiet --resume-retries 5 -c requirements/lock.txt \
+	    -e ".[$(EXTRAS)]" 2>$(VENV)/pip-stderr.txt || installed=no; \
+	  cat $(VENV)/pip-stderr.txt >&2; [ $$installed = yes ] && break; \
+	  [ $$attempt = 3 ] && exit 1; \
+	  echo "pip install failed (attempt $$attempt of 3): trying again"; \
+	  $(BIN)/python scripts/refetch_wheel.py $(VENV)/pip-stderr.txt || sleep 30; \
 	done
 	touch $@
 
