@@ -117,3 +117,28 @@ def test_a_log_that_names_no_broken_download_refetches_nothing(cutting_index, tm
     done = refetch(cutting_index["index"], tmp_path / "site", log)
     assert done.returncode == 1 and "names no broken download" in done.stdout
     assert cutting_index["requests"] == []
+
+
+def test_a_file_of_pypis_is_asked_for_afresh_on_its_file_host_and_on_pypi_org_in_turn():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import refetch_wheel
+
+    path = "packages/56/79/12978b/nvidia_cusparselt_cu12-0.7.1-py3-none-manylinux2014_x86_64.whl"
+    assert refetch_wheel.fresh_urls(f"https://files.pythonhosted.org/{path}", 3) == [
+        f"https://files.pythonhosted.org/{path}?refetch=1", f"https://pypi.org/{path}?refetch=2",
+        f"https://files.pythonhosted.org/{path}?refetch=3"]
+    assert refetch_wheel.fresh_urls(f"http://127.0.0.1:8000/files/{WHEEL}", 2) == [
+        f"http://127.0.0.1:8000/files/{WHEEL}?refetch=1", f"http://127.0.0.1:8000/files/{WHEEL}?refetch=2"]
+
+
+def test_the_broken_download_is_read_from_pips_own_message():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import refetch_wheel
+
+    url = "https://files.pythonhosted.org/packages/56/79/1297/nvidia_cusparselt_cu12-0.7.1-py3-none-manylinux2014_x86_64.whl"
+    message = ("  WARNING: Attempting to resume incomplete download (195.8 MB/287.2 MB, attempt 20)\n"
+               "error: incomplete-download\n\n× Download failed after 21 attempts because not enough bytes were "
+               f"received (195.8 MB/287.2 MB)\n╰─> URL: {url}\n\nnote: This is an issue with network connectivity\n")
+    assert refetch_wheel.broken_download(message) == (url, None)
+    assert refetch_wheel.broken_download(message.replace(url, f"{url}#sha256={'ab' * 32}")) == (url, "ab" * 32)
+    assert refetch_wheel.broken_download(f"URL: {url}\nerror: resolution-impossible\n") is None
