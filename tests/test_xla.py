@@ -172,30 +172,33 @@ from grpo_kit.engine.device import enable_spmd, get_device
 enable_spmd(2)
 import torch_xla
 from grpo_kit.engine.model_config import ModelConfig
-from grpo_kit.engine.models import load_model
+from grpo_kit.engine.models import ReferencePolicy, load_model
 from grpo_kit.train.checkpoint import load_checkpoint, save_checkpoint
 
 xla = get_device("xla")
 model = load_model(ModelConfig(lora=False, dtype="float32"), xla)[0]
+reference = ReferencePolicy(model).frozen  # saved with the run once an EMA has moved it
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model(input_ids=torch.tensor([[2, 40, 41, 42]], device=xla)).logits.sum().backward()
 optimizer.step()
 torch_xla.sync(wait=True)
-save_checkpoint(sys.argv[1], model, optimizer, 1)
+save_checkpoint(sys.argv[1], model, optimizer, 1, modules={"reference": reference})
 spec = torch_xla._XLAC._get_xla_sharding_spec
 split = [name for name, p in model.named_parameters() if "devices=[2,1]" in spec(p)]
 fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
-load_checkpoint(sys.argv[1], model, fresh)
-params = dict(model.named_parameters())
+load_checkpoint(sys.argv[1], model, fresh, modules={"reference": reference})
+params, frozen = dict(model.named_parameters()), dict(reference.named_parameters())
 print(json.dumps({"split": split, "after": {name: spec(params[name]) for name in split},
-                  "moments": {name: spec(fresh.state[params[name]]["exp_avg"]) for name in split}}))
+                  "moments": {name: spec(fresh.state[params[name]]["exp_avg"]) for name in split},
+                  "reference": {name: spec(frozen[name]) for name in split}}))
 """
 
 
-def test_a_checkpoint_loaded_on_an_spmd_mesh_keeps_the_weights_and_moments_split():
+def test_a_checkpoint_loaded_on_an_spmd_mesh_keeps_the_weights_moments_and_ema_reference_split():
     """Loading copies the host's weights into the model, which left every weight whole on every device (XLA takes the
     host copy's placement): a resumed full fine-tuning, or one started from an SFT checkpoint, held the whole model,
-    its gradients and its moments on each chip. They are split over the mesh again, as before the save."""
+    its gradients, its moments and its EMA reference on each chip. They are split over the mesh again, as before the
+    save."""
     import tempfile
 
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
@@ -207,6 +210,7 @@ def test_a_checkpoint_loaded_on_an_spmd_mesh_keeps_the_weights_and_moments_split
     assert len(report["split"]) >= 10
     assert all("devices=[2,1]" in spec for spec in report["after"].values()), report["after"]
     assert all("devices=[2,1]" in spec for spec in report["moments"].values()), report["moments"]
+    assert all("devices=[2,1]" in spec for spec in report["reference"].values()), report["reference"]
 
 
 def test_compile_monitor_names_the_phase_and_shape_that_recompiled():

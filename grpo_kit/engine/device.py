@@ -10,7 +10,7 @@ import os
 import platform
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -446,11 +446,14 @@ def _splits(p: torch.Tensor) -> bool:
     return p.requires_grad and is_xla(p.device) and p.dim() == 2 and p.shape[0] % n == 0 and n > 1
 
 
-def reshard_after_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Split `model`'s weights over the mesh again, and `optimizer`'s moments like their weights, after values were
-    loaded into them from the host (a checkpoint): `load_state_dict` replaces an XLA tensor's data with the host copy,
-    which is replicated on every device, so full fine-tuning would otherwise hold whole weights, gradients and moments
-    on every chip from then on (and compile other programs than the run it resumes). A no-op without SPMD."""
+def reshard_after_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                       copies: Iterable[torch.nn.Module] = ()) -> None:
+    """Split `model`'s weights over the mesh again, `optimizer`'s moments like their weights, and the weights of
+    each of `copies` (frozen copies of `model` with its parameter names: an EMA reference policy) like `model`'s,
+    after values were loaded into them from the host (a checkpoint): `load_state_dict` replaces an XLA tensor's data
+    with the host copy, which is replicated on every device, so full fine-tuning would otherwise hold whole weights,
+    gradients, moments and reference on every chip from then on (and compile other programs than the run it
+    resumes). A no-op without SPMD."""
     if _MESH is None:
         return
     import torch_xla.distributed.spmd as xs
@@ -460,6 +463,11 @@ def reshard_after_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
         for value in state.values():
             if _splits(p) and isinstance(value, torch.Tensor) and value.shape == p.shape:
                 xs.mark_sharding(value, _MESH, ("data", None))
+    split = {name for name, p in model.named_parameters() if _splits(p)}
+    for frozen in copies:
+        for name, p in frozen.named_parameters():
+            if name in split:
+                xs.mark_sharding(p, _MESH, ("data", None))
 
 
 # ---- the compile monitor ----------------------------------------------------------------------------------

@@ -425,7 +425,7 @@ def load_checkpoint(
             sharding.load_full_optimizer_state(model, optimizer, saved)
         else:
             optimizer.load_state_dict(saved)
-    reshard_after_load(model, optimizer)
+    reshard_after_load(model, optimizer, copies=(modules or {}).values())
     rng = _tensors_only(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_tuples(rng["python"]))
