@@ -178,19 +178,21 @@ from grpo_kit.train.checkpoint import load_checkpoint, save_checkpoint
 xla = get_device("xla")
 model = load_model(ModelConfig(lora=False, dtype="float32"), xla)[0]
 reference = ReferencePolicy(model).frozen  # saved with the run once an EMA has moved it
+spec = torch_xla._XLAC._get_xla_sharding_spec
+copied = {name: spec(p) for name, p in reference.named_parameters()}
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model(input_ids=torch.tensor([[2, 40, 41, 42]], device=xla)).logits.sum().backward()
 optimizer.step()
 torch_xla.sync(wait=True)
 save_checkpoint(sys.argv[1], model, optimizer, 1, modules={"reference": reference})
-spec = torch_xla._XLAC._get_xla_sharding_spec
 split = [name for name, p in model.named_parameters() if "devices=[2,1]" in spec(p)]
 fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
 load_checkpoint(sys.argv[1], model, fresh, modules={"reference": reference})
 params, frozen = dict(model.named_parameters()), dict(reference.named_parameters())
 print(json.dumps({"split": split, "after": {name: spec(params[name]) for name in split},
                   "moments": {name: spec(fresh.state[params[name]]["exp_avg"]) for name in split},
-                  "reference": {name: spec(frozen[name]) for name in split}}))
+                  "reference": {name: spec(frozen[name]) for name in split},
+                  "reference_as_made": {name: copied[name] for name in split}}))
 """
 
 
@@ -211,6 +213,8 @@ def test_a_checkpoint_loaded_on_an_spmd_mesh_keeps_the_weights_moments_and_ema_r
     assert all("devices=[2,1]" in spec for spec in report["after"].values()), report["after"]
     assert all("devices=[2,1]" in spec for spec in report["moments"].values()), report["moments"]
     assert all("devices=[2,1]" in spec for spec in report["reference"].values()), report["reference"]
+    # the frozen reference is made split like the policy (the planner counts a share of it per chip)
+    assert all("devices=[2,1]" in spec for spec in report["reference_as_made"].values()), report["reference_as_made"]
 
 
 def test_compile_monitor_names_the_phase_and_shape_that_recompiled():
