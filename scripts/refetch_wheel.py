@@ -33,9 +33,9 @@ def broken_download(messages: str) -> tuple[str, str | None] | None:
     return (found[-1]["url"], found[-1]["sha256"]) if found else None
 
 
-def published_sha256(index_url: str, filename: str) -> str:
-    """The sha256 that the index's JSON simple API (PEP 691) gives for `filename`."""
-    project = re.sub(r"[-_.]+", "-", filename.split("-")[0]).lower()
+def published_sha256(index_url: str, project: str, filename: str) -> str:
+    """The sha256 that the index's JSON simple API (PEP 691) gives for `project`'s `filename`."""
+    project = re.sub(r"[-_.]+", "-", project).lower()
     request = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/", headers={"Accept": SIMPLE_JSON})
     with urllib.request.urlopen(request, timeout=60) as response:
         files = json.load(response)["files"]
@@ -68,8 +68,8 @@ def main() -> None:
         sys.exit(1)
     url, sha256 = found
     filename = url.rsplit("/", 1)[-1]
-    sha256 = sha256 or published_sha256(args.index_url, filename)
-    project = filename.split("-")[0]
+    project = filename.split("-")[0]  # a wheel's name: project-version-tags.whl
+    sha256 = sha256 or published_sha256(args.index_url, project, filename)
     for attempt, fresh_url in enumerate(fresh_urls(url, args.tries), start=1):
         requirement = f"{project} @ {fresh_url}#sha256={sha256}"  # pip checks the file against the sha256
         print(f"refetch_wheel: fetching {filename} afresh from {fresh_url} (try {attempt} of {args.tries})")

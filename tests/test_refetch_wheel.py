@@ -19,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "refetch_wheel.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+import refetch_wheel  # noqa: E402
+
 WHEEL = "cutpkg-1.0-py3-none-any.whl"
 
 
@@ -49,20 +52,19 @@ def cutting_index(tmp_path):
             if url.path == "/simple/cutpkg/":
                 body = json.dumps({"meta": {"api-version": "1.0"}, "name": "cutpkg", "files": [
                     {"filename": WHEEL, "url": f"/files/{WHEEL}", "hashes": {"sha256": state["published"]}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+                kind, length = "application/vnd.pypi.simple.v1+json", len(body)
             elif url.path == f"/files/{WHEEL}":
-                # Range requests are answered with the whole file, as the registry's proxy here does.
+                # Range requests are answered with the whole file, as the registry's proxy here does; the length
+                # announced is the whole file's.
                 body = data if url.query else data[: len(data) // 2]
-                self.send_response(200)
-                self.send_header("Content-Type", "application/zip")
-                self.send_header("Content-Length", str(len(data)))
+                kind, length = "application/zip", len(data)
                 self.close_connection = True
             else:
                 self.send_error(404)
                 return
-            if url.path != f"/files/{WHEEL}":
-                self.send_header("Content-Length", str(len(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(length))
             self.end_headers()
             self.wfile.write(body)
 
@@ -120,9 +122,6 @@ def test_a_log_that_names_no_broken_download_refetches_nothing(cutting_index, tm
 
 
 def test_a_file_of_pypis_is_asked_for_afresh_on_its_file_host_and_on_pypi_org_in_turn():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import refetch_wheel
-
     path = "packages/56/79/12978b/nvidia_cusparselt_cu12-0.7.1-py3-none-manylinux2014_x86_64.whl"
     assert refetch_wheel.fresh_urls(f"https://files.pythonhosted.org/{path}", 3) == [
         f"https://files.pythonhosted.org/{path}?refetch=1", f"https://pypi.org/{path}?refetch=2",
@@ -132,9 +131,6 @@ def test_a_file_of_pypis_is_asked_for_afresh_on_its_file_host_and_on_pypi_org_in
 
 
 def test_the_broken_download_is_read_from_pips_own_message():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import refetch_wheel
-
     url = "https://files.pythonhosted.org/packages/56/79/1297/nvidia_cusparselt_cu12-0.7.1-py3-none-manylinux2014_x86_64.whl"
     message = ("  WARNING: Attempting to resume incomplete download (195.8 MB/287.2 MB, attempt 20)\n"
                "error: incomplete-download\n\n× Download failed after 21 attempts because not enough bytes were "
